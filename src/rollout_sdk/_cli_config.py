@@ -1,0 +1,79 @@
+"""Derive command-line options from a component's keyword-only config dataclass.
+
+Each field becomes ``--<prefix><field-name>`` with the field's default and type; the field's ``#:``
+comment in the source is not available at run time, so help shows the type and default.  Fields whose
+type is not a plain scalar (or Optional scalar) are skipped: they are set from Python, not the shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["add_config_args", "config_from_args"]
+
+C = TypeVar("C")
+_SCALARS = (int, float, str, bool)
+
+
+def _scalar(tp: Any) -> tuple[type, bool] | None:
+    """(scalar type, optional) for ``int``, ``int | None``, ...; None for anything else."""
+    if tp in _SCALARS:
+        return tp, False
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and args[0] in _SCALARS and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return None
+
+
+def _fields(cls: type) -> list[tuple[dataclasses.Field[Any], type, bool]]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        s = _scalar(hints[f.name])
+        if s is not None:
+            out.append((f, s[0], s[1]))
+    return out
+
+
+def add_config_args(parser: argparse.ArgumentParser, cls: type, *, prefix: str = "", title: str | None = None) -> None:
+    group = parser.add_argument_group(title or cls.__name__)
+    for f, tp, optional in _fields(cls):
+        flag = "--" + prefix + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        dest = prefix.replace("-", "_") + f.name
+        if tp is bool:
+            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=default)
+            continue
+        conv: Callable[[str], Any] = tp
+        if optional:
+
+            def conv_optional(text: str, _tp: type = tp) -> Any:
+                return None if text.lower() in ("none", "") else _tp(text)
+
+            conv = conv_optional
+
+        group.add_argument(
+            flag,
+            dest=dest,
+            type=conv,
+            default=default,
+            metavar=tp.__name__.upper(),
+            help=f"(default: {default})",
+        )
+
+
+def config_from_args(cls: type[C], args: argparse.Namespace, *, prefix: str = "", **overrides: Any) -> C:
+    values = {}
+    for f, _, _ in _fields(cls):
+        dest = prefix.replace("-", "_") + f.name
+        if hasattr(args, dest):
+            values[f.name] = getattr(args, dest)
+    values.update(overrides)
+    return cls(**values)

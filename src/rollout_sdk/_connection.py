@@ -1,0 +1,300 @@
+"""The client's view of one server: its socket, the requests waiting on it, its health and load.
+
+Each connection runs three loops (under the client's supervisor task group)::
+
+    reader ...... waits on: the DEALER socket being readable
+                  does: decodes every ready reply and completes the future that waits on it
+                  (GenerateResult / ErrorReply by rid, ControlReply by call_id, Pong → health and load)
+    heartbeat ... waits on: a timer (heartbeat_interval_s)
+                  does: sends Ping; marks the server dead when no Pong came for heartbeat_timeout_s
+    monitor ..... waits on: ZMQ socket events
+                  does: marks the server dead the moment its TCP connection drops
+
+Marking a server dead fails every future waiting on it at once with ServerUnavailableError, so no
+``await`` outlives its server.  A dead server that answers a heartbeat again (same process, reconnected)
+is taken back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from . import _transport
+from .errors import (
+    ClientStateError,
+    EngineDeadError,
+    ProtocolError,
+    ServerUnavailableError,
+    error_from_reply,
+)
+from .protocol import (
+    Abort,
+    ControlReply,
+    ControlRequest,
+    ErrorReply,
+    GenerateResult,
+    GetInfo,
+    Ping,
+    Pong,
+    ServerInfo,
+    ServerStats,
+    decode_server_message,
+    encode,
+)
+
+__all__ = ["ServerConnection"]
+
+log = logging.getLogger("rollout_sdk.client")
+
+
+class ServerConnection:
+    """One server as the scheduler sees it.  All fields are touched on the client's event loop only."""
+
+    def __init__(
+        self,
+        index: int,
+        address: str,
+        channel: _transport.DealerChannel,
+        *,
+        on_change: Callable[[ServerConnection], Any],
+        heartbeat_interval_s: float,
+        heartbeat_timeout_s: float,
+    ) -> None:
+        self.index = index
+        self.address = address
+        self.channel = channel
+        self.info: ServerInfo | None = None
+        self.alive = False
+        self.dead_reason = "not connected yet"
+        self.draining = False
+        # live load
+        self.in_flight = 0
+        self.outstanding_tokens = 0
+        self.external = 0  # requests other clients hold there, as of the last Pong
+        # counters
+        self.sent = 0
+        self.completed = 0
+        self.aborted = 0
+        self.errors = 0
+        self.failed_over = 0
+        self.latencies: collections.deque[float] = collections.deque(maxlen=4096)
+        self.stats: ServerStats | None = None
+        self._pending: dict[str, asyncio.Future[GenerateResult]] = {}
+        self._calls: dict[str, asyncio.Future[ControlReply]] = {}
+        self._on_change = on_change
+        self._hb_interval = heartbeat_interval_s
+        self._hb_timeout = heartbeat_timeout_s
+        self._last_pong = time.monotonic()
+        self._ping_seq = 0
+        self._call_seq = 0
+        self._pings: dict[int, asyncio.Future[ServerStats]] = {}
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive else f"dead: {self.dead_reason}"
+        return f"<ServerConnection {self.index} {self.address} {state} in_flight={self.in_flight}>"
+
+    @property
+    def server_id(self) -> str:
+        return self.info.server_id if self.info is not None else self.address
+
+    @property
+    def accepting(self) -> bool:
+        return self.alive and not self.draining
+
+    @property
+    def load(self) -> int:
+        return self.in_flight + self.external
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def submit(self, rid: str, payload: bytes) -> asyncio.Future[GenerateResult]:
+        """Send an encoded GenerateRequest; the future completes with its result or typed error."""
+        if not self.alive:
+            raise ServerUnavailableError(f"server {self.server_id} is dead: {self.dead_reason}")
+        fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
+        self.channel.send(payload)  # raises ServerUnavailableError when not connected
+        self._pending[rid] = fut
+        self.sent += 1
+        return fut
+
+    def cancel(self, rid: str) -> None:
+        """Forget ``rid`` and tell the server to abort it (best effort: the server may be gone)."""
+        if self._pending.pop(rid, None) is not None and self.alive:
+            try:
+                self.channel.send(encode(Abort(rid)))
+            except ServerUnavailableError:
+                pass
+
+    def abort_all(self) -> None:
+        if self.alive:
+            try:
+                self.channel.send(encode(Abort("")))
+            except ServerUnavailableError:
+                pass
+
+    async def call(self, msg: ControlRequest, timeout: float | None = None) -> ControlReply:
+        """Send a control message and wait for its reply (raises the server's typed error)."""
+        if not self.alive:
+            raise ServerUnavailableError(f"server {self.server_id} is dead: {self.dead_reason}")
+        return await self._call(msg, timeout)
+
+    def next_call_id(self) -> str:
+        self._call_seq += 1
+        return f"c{self._call_seq}"
+
+    async def _call(self, msg: ControlRequest, timeout: float | None) -> ControlReply:
+        fut: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
+        self._calls[msg.call_id] = fut
+        try:
+            self.channel.send(encode(msg))
+            async with asyncio.timeout(timeout):
+                return await fut
+        finally:
+            self._calls.pop(msg.call_id, None)
+
+    async def fetch_stats(self, timeout: float | None = 10.0) -> ServerStats:
+        """A fresh heartbeat round trip: the server's stats as of now."""
+        if not self.alive:
+            raise ServerUnavailableError(f"server {self.server_id} is dead: {self.dead_reason}")
+        self._ping_seq += 1
+        seq = self._ping_seq
+        fut: asyncio.Future[ServerStats] = asyncio.get_running_loop().create_future()
+        self._pings[seq] = fut
+        try:
+            self.channel.send(encode(Ping(seq)))
+            async with asyncio.timeout(timeout):
+                return await fut
+        finally:
+            self._pings.pop(seq, None)
+
+    async def handshake(self, timeout: float) -> ServerInfo:
+        """Wait for the connection, then ask the server who it is."""
+        deadline = time.monotonic() + timeout
+        if not await self.channel.wait_connected(timeout):
+            raise ServerUnavailableError(f"no server answered at {self.address} within {timeout:.0f}s")
+        reply = await self._call(GetInfo(call_id=self.next_call_id()), max(0.1, deadline - time.monotonic()))
+        assert reply.info is not None
+        self.info = reply.info
+        self.alive = True
+        self.dead_reason = ""
+        self._last_pong = time.monotonic()
+        return reply.info
+
+    # -- health --------------------------------------------------------------------------------------
+
+    def mark_dead(self, reason: str, error: BaseException | None = None) -> None:
+        """Fail everything waiting on this server, at once (with ``error``, or ServerUnavailableError)."""
+        if not self.alive and not self._pending and not self._calls:
+            return
+        was_alive = self.alive
+        self.alive = False
+        self.dead_reason = reason
+        if was_alive and not isinstance(error, ClientStateError):
+            log.warning("server %s (%s) marked dead: %s", self.server_id, self.address, reason)
+        err = error or ServerUnavailableError(f"server {self.server_id} ({self.address}) is dead: {reason}")
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        calls, self._calls = self._calls, {}
+        for cfut in calls.values():
+            if not cfut.done():
+                cfut.set_exception(err)
+        pings, self._pings = self._pings, {}
+        for pfut in pings.values():
+            if not pfut.done():
+                pfut.set_exception(err)
+        self._on_change(self)
+
+    def _revive(self) -> None:
+        if not self.alive and self.info is not None:
+            log.info("server %s (%s) is back", self.server_id, self.address)
+            self.alive = True
+            self.dead_reason = ""
+            self._on_change(self)
+
+    # -- loops -------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._reader(), name=f"conn{self.index}-reader")
+            tg.create_task(self._heartbeat(), name=f"conn{self.index}-heartbeat")
+            tg.create_task(self.channel.watch(self._on_socket_event), name=f"conn{self.index}-monitor")
+
+    def _on_socket_event(self, event: str) -> None:
+        if event == "disconnected":
+            self.mark_dead("connection dropped")
+
+    async def _reader(self) -> None:
+        while True:
+            for data in await self.channel.recv_batch():
+                try:
+                    msg = decode_server_message(data)
+                except ProtocolError as exc:
+                    log.error("server %s sent an unreadable reply: %s", self.server_id, exc)  # noqa: TRY400
+                    continue
+                self._dispatch(msg)
+
+    def _dispatch(self, msg: msgspec.Struct) -> None:
+        match msg:
+            case GenerateResult(rid=rid):
+                fut = self._pending.pop(rid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            case ErrorReply():
+                self._dispatch_error(msg)
+            case Pong(seq=seq, stats=stats):
+                self._on_pong(stats)
+                pfut = self._pings.pop(seq, None)
+                if pfut is not None and not pfut.done():
+                    pfut.set_result(stats)
+            case ControlReply(call_id=call_id):
+                cfut = self._calls.pop(call_id, None)
+                if cfut is not None and not cfut.done():
+                    cfut.set_result(msg)
+
+    def _dispatch_error(self, msg: ErrorReply) -> None:
+        exc = error_from_reply(msg.code, msg.message, msg.field, msg.value, msg.applied)
+        target: asyncio.Future[Any] | None = None
+        if msg.rid is not None:
+            target = self._pending.pop(msg.rid, None)
+        elif msg.call_id is not None:
+            target = self._calls.pop(msg.call_id, None)
+        if target is not None and not target.done():
+            target.set_exception(exc)
+        elif msg.rid is None and msg.call_id is None:
+            log.error("server %s reported: [%s] %s", self.server_id, msg.code, msg.message)
+        if isinstance(exc, EngineDeadError):
+            self.mark_dead(f"engine died: {msg.message}", exc)
+
+    def _on_pong(self, stats: ServerStats) -> None:
+        self._last_pong = time.monotonic()
+        self.stats = stats
+        self.external = max(0, stats.in_flight - len(self._pending))
+        self.draining = stats.draining
+        if not stats.engine_alive:
+            self.mark_dead("engine died", EngineDeadError(f"the engine of server {self.server_id} died"))
+        elif not self.alive:
+            self._revive()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self._hb_interval)
+            if self.alive and time.monotonic() - self._last_pong > self._hb_timeout:
+                self.mark_dead(f"no heartbeat for {self._hb_timeout:.1f}s")
+            self._ping_seq += 1
+            try:
+                self.channel.send(encode(Ping(self._ping_seq)))
+            except ServerUnavailableError:
+                pass

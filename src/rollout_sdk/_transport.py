@@ -1,0 +1,244 @@
+"""ZMQ plumbing shared by the server and the client: the one place where ZMQ errors are mapped.
+
+Sockets are plain (synchronous) pyzmq sockets used only with non-blocking calls; readiness comes from the
+event loop watching the socket's file descriptor.  That descriptor is edge-like: it signals that the
+socket's state *may* have changed, and any call on the socket (a send, reading EVENTS) can consume that
+signal while a message waits.  So every operation is followed by a look at ``EVENTS``, and a waiting reader
+is woken when ``POLLIN`` shows up there (:class:`_Readiness`).  Without that, a send on the same socket can
+swallow the wake-up of a reply that already arrived, and the reply sits unread until the next message.
+
+Both sides read the same way: wait until readable, then drain every message already there with
+non-blocking receives (bench/dispatch.py: ~6x the throughput of one awaited ``recv`` per message at 256
+concurrent requests).  Sends are non-blocking; a full high-water mark raises instead of blocking.
+
+Sockets: the server binds a ROUTER on an ephemeral port; each client connects one DEALER per server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from .errors import ConfigError, ServerUnavailableError
+
+__all__ = [
+    "DealerChannel",
+    "RouterEndpoint",
+    "bind_router",
+    "local_ip",
+    "new_context",
+]
+
+log = logging.getLogger("rollout_sdk.transport")
+
+_HWM = 1_000_000
+
+
+def new_context() -> zmq.Context[zmq.Socket[bytes]]:
+    return zmq.Context()
+
+
+def local_ip() -> str:
+    """The address other hosts reach this one at (the interface of the default route)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("10.255.255.255", 1))  # no packet is sent: this only picks a route
+        return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+    finally:
+        s.close()
+
+
+class _Readiness:
+    """Wake a coroutine when a ZMQ socket has ``POLLIN`` (or another event) in its EVENTS."""
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self._sock = sock
+        self._event = asyncio.Event()
+        self._fd = int(sock.getsockopt(zmq.FD))  # type: ignore[arg-type]
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _attach(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._fd, self._event.set)
+
+    def detach(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            self._loop = None
+
+    def recheck(self) -> int:
+        """Read EVENTS (which may consume the descriptor's signal) and re-arm the waiter if needed."""
+        events = int(self._sock.getsockopt(zmq.EVENTS))
+        if events & zmq.POLLIN:
+            self._event.set()
+        return events
+
+    async def wait(self, flag: int = zmq.POLLIN) -> None:
+        self._attach()
+        while True:
+            self._event.clear()
+            if self.recheck() & flag:
+                return
+            await self._event.wait()
+
+
+class RouterEndpoint:
+    """The server's ROUTER socket: drain-reads ``(identity, payload)`` pairs, sends without blocking."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int) -> None:
+        self._sock = ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, _HWM)
+        self._sock.setsockopt(zmq.RCVHWM, _HWM)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        try:
+            if port == 0:
+                self.port = self._sock.bind_to_random_port(f"tcp://{host}")
+            else:
+                self._sock.bind(f"tcp://{host}:{port}")
+                self.port = port
+        except zmq.ZMQError as exc:
+            self._sock.close(0)
+            raise ConfigError("host/port", f"{host}:{port}", f"cannot bind: {exc}") from exc
+        self.host = host
+        self._ready = _Readiness(self._sock)
+
+    async def recv_batch(self) -> list[list[bytes]]:
+        """Wait for at least one message; return all that are ready."""
+        out: list[list[bytes]] = []
+        recv = self._sock.recv_multipart
+        while True:
+            try:
+                out.append(recv(zmq.NOBLOCK))
+            except zmq.Again:
+                if out:
+                    self._ready.recheck()
+                    return out
+                await self._ready.wait()
+
+    def send(self, ident: bytes, payload: bytes) -> bool:
+        """Send to one peer without blocking.  False when the peer is gone (the reply is dropped)."""
+        try:
+            self._sock.send_multipart([ident, payload], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:
+            if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                # EHOSTUNREACH: the peer disconnected; EAGAIN: it stopped reading (a million replies queued)
+                return False
+            raise
+        finally:
+            self._ready.recheck()
+
+    async def close(self, linger_s: float = 2.0) -> None:
+        """Close; replies already queued get ``linger_s`` to reach their peers (the context's term()
+        waits for them, so call that off the event loop)."""
+        self._ready.detach()
+        self._sock.close(linger=int(linger_s * 1000))
+
+
+def bind_router(ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int = 0) -> RouterEndpoint:
+    return RouterEndpoint(ctx, host, port)
+
+
+class DealerChannel:
+    """A client's DEALER connection to one server, with a monitor that reports a dropped connection.
+
+    ``IMMEDIATE`` is set so that messages are never queued for a peer that is not connected: a send to a
+    dead server fails at once (:class:`ServerUnavailableError`) instead of waiting for a reconnect.
+    """
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+        self.address = address
+        self._sock = ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, _HWM)
+        self._sock.setsockopt(zmq.RCVHWM, _HWM)
+        self._sock.setsockopt(zmq.IMMEDIATE, 1)
+        self._sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
+        )
+        try:
+            self._sock.connect(address)
+        except zmq.ZMQError as exc:
+            self._close_sockets(0)
+            raise ConfigError("servers", address, f"not a ZMQ address: {exc}") from exc
+        self._ready = _Readiness(self._sock)
+        self._monitor_ready = _Readiness(self._monitor)
+        self.closed = False
+
+    async def wait_connected(self, timeout: float | None) -> bool:
+        """Wait until a connection to the server exists (True) or the timeout passes (False)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._ready.wait(zmq.POLLOUT)
+            return True
+        except TimeoutError:
+            return False
+
+    def send(self, payload: bytes) -> None:
+        try:
+            self._sock.send(payload, zmq.NOBLOCK)
+        except zmq.Again as exc:
+            raise ServerUnavailableError(f"server {self.address} is not connected (or not reading)") from exc
+        except zmq.ZMQError as exc:
+            raise ServerUnavailableError(f"send to {self.address} failed: {exc}") from exc
+        finally:
+            self._ready.recheck()
+
+    async def recv_batch(self) -> list[bytes]:
+        out: list[bytes] = []
+        recv = self._sock.recv
+        while True:
+            try:
+                out.append(recv(zmq.NOBLOCK))
+            except zmq.Again:
+                if out:
+                    self._ready.recheck()
+                    return out
+                await self._ready.wait()
+
+    async def watch(self, on_event: Callable[[str], Any]) -> None:
+        """Report ``connected`` / ``disconnected`` as the monitor sees them, until closed."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        while True:
+            await self._monitor_ready.wait()
+            while True:
+                try:
+                    frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                event = parse_monitor_message(frames)["event"]
+                if event == zmq.EVENT_MONITOR_STOPPED:
+                    return
+                if event == zmq.EVENT_DISCONNECTED:
+                    on_event("disconnected")
+                elif event == zmq.EVENT_CONNECTED:
+                    on_event("connected")
+
+    def _close_sockets(self, linger_ms: int) -> None:
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._monitor.close(0)
+        self._sock.close(linger=linger_ms)
+
+    async def close(self, linger_s: float = 0.5) -> None:
+        """Close; messages already queued (a final Abort) get ``linger_s`` to leave."""
+        if self.closed:
+            return
+        self.closed = True
+        self._ready.detach()
+        self._monitor_ready.detach()
+        self._close_sockets(int(linger_s * 1000))

@@ -1,0 +1,131 @@
+"""The ``rollout-sdk`` command.
+
+    rollout-sdk demo          the main job on the embedded default (or on --servers)
+    rollout-sdk serve         one engine server in this process (cpu, sglang or fake engine)
+    rollout-sdk make-model    build the embedded tiny model and print its directory
+
+Options are derived from the components' config dataclasses (``_cli_config``).  Multi-process layouts
+are launched with torchrun: ``torchrun ... -m rollout_sdk.launch`` (see docs/launch.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from ._cli_config import add_config_args, config_from_args
+from .client import ClientConfig
+from .demo import DemoConfig, run_demo
+from .engines.cpu import CpuEngineConfig
+from .engines.fake import FakeEngineConfig
+from .server import ServerConfig
+
+__all__ = ["main", "run_async"]
+
+
+def run_async(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coro`` on uvloop where available (installed per call, not at import)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rollout-sdk", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--log-level", default="WARNING")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="run N prompts x n samples and print throughput and a trajectory")
+    d.add_argument("--servers", nargs="*", default=None, help="server addresses (default: embedded CPU engine)")
+    d.add_argument("--json", default=None, help="also write the numbers to this file")
+    add_config_args(d, DemoConfig, title="demo")
+    add_config_args(d, ClientConfig, prefix="client-", title="client")
+    add_config_args(d, CpuEngineConfig, prefix="engine-", title="embedded CPU engine")
+
+    s = sub.add_parser("serve", help="serve one engine over ZMQ until SIGTERM/SIGINT")
+    s.add_argument("--engine", choices=["cpu", "sglang", "fake"], default="cpu")
+    s.add_argument("--address-file", default=None, help="write the bound address here once serving")
+    add_config_args(s, ServerConfig, title="server")
+    add_config_args(s, CpuEngineConfig, prefix="cpu-", title="cpu engine")
+    add_config_args(s, FakeEngineConfig, prefix="fake-", title="fake engine")
+    s.add_argument("--sglang", default="{}", help="SglangEngineConfig fields as JSON (engine=sglang)")
+
+    m = sub.add_parser("make-model", help="build the embedded tiny model (offline) and print its path")
+    m.add_argument("--home", default=None)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "demo":
+        report = run_async(
+            run_demo(
+                config_from_args(DemoConfig, args),
+                servers=args.servers or None,
+                engine=config_from_args(CpuEngineConfig, args, prefix="engine-"),
+                client=config_from_args(ClientConfig, args, prefix="client-"),
+            )
+        )
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=2)
+        return 0
+    if args.command == "serve":
+        return int(run_async(_serve(args)))
+    if args.command == "make-model":
+        from .models.tiny import ensure_tiny_model
+
+        print(ensure_tiny_model(args.home))
+        return 0
+    return 2  # pragma: no cover
+
+
+def make_engine(kind: str, args: argparse.Namespace) -> Any:
+    if kind == "cpu":
+        from .engines.cpu import CpuEngine
+
+        return CpuEngine(config_from_args(CpuEngineConfig, args, prefix="cpu-"))
+    if kind == "fake":
+        from .engines.fake import FakeEngine
+
+        return FakeEngine(config_from_args(FakeEngineConfig, args, prefix="fake-"))
+    from .engines.sglang import SglangEngine, SglangEngineConfig
+
+    return SglangEngine(SglangEngineConfig(**json.loads(args.sglang)))
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from .server import EngineServer
+
+    server = EngineServer(make_engine(args.engine, args), config_from_args(ServerConfig, args))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.stop)
+
+    def ready(address: str) -> None:
+        if args.address_file:
+            import os
+
+            tmp = args.address_file + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(address)
+            os.replace(tmp, args.address_file)
+        print(f"READY {address}", flush=True)
+
+    await server.serve(on_ready=ready)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

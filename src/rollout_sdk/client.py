@@ -1,0 +1,468 @@
+"""``RolloutClient``: the object users hold.  ``async with RolloutClient() as client: ...``
+
+Lifecycle (httpx-style, explicit)::
+
+    UNOPENED ──__aenter__/open()──▶ OPEN ──aclose()/__aexit__──▶ CLOSED
+                                                   (aclose is idempotent; a closed client never reopens)
+
+Opening finds the servers (explicit addresses, a discovery object, or, with no arguments, an embedded
+CPU-engine server started in this process), connects a DEALER socket to each, waits for each to answer
+(``connect_timeout_s``), and starts one supervisor task that runs every connection's reader, heartbeat and
+monitor loops in a task group.  The supervisor is a plain task owned by the client, not a task group held
+open across ``__aenter__``/``__aexit__``, so the client works when those run in different tasks (as in
+pytest-asyncio fixtures) and under plain ``asyncio.run``.
+
+Closing aborts this client's requests on every server, fails what still waits with ClientStateError,
+cancels the supervisor and every stream, closes the sockets and stops embedded servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import uuid
+from collections.abc import AsyncIterable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from . import _transport
+from ._connection import ServerConnection
+from ._stream import Prompt, ResultStream
+from .discovery import Discovery, EmbeddedServers, StaticServers
+from .engines.cpu import CpuEngineConfig
+from .errors import ClientStateError, ConfigError, RequestTimeoutError
+from .policies import Policy
+from .protocol import GenerateRequest, GenerateResult, SamplingParams, ServerInfo, encode
+from .scheduler import Scheduler, SchedulerConfig
+
+__all__ = ["ClientConfig", "ClientStats", "RolloutClient", "ServerStatus"]
+
+log = logging.getLogger("rollout_sdk.client")
+T = TypeVar("T")
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientConfig:
+    """Everything a :class:`RolloutClient` can be told.  Pass fields as keyword arguments to the client."""
+
+    #: routing policy: "least_load", "round_robin", or a Policy object
+    policy: str | Policy = "least_load"
+    #: requests kept in flight on one server; more wait in the client (back-pressure)
+    max_in_flight_per_server: int = 512
+    #: requests allowed to wait in the client; QueueFullError beyond
+    max_waiting: int = 1_000_000
+    #: session affinity: stay on the session's server while its load <= (1+margin)*min + slack
+    affinity_margin: float = 0.5
+    affinity_slack: int = 8
+    #: default per-call timeout in seconds (None: no timeout)
+    timeout_s: float | None = None
+    #: times a request is retried on another server when its server dies
+    retries: int = 1
+    heartbeat_interval_s: float = 1.0
+    #: a server that answers no heartbeat for this long is marked dead
+    heartbeat_timeout_s: float = 10.0
+    #: how long open() waits for servers to be found and to answer
+    connect_timeout_s: float = 120.0
+    #: embedded default only: how many in-process CPU servers to start
+    num_embedded_servers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise ConfigError("retries", self.retries, "must be >= 0")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ConfigError("timeout_s", self.timeout_s, "must be > 0 or None")
+        if self.heartbeat_interval_s <= 0:
+            raise ConfigError("heartbeat_interval_s", self.heartbeat_interval_s, "must be > 0")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ConfigError(
+                "heartbeat_timeout_s", self.heartbeat_timeout_s, "must be larger than heartbeat_interval_s"
+            )
+        if self.connect_timeout_s <= 0:
+            raise ConfigError("connect_timeout_s", self.connect_timeout_s, "must be > 0")
+        self.scheduler_config()  # validates the scheduler's fields
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            policy=self.policy,
+            max_in_flight_per_server=self.max_in_flight_per_server,
+            max_waiting=self.max_waiting,
+            affinity_margin=self.affinity_margin,
+            affinity_slack=self.affinity_slack,
+        )
+
+
+class ServerStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One server as this client sees it."""
+
+    address: str
+    server_id: str
+    alive: bool
+    dead_reason: str
+    in_flight: int
+    engine_running: int
+    engine_queued: int
+    sent: int
+    completed: int
+    aborted: int
+    errors: int
+    failed_over: int
+    weight_version: int
+    latency_p50_s: float | None
+
+
+class ClientStats(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of the client: per-server status, totals, latency percentiles (seconds)."""
+
+    servers: list[ServerStatus]
+    in_flight: int
+    waiting: int
+    completed: int
+    aborted: int
+    errors: int
+    retried: int
+    latency_p50_s: float | None
+    latency_p90_s: float | None
+    latency_p99_s: float | None
+
+
+class RolloutClient:
+    """The rollout client.
+
+    Example::
+
+        async with RolloutClient() as client:                     # embedded CPU engine
+            result = await client.generate([151644, 872, 198], sampling=SamplingParams(max_new_tokens=32))
+
+        async with RolloutClient(servers=["tcp://10.0.0.5:40123"]) as client:
+            async for group in client.generate_many(prompts, n=8):
+                ...
+
+    ``servers`` (addresses) or ``discovery`` (a :class:`~rollout_sdk.discovery.Discovery`) say where the
+    servers are; with neither, ``RolloutClient()`` starts the embedded default, a CPU-engine server in this
+    process (configure its engine with ``engine=CpuEngineConfig(...)``).  Other keyword arguments are
+    :class:`ClientConfig` fields.
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[str] | None = None,
+        *,
+        discovery: Discovery | None = None,
+        engine: CpuEngineConfig | None = None,
+        config: ClientConfig | None = None,
+        **options: Any,
+    ) -> None:
+        if servers is not None and discovery is not None:
+            raise ConfigError("servers", servers, "give servers or discovery, not both")
+        fields = {f.name for f in dataclasses.fields(ClientConfig)}
+        unknown = sorted(set(options) - fields)
+        if unknown:
+            raise TypeError(f"RolloutClient() got unexpected keyword argument(s): {', '.join(unknown)}")
+        base = config or ClientConfig()
+        self.config = dataclasses.replace(base, **options) if options else base
+        if discovery is None:
+            if servers is not None:
+                discovery = StaticServers(servers)
+            else:
+                discovery = _default_discovery(engine, self.config.num_embedded_servers)
+        elif engine is not None:
+            raise ConfigError("engine", engine, "only configures the embedded default (no servers/discovery)")
+        self._discovery = discovery
+        self._state = "unopened"
+        self._scheduler = Scheduler(self.config.scheduler_config())
+        self._ctx: Any = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._owned: set[asyncio.Task[Any]] = set()
+        self._broken: BaseException | None = None
+        self._rid_prefix = uuid.uuid4().hex[:10]
+        self._rid_counter = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> RolloutClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        """Find and connect to the servers.  Called by ``async with``; a client opens once."""
+        if self._state != "unopened":
+            raise ClientStateError(f"a RolloutClient opens once (this one is {self._state})")
+        self._state = "opening"
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self._open()
+        except BaseException:
+            await self._teardown()
+            self._state = "closed"
+            raise
+        self._state = "open"
+
+    async def _open(self) -> None:
+        cfg = self.config
+        addresses = await self._discovery.open(cfg.connect_timeout_s)
+        self._ctx = _transport.new_context()
+        for i, addr in enumerate(addresses):
+            channel = _transport.DealerChannel(self._ctx, addr)
+            conn = ServerConnection(
+                i,
+                addr,
+                channel,
+                on_change=self._scheduler.on_server_change,
+                heartbeat_interval_s=cfg.heartbeat_interval_s,
+                heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+            )
+            self._scheduler.add(conn)
+        ready = asyncio.Event()
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(ready), name="rollout-client")
+        waiter = asyncio.ensure_future(ready.wait())
+        await asyncio.wait([waiter, self._supervisor], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if self._supervisor.done():
+            self._supervisor.result()
+        await asyncio.gather(*(c.handshake(cfg.connect_timeout_s) for c in self._scheduler.servers))
+
+    async def _supervise(self, ready: asyncio.Event) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for conn in self._scheduler.servers:
+                    tg.create_task(conn.run(), name=f"server-{conn.index}")
+                ready.set()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.exception("rollout client supervisor failed")
+            self._broken = exc
+            for conn in self._scheduler.servers:
+                conn.mark_dead(f"client failed: {exc!r}")
+            raise
+
+    async def aclose(self) -> None:
+        """Abort this client's requests, stop its tasks, close its sockets.  Idempotent."""
+        if self._state in ("closed", "closing"):
+            return
+        self._state = "closing"
+        try:
+            await self._teardown()
+        finally:
+            self._state = "closed"
+
+    async def _teardown(self) -> None:
+        owned = list(self._owned)
+        for task in owned:
+            task.cancel()
+        if owned:
+            await asyncio.gather(*owned, return_exceptions=True)
+        for conn in self._scheduler.servers:
+            conn.abort_all()
+            conn.mark_dead("client closed", ClientStateError("the RolloutClient was closed"))
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            try:
+                await self._supervisor
+            except BaseException:
+                pass
+            self._supervisor = None
+        for conn in self._scheduler.servers:
+            await conn.channel.close()
+        if self._ctx is not None:
+            ctx, self._ctx = self._ctx, None
+            await asyncio.to_thread(ctx.term)  # bounded by the sockets' linger
+        await self._discovery.close()
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise ClientStateError(
+                f"RolloutClient is {self._state}: use it inside 'async with RolloutClient() as client'"
+            )
+        if self._broken is not None:
+            raise ClientStateError(f"RolloutClient failed: {self._broken!r}")
+
+    def _own(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+        """Start a task owned by this client: cancelled and awaited by aclose()."""
+        self._check_open()
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._owned.add(task)
+        task.add_done_callback(self._owned.discard)
+        return task
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def _as_request(
+        self, prompt: Prompt, sampling: SamplingParams | None = None, session_id: str | None = None
+    ) -> GenerateRequest:
+        if isinstance(prompt, GenerateRequest):
+            req = prompt
+            changes: dict[str, Any] = {}
+            if sampling is not None:
+                changes["sampling"] = sampling
+            if session_id is not None:
+                changes["session_id"] = session_id
+            if changes:
+                req = msgspec.structs.replace(req, **changes)
+        elif isinstance(prompt, list | tuple):
+            req = GenerateRequest(
+                input_ids=list(prompt),
+                sampling=sampling if sampling is not None else SamplingParams(),
+                session_id=session_id,
+            )
+        else:
+            raise TypeError(f"a prompt is a GenerateRequest or a list of token ids, not {type(prompt).__name__}")
+        return req
+
+    async def generate(
+        self,
+        request: Prompt,
+        /,
+        *,
+        sampling: SamplingParams | None = None,
+        session_id: str | None = None,
+        timeout: float | None = _UNSET,
+        retries: int | None = None,
+    ) -> GenerateResult:
+        """Generate one response.
+
+        ``request`` is a :class:`GenerateRequest` or a list of token ids (then ``sampling`` and
+        ``session_id`` apply).  Cancelling the awaiting task, or ``timeout`` (seconds) expiring, aborts the
+        request on its server (RequestTimeoutError for the timeout).  When the server dies the request is
+        retried on another one ``retries`` times (default: the client's ``retries``), then fails with
+        ServerUnavailableError / EngineDeadError.
+        """
+        self._check_open()
+        req = self._as_request(request, sampling, session_id)
+        if not req.rid:
+            req = msgspec.structs.replace(req, rid=f"{self._rid_prefix}-{next(self._rid_counter)}")
+        payload = encode(req)
+        timeout = self.config.timeout_s if timeout is _UNSET else timeout
+        retries = self.config.retries if retries is None else retries
+        if timeout is None:
+            return await self._scheduler.run(req, payload, retries)
+        try:
+            async with asyncio.timeout(timeout) as scope:
+                return await self._scheduler.run(req, payload, retries)
+        except TimeoutError:
+            if scope.expired():
+                raise RequestTimeoutError(f"request {req.rid} timed out after {timeout}s (aborted)") from None
+            raise
+
+    def generate_many(
+        self,
+        requests: Iterable[Prompt] | AsyncIterable[Prompt],
+        *,
+        n: int = 1,
+        sampling: SamplingParams | None = None,
+        concurrency: int | None = None,
+        timeout: float | None = _UNSET,
+        return_exceptions: bool = False,
+    ) -> ResultStream:
+        """Run many prompts, ``n`` samples each; iterate the groups as they complete.
+
+        ``concurrency`` caps the samples in flight plus those finished but not yet taken (default: every
+        server's in-flight cap together).  Seeded prompts get seeds ``seed, seed+1, ...`` for their n
+        samples.  Without ``return_exceptions`` the first failed sample ends the stream with its error.
+
+        Example::
+
+            async with client.generate_many(prompts, n=4) as stream:
+                async for group in stream:
+                    train_on(group.results)
+        """
+        self._check_open()
+        if concurrency is None:
+            concurrency = max(n, self.config.max_in_flight_per_server * max(1, len(self._scheduler.servers)))
+        return ResultStream(
+            self,
+            requests,
+            n=n,
+            sampling=sampling,
+            concurrency=concurrency,
+            timeout=self.config.timeout_s if timeout is _UNSET else timeout,
+            return_exceptions=return_exceptions,
+        )
+
+    async def abort_all(self) -> None:
+        """Abort every request of this client on every server (their callers get abort results)."""
+        self._check_open()
+        for conn in self._scheduler.servers:
+            conn.abort_all()
+
+    # -- introspection -----------------------------------------------------------------------------
+
+    @property
+    def servers(self) -> list[ServerConnection]:
+        return list(self._scheduler.servers)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self._scheduler
+
+    def server_info(self) -> list[ServerInfo]:
+        return [c.info for c in self._scheduler.servers if c.info is not None]
+
+    @property
+    def model_path(self) -> str:
+        """The model the (first) server serves: a local directory for the embedded default."""
+        infos = self.server_info()
+        return infos[0].model if infos else ""
+
+    def stats(self) -> ClientStats:
+        s = self._scheduler
+        servers = [
+            ServerStatus(
+                address=c.address,
+                server_id=c.server_id,
+                alive=c.alive,
+                dead_reason=c.dead_reason,
+                in_flight=c.in_flight,
+                engine_running=c.stats.running if c.stats else 0,
+                engine_queued=c.stats.queued if c.stats else 0,
+                sent=c.sent,
+                completed=c.completed,
+                aborted=c.aborted,
+                errors=c.errors,
+                failed_over=c.failed_over,
+                weight_version=c.stats.weight_version if c.stats else (c.info.weight_version if c.info else 0),
+                latency_p50_s=_pct(sorted(c.latencies), 0.5),
+            )
+            for c in s.servers
+        ]
+        lat = sorted(s.latencies)
+        return ClientStats(
+            servers=servers,
+            in_flight=sum(c.in_flight for c in s.servers),
+            waiting=s.num_waiting,
+            completed=sum(c.completed for c in s.servers),
+            aborted=sum(c.aborted for c in s.servers),
+            errors=sum(c.errors for c in s.servers),
+            retried=s.retried,
+            latency_p50_s=_pct(lat, 0.5),
+            latency_p90_s=_pct(lat, 0.9),
+            latency_p99_s=_pct(lat, 0.99),
+        )
+
+
+def _pct(sorted_values: Sequence[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    i = min(len(sorted_values) - 1, int(q * len(sorted_values)))
+    return sorted_values[i]
+
+
+def _default_discovery(engine: CpuEngineConfig | None, num: int) -> Discovery:
+    """The embedded default, unless this process runs under ``rollout_sdk.launch`` (torchrun)."""
+    from .launch_env import discovery_from_env
+
+    found = discovery_from_env()
+    if found is not None:
+        if engine is not None:
+            raise ConfigError("engine", engine, "ignored: servers come from the torchrun job")
+        return found
+    return EmbeddedServers(engine, num_servers=num)

@@ -1,0 +1,186 @@
+"""The Engine interface every backend implements (CPU transformers, SGLang, the test fakes).
+
+An engine lives inside one server process, on that server's event loop.  The server calls:
+
+* ``await engine.start()`` once, ``await engine.close()`` once (also usable as ``async with engine``);
+* ``await engine.generate(req)`` once per request, concurrently; it returns a :class:`GenerateResult`
+  whatever happens to the request (``finish_reason='abort'`` with the tokens so far when aborted) and
+  raises :class:`EngineDeadError` only when the engine itself died;
+* ``engine.abort(rid)`` (sync, idempotent, unknown rids ignored) to cut one request short;
+* ``engine.load()`` for live load (cheap, sync, called on every heartbeat);
+* the lifecycle hooks below, which a backend may leave unsupported (they raise
+  :class:`UnsupportedOperationError`).
+
+No method may block the event loop: model work runs in a thread or another process.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..errors import UnsupportedOperationError
+from ..protocol import EngineLimits, GenerateRequest, GenerateResult, PauseMode, TensorMeta
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Engine", "EngineLoad", "NamedTensors"]
+
+NamedTensors = Sequence[tuple[str, "torch.Tensor"]]
+
+
+class EngineLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """Live load: requests being decoded, requests waiting for the engine, tokens those hold or want."""
+
+    running: int = 0
+    queued: int = 0
+    queued_tokens: int = 0
+    kv_usage: float | None = None
+
+
+class Engine(abc.ABC):
+    """Base class of every backend.  See the module docstring for the contract."""
+
+    #: short backend name reported in ServerInfo ("cpu", "sglang", "fake")
+    backend: str = "engine"
+
+    def __init__(self) -> None:
+        self._dead: BaseException | None = None
+        self._dead_event = asyncio.Event()
+        self._weight_version = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model and start background work.  Raises EngineStartupError on failure."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop background work and free resources.  Idempotent."""
+
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- identity ----------------------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def limits(self) -> EngineLimits:
+        """Vocabulary size, context length, EOS ids (valid after start)."""
+
+    @property
+    def model_name(self) -> str:
+        return "?"
+
+    @property
+    def weight_version(self) -> int:
+        return self._weight_version
+
+    # -- health --------------------------------------------------------------------------------------
+
+    @property
+    def dead(self) -> BaseException | None:
+        """Why the engine died, or None while it is alive."""
+        return self._dead
+
+    def _mark_dead(self, exc: BaseException) -> None:
+        if self._dead is None:
+            self._dead = exc
+            self._dead_event.set()
+
+    async def wait_dead(self) -> BaseException:
+        """Return when the engine dies, with the reason.  Never returns for a healthy engine."""
+        await self._dead_event.wait()
+        assert self._dead is not None
+        return self._dead
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        """Run one request to completion (or abort)."""
+
+    @abc.abstractmethod
+    def abort(self, rid: str) -> None:
+        """Cut one request short; its ``generate`` returns an abort result.  Unknown rids are ignored."""
+
+    def abort_all(self) -> None:
+        for rid in list(self.running_rids()):
+            self.abort(rid)
+
+    @abc.abstractmethod
+    def running_rids(self) -> Sequence[str]:
+        """The rids this engine holds now (running or queued)."""
+
+    @abc.abstractmethod
+    def load(self) -> EngineLoad: ...
+
+    # -- lifecycle hooks for trainers (optional) ---------------------------------------------------------
+
+    def _unsupported(self, what: str) -> UnsupportedOperationError:
+        return UnsupportedOperationError(f"{what} is not supported by the {self.backend!r} engine")
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        raise self._unsupported("pause")
+
+    async def resume(self) -> None:
+        raise self._unsupported("resume")
+
+    @property
+    def paused(self) -> bool:
+        return False
+
+    async def flush_cache(self) -> None:
+        raise self._unsupported("flush_cache")
+
+    async def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        raise self._unsupported("release_memory")
+
+    async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        raise self._unsupported("resume_memory")
+
+    async def set_weight_version(self, version: int) -> None:
+        self._weight_version = version
+
+    async def update_weights(self, named: NamedTensors, *, version: int | None = None) -> None:
+        """Load tensors already in this process (all-or-nothing)."""
+        raise self._unsupported("update_weights")
+
+    async def init_weight_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout_s: float,
+    ) -> None:
+        raise self._unsupported("init_weight_group")
+
+    async def update_weights_distributed(
+        self, *, group_name: str, buckets: list[list[TensorMeta]], version: int | None, flush_cache: bool
+    ) -> None:
+        raise self._unsupported("update_weights_distributed")
+
+    async def update_weights_from_ipc(
+        self, *, handles: list[bytes], buckets: list[list[TensorMeta]], version: int | None, flush_cache: bool
+    ) -> None:
+        raise self._unsupported("update_weights_from_ipc")
+
+    async def destroy_weight_group(self, group_name: str) -> None:
+        raise self._unsupported("destroy_weight_group")
+
+    def info_extra(self) -> dict[str, Any]:
+        return {}

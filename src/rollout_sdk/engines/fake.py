@@ -1,0 +1,305 @@
+"""A scriptable fake engine for tests and benchmarks.  No model, no tensors.
+
+It has two modes:
+
+* **instant** (``step_base_s == step_per_seq_s == 0``): ``generate`` answers at once.  The dispatch
+  benchmark uses it as the no-op engine, so what it measures is rollout-sdk alone.
+* **batched**: a step loop that follows a documented batching cost model.  Each step decodes one token
+  for every running request (at most ``max_batch`` of them, the rest wait in FIFO order) and takes::
+
+      step_s = step_base_s + step_per_seq_s * batch_size
+
+  This is the shape of a real decode step: a fixed cost (weights read once per step) plus a per-sequence
+  cost (KV reads, sampling).  A slow server is one with a larger ``step_base_s``.
+
+Outputs are deterministic: by default ``max_new_tokens`` tokens ``(last_input + i + 1) % vocab`` (no
+EOS, so ``finish_reason='length'``), or whatever a ``responder`` returns for the request (a list of ids;
+the fake stops early with ``stop`` when a returned id is an EOS / stop id, as a real engine would).
+
+``gate`` (an asyncio.Event) holds every request before its first token until set, for deterministic
+interleavings; ``kill()`` makes the engine die, failing everything in flight with EngineDeadError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import EngineDeadError, EngineStartupError, UnsupportedOperationError, WeightUpdateError
+from ..protocol import EngineLimits, GenerateRequest, GenerateResult, PauseMode, Timings
+from .base import Engine, EngineLoad, NamedTensors
+
+__all__ = ["FakeEngine", "FakeEngineConfig"]
+
+Responder = Callable[[GenerateRequest], Sequence[int]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FakeEngineConfig:
+    vocab_size: int = 151936
+    max_context: int = 1 << 20
+    eos_token_ids: tuple[int, ...] = (0,)
+    step_base_s: float = 0.0
+    step_per_seq_s: float = 0.0
+    max_batch: int = 256
+    #: fail start() with this message (tests of start-up failure)
+    fail_start: str | None = None
+    #: named weights and their sizes, for update_weights checks
+    weight_shapes: dict[str, tuple[int, ...]] = field(default_factory=lambda: {"w": (4,)})
+
+    @property
+    def instant(self) -> bool:
+        return self.step_base_s == 0.0 and self.step_per_seq_s == 0.0
+
+
+class _Req:
+    __slots__ = ("done", "future", "logprobs", "out", "req", "started_at", "t0", "target", "versions")
+
+    def __init__(self, req: GenerateRequest, target: list[int], future: asyncio.Future[GenerateResult]):
+        self.req = req
+        self.target = target
+        self.out: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[list[int]] = []
+        self.future = future
+        self.t0 = time.perf_counter()
+        self.started_at = 0.0
+        self.done = False
+
+
+class FakeEngine(Engine):
+    backend = "fake"
+
+    def __init__(
+        self,
+        config: FakeEngineConfig | None = None,
+        *,
+        responder: Responder | None = None,
+        gate: asyncio.Event | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config or FakeEngineConfig()
+        self.responder = responder
+        self.gate = gate
+        self.requests_seen: list[GenerateRequest] = []
+        self.aborted_rids: list[str] = []
+        self.weights: dict[str, list[float]] = {n: [0.0] for n in self.config.weight_shapes}
+        self.memory_released: set[str] = set()
+        self._reqs: dict[str, _Req] = {}
+        self._waiting: collections.deque[_Req] = collections.deque()
+        self._running: list[_Req] = []
+        self._wake = asyncio.Event()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._paused = False
+        self._loop_task: asyncio.Task[None] | None = None
+        self._started = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.config.fail_start:
+            raise EngineStartupError(self.config.fail_start)
+        if not self.config.instant:
+            self._loop_task = asyncio.create_task(self._step_loop(), name="fake-engine-steps")
+        self._started = True
+
+    async def close(self) -> None:
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        for r in list(self._reqs.values()):
+            self._finish(r, "abort")
+
+    @property
+    def limits(self) -> EngineLimits:
+        c = self.config
+        return EngineLimits(vocab_size=c.vocab_size, max_context=c.max_context, eos_token_ids=list(c.eos_token_ids))
+
+    @property
+    def model_name(self) -> str:
+        return "fake"
+
+    def kill(self, reason: str = "fake engine killed") -> None:
+        """Die now: every request in flight fails with EngineDeadError."""
+        err = EngineDeadError(reason)
+        self._mark_dead(err)
+        for r in list(self._reqs.values()):
+            self._reqs.pop(r.req.rid, None)
+            if not r.future.done():
+                r.future.set_exception(err)
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def _target(self, req: GenerateRequest) -> list[int]:
+        if self.responder is not None:
+            return list(self.responder(req))
+        base = req.input_ids[-1]
+        v = self.config.vocab_size
+        return [(base + i + 1) % v for i in range(req.sampling.max_new_tokens)]
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        self.requests_seen.append(req)
+        fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
+        r = _Req(req, self._target(req), fut)
+        self._reqs[req.rid] = r
+        if self.gate is not None and not self.gate.is_set():
+            gate_task: asyncio.Future[Any] = asyncio.ensure_future(self.gate.wait())
+            try:
+                await asyncio.wait([gate_task, fut], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gate_task.cancel()
+            if fut.done():
+                return fut.result()
+        if self.config.instant:
+            await self._resumed.wait()
+            if not fut.done():
+                for _ in r.target:
+                    if self._emit(r):
+                        break
+                else:
+                    self._finish(r, "length")
+            return await fut
+        self._waiting.append(r)
+        self._wake.set()
+        return await fut
+
+    def _emit(self, r: _Req) -> bool:
+        """Append the next target token; return True when the request finished."""
+        sp = r.req.sampling
+        if not r.out:
+            r.started_at = time.perf_counter()
+        tok = r.target[len(r.out)]
+        r.out.append(tok)
+        r.logprobs.append(-0.1 * (1 + len(r.out) % 7))
+        if r.versions and r.versions[-1][0] == self._weight_version:
+            r.versions[-1][1] += 1
+        else:
+            r.versions.append([self._weight_version, 1])
+        stops = set(sp.stop_token_ids)
+        if not sp.ignore_eos:
+            stops.update(self.config.eos_token_ids)
+        if tok in stops and len(r.out) >= sp.min_new_tokens:
+            self._finish(r, "stop", matched=tok)
+            return True
+        if len(r.out) >= sp.max_new_tokens or len(r.out) >= len(r.target):
+            self._finish(r, "length")
+            return True
+        return False
+
+    def _finish(self, r: _Req, reason: str, matched: int | None = None) -> None:
+        if r.done:
+            return
+        r.done = True
+        self._reqs.pop(r.req.rid, None)
+        now = time.perf_counter()
+        if not r.future.done():
+            r.future.set_result(
+                GenerateResult(
+                    rid=r.req.rid,
+                    output_ids=list(r.out),
+                    finish_reason=reason,  # type: ignore[arg-type]
+                    prompt_tokens=len(r.req.input_ids),
+                    weight_version=self._weight_version,
+                    logprobs=list(r.logprobs) if r.req.return_logprobs else None,
+                    matched_stop=matched,
+                    version_segments=[(v, n) for v, n in r.versions],
+                    timings=Timings(
+                        queue_s=(r.started_at or now) - r.t0,
+                        ttft_s=(r.started_at or now) - r.t0,
+                        total_s=now - r.t0,
+                    ),
+                )
+            )
+
+    async def _step_loop(self) -> None:
+        c = self.config
+        while True:
+            await self._resumed.wait()
+            self._running = [r for r in self._running if not r.done]
+            while len(self._running) < c.max_batch and self._waiting:
+                r = self._waiting.popleft()
+                if not r.done:
+                    self._running.append(r)
+            if not self._running:
+                self._wake.clear()
+                if not self._waiting:
+                    await self._wake.wait()
+                continue
+            await asyncio.sleep(c.step_base_s + c.step_per_seq_s * len(self._running))
+            if self._paused:
+                continue
+            for r in self._running:
+                if not r.done:
+                    self._emit(r)
+
+    def abort(self, rid: str) -> None:
+        r = self._reqs.get(rid)
+        if r is not None:
+            self.aborted_rids.append(rid)
+            self._finish(r, "abort")
+
+    def running_rids(self) -> Sequence[str]:
+        return list(self._reqs)
+
+    def load(self) -> EngineLoad:
+        running = sum(1 for r in self._running if not r.done)
+        queued = len(self._reqs) - running
+        return EngineLoad(
+            running=running,
+            queued=max(0, queued),
+            queued_tokens=sum(len(r.req.input_ids) + r.req.sampling.max_new_tokens for r in self._waiting),
+        )
+
+    # -- hooks -------------------------------------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        self._paused = True
+        self._resumed.clear()
+        if mode == "abort":
+            self.abort_all()
+
+    async def resume(self) -> None:
+        self._paused = False
+        self._resumed.set()
+
+    async def flush_cache(self) -> None:
+        return None
+
+    async def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        self.memory_released.update(tags or ("weights", "kv_cache"))
+
+    async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        self.memory_released.difference_update(tags or ("weights", "kv_cache"))
+
+    async def update_weights(self, named: NamedTensors, *, version: int | None = None) -> None:
+        staged: dict[str, list[float]] = {}
+        for name, tensor in named:
+            if name not in self.config.weight_shapes:
+                raise WeightUpdateError(f"unknown parameter {name!r}", applied=False)
+            if tuple(tensor.shape) != self.config.weight_shapes[name]:
+                raise WeightUpdateError(
+                    f"parameter {name!r}: shape {tuple(tensor.shape)} != {self.config.weight_shapes[name]}",
+                    applied=False,
+                )
+            staged[name] = [float(x) for x in tensor.flatten().tolist()]
+        self.weights.update(staged)
+        if version is not None:
+            self._weight_version = version
+
+    async def init_weight_group(self, **kwargs: object) -> None:
+        raise UnsupportedOperationError("the fake engine joins no process group")

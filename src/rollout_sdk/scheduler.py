@@ -1,0 +1,248 @@
+"""The in-process scheduler: one coroutine per request, dispatched to a server chosen by policy.
+
+Concurrency (everything on the client's event loop; no thread, no lock)::
+
+    caller coroutine (one per request: the caller's own ``await client.generate(...)``)
+      │
+      ├─ acquire() ......... takes a slot on a live server now, or waits in the client:
+      │                        waits on: its waiter event (FIFO queue, bounded by max_waiting;
+      │                                  QueueFullError beyond it)
+      │                        unblocked by: release() of any slot, a server coming back (one waiter
+      │                                      woken), a server dying (all woken, to re-check or fail)
+      │                        bound: max_in_flight_per_server requests per server; the rest wait here,
+      │                               never in the engine
+      ├─ submit ............ one non-blocking ZMQ send
+      ├─ await result ...... waits on: the future the connection's reader completes
+      │                        unblocked by: the reply, the server being marked dead (socket dropped,
+      │                                      heartbeat missed, engine dead), or cancellation
+      │                        on cancel / timeout: Abort(rid) goes to the server, the slot is freed
+      │                        on server death: retried on another server while retries remain
+      └─ release() ......... frees the slot, wakes the first waiter
+
+Placement: a request with a ``session_id`` goes back to the server that served the session before
+(prefix cache) unless that server's load exceeds ``(1 + affinity_margin) * min_load + affinity_slack``;
+then the session moves to the server the policy picks.  Everything else goes where the policy says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ._connection import ServerConnection
+from .errors import (
+    ConfigError,
+    EngineDeadError,
+    NoServersError,
+    QueueFullError,
+    ServerShuttingDownError,
+    ServerUnavailableError,
+)
+from .policies import Policy, make_policy
+from .protocol import GenerateRequest, GenerateResult
+
+__all__ = ["Scheduler", "SchedulerConfig", "ServerHandle"]
+
+#: what policies see
+ServerHandle = ServerConnection
+
+_RETRYABLE = (ServerUnavailableError, EngineDeadError, ServerShuttingDownError)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    """Routing, back-pressure and affinity settings."""
+
+    #: "least_load", "round_robin", or a Policy object
+    policy: str | Policy = "least_load"
+    #: requests one client keeps in flight on one server; more wait in the client
+    max_in_flight_per_server: int = 512
+    #: requests allowed to wait in the client for a slot; QueueFullError beyond
+    max_waiting: int = 1_000_000
+    #: a session stays on its server while that server's load <= (1 + margin) * min load + slack
+    affinity_margin: float = 0.5
+    affinity_slack: int = 8
+    #: sessions remembered (least recently used forgotten first)
+    max_sessions: int = 200_000
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight_per_server < 1:
+            raise ConfigError("max_in_flight_per_server", self.max_in_flight_per_server, "must be >= 1")
+        if self.max_waiting < 0:
+            raise ConfigError("max_waiting", self.max_waiting, "must be >= 0")
+        if self.affinity_margin < 0:
+            raise ConfigError("affinity_margin", self.affinity_margin, "must be >= 0")
+        if self.max_sessions < 1:
+            raise ConfigError("max_sessions", self.max_sessions, "must be >= 1")
+
+
+class _Waiter:
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self.policy = make_policy(self.config.policy)
+        self.servers: list[ServerConnection] = []
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._sessions: collections.OrderedDict[str, ServerConnection] = collections.OrderedDict()
+        self.latencies: collections.deque[float] = collections.deque(maxlen=10_000)
+        self.retried = 0
+
+    # -- server set --------------------------------------------------------------------------------
+
+    def add(self, conn: ServerConnection) -> None:
+        self.servers.append(conn)
+
+    def on_server_change(self, conn: ServerConnection) -> None:
+        """A server died or came back: let waiters re-check (and fail if nothing is left)."""
+        if conn.alive:
+            self._wake_next()
+        else:
+            for w in self._waiters:
+                w.event.set()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiters)
+
+    def live_servers(self) -> list[ServerConnection]:
+        return [s for s in self.servers if s.accepting]
+
+    # -- slots -------------------------------------------------------------------------------------
+
+    async def acquire(self, req: GenerateRequest, exclude: Sequence[ServerConnection] = ()) -> ServerConnection:
+        if not self._waiters:
+            conn = self._try_take(req, exclude)
+            if conn is not None:
+                return conn
+        if len(self._waiters) >= self.config.max_waiting:
+            raise QueueFullError(
+                f"{len(self._waiters)} requests already wait for a slot (max_waiting={self.config.max_waiting})"
+            )
+        waiter = _Waiter()
+        self._waiters.append(waiter)
+        if len(self._waiters) == 1:
+            waiter.event.set()  # first in line: look once more before sleeping
+        try:
+            while True:
+                await waiter.event.wait()
+                waiter.event.clear()
+                if self._waiters and self._waiters[0] is not waiter:
+                    # woken because a server died: only check that some server is still alive
+                    if not self.live_servers():
+                        raise NoServersError(self._no_servers_message())
+                    continue
+                conn = self._try_take(req, exclude)
+                if conn is not None:
+                    return conn
+        finally:
+            self._waiters.remove(waiter)
+            self._wake_next()
+
+    def _try_take(self, req: GenerateRequest, exclude: Sequence[ServerConnection]) -> ServerConnection | None:
+        cap = self.config.max_in_flight_per_server
+        live = [s for s in self.servers if s.accepting]
+        if not live:
+            raise NoServersError(self._no_servers_message())
+        free = [s for s in live if s.in_flight < cap]
+        if exclude:
+            preferred = [s for s in free if s not in exclude]
+            free = preferred or free
+        if not free:
+            return None
+        conn = self._place(req, free)
+        conn.in_flight += 1
+        conn.outstanding_tokens += len(req.input_ids) + req.sampling.max_new_tokens
+        return conn
+
+    def _place(self, req: GenerateRequest, free: list[ServerConnection]) -> ServerConnection:
+        sid = req.session_id
+        if sid is None:
+            return self.policy.choose(free, req)
+        sessions = self._sessions
+        conn = sessions.get(sid)
+        if conn is not None and conn in free:
+            cfg = self.config
+            floor = min(s.load for s in free)
+            if conn.load <= (1.0 + cfg.affinity_margin) * floor + cfg.affinity_slack:
+                sessions.move_to_end(sid)
+                return conn
+        conn = self.policy.choose(free, req)
+        sessions[sid] = conn
+        sessions.move_to_end(sid)
+        if len(sessions) > self.config.max_sessions:
+            sessions.popitem(last=False)
+        return conn
+
+    def release(self, conn: ServerConnection, req: GenerateRequest) -> None:
+        conn.in_flight -= 1
+        conn.outstanding_tokens -= len(req.input_ids) + req.sampling.max_new_tokens
+        self._wake_next()
+
+    def _wake_next(self) -> None:
+        if self._waiters:
+            self._waiters[0].event.set()
+
+    def forget_session(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def session_server(self, session_id: str) -> ServerConnection | None:
+        return self._sessions.get(session_id)
+
+    def _no_servers_message(self) -> str:
+        if not self.servers:
+            return "no servers configured"
+        reasons = "; ".join(f"{s.address}: {s.dead_reason or 'draining'}" for s in self.servers)
+        return f"no live server left ({reasons})"
+
+    # -- one request -------------------------------------------------------------------------------
+
+    async def run(self, req: GenerateRequest, payload: bytes, retries: int) -> GenerateResult:
+        """Place, send and await one request, failing over to another server while retries remain."""
+        attempt = 0
+        exclude: tuple[ServerConnection, ...] = ()
+        while True:
+            conn = await self.acquire(req, exclude)
+            t0 = time.perf_counter()
+            try:
+                fut = conn.submit(req.rid, payload)
+                try:
+                    result = await fut
+                except asyncio.CancelledError:
+                    conn.cancel(req.rid)
+                    raise
+            except _RETRYABLE as exc:
+                conn.errors += 1
+                if isinstance(exc, ServerUnavailableError | EngineDeadError) and conn.alive:
+                    conn.mark_dead(str(exc))
+                if attempt >= retries:
+                    raise
+                attempt += 1
+                conn.failed_over += 1
+                self.retried += 1
+                exclude = (conn,)
+                continue
+            except asyncio.CancelledError:
+                conn.aborted += 1
+                raise
+            except BaseException:
+                conn.errors += 1
+                raise
+            finally:
+                self.release(conn, req)
+            dt = time.perf_counter() - t0
+            conn.latencies.append(dt)
+            self.latencies.append(dt)
+            if result.finish_reason == "abort":
+                conn.aborted += 1
+            else:
+                conn.completed += 1
+            return result

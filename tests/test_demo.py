@@ -1,0 +1,43 @@
+"""The README's main job: `rollout-sdk demo` on the embedded default."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def test_demo_runs_end_to_end(tmp_path, sdk_home, tiny_model) -> None:
+    out_json = tmp_path / "demo.json"
+    env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollout_sdk",
+            "demo",
+            "--prompts",
+            "8",
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "16",
+            "--no-progress",
+            "--json",
+            str(out_json),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout
+    for needle in ("throughput", "req/s", "tok/s", "p50", "p99", "one trajectory", "finish", "embedded-0"):
+        assert needle in text, needle
+    report = json.loads(out_json.read_text())
+    assert report["requests"] == 16
+    assert report["groups"] == 8
+    assert report["output_tokens"] > 0
+    assert report["output_tokens_per_s"] > 0

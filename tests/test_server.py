@@ -1,0 +1,209 @@
+"""The engine server over real ZMQ on loopback, with the CPU engine in its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+from rollout_sdk import (
+    EngineDeadError,
+    GenerateRequest,
+    InvalidRequestError,
+    RolloutClient,
+    SamplingParams,
+)
+from rollout_sdk.engines.fake import FakeEngineConfig
+from rollout_sdk.protocol import (
+    Abort,
+    ErrorReply,
+    GenerateResult,
+    Ping,
+    Pong,
+    decode_server_message,
+    encode,
+)
+
+
+class RawClient:
+    """A bare DEALER socket: sends exactly the bytes a test wants, reads replies."""
+
+    def __init__(self, address: str) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+
+    async def send_raw(self, *frames: bytes) -> None:
+        await self.sock.send_multipart(list(frames))
+
+    async def send_obj(self, obj: dict) -> None:
+        await self.sock.send(msgspec.msgpack.encode(obj))
+
+    async def recv(self, timeout: float = 30) -> msgspec.Struct:
+        data = await asyncio.wait_for(self.sock.recv(), timeout)
+        return decode_server_message(data)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def cpu_server(spawn_server, tiny_model):
+    return spawn_server("--engine", "cpu", "--cpu-model-path", str(tiny_model), "--cpu-max-running", "64")
+
+
+def _gen(i: int, **sp: object) -> GenerateRequest:
+    return GenerateRequest(input_ids=[151644, 872, 198, 1000 + i], sampling=SamplingParams(**sp))  # type: ignore[arg-type]
+
+
+async def test_200_concurrent_requests_answered_with_their_own_rid(cpu_server) -> None:
+    async with RolloutClient(servers=[cpu_server.address]) as client:
+        reqs = [msgspec.structs.replace(_gen(i, max_new_tokens=8), rid=f"mine-{i}") for i in range(200)]
+        results = await asyncio.gather(*(client.generate(r) for r in reqs))
+    assert [r.rid for r in results] == [f"mine-{i}" for i in range(200)]
+    assert all(r.finish_reason in ("length", "stop") and r.output_ids for r in results)
+    assert all(len(r.logprobs or []) == len(r.output_ids) for r in results)
+
+
+async def test_abort_mid_generation_returns_tokens_so_far(cpu_server) -> None:
+    raw = RawClient(cpu_server.address)
+    try:
+        await raw.sock.send(encode(msgspec.structs.replace(_gen(0, max_new_tokens=3000, ignore_eos=True), rid="long")))
+        await asyncio.sleep(0.5)
+        await raw.sock.send(encode(Abort("long")))
+        t0 = time.monotonic()
+        msg = await raw.recv(10)
+        assert time.monotonic() - t0 < 2
+        assert isinstance(msg, GenerateResult)
+        assert (msg.rid, msg.finish_reason) == ("long", "abort")
+        assert 0 < len(msg.output_ids) < 3000
+    finally:
+        raw.close()
+
+
+async def test_seeded_requests_reproduce_over_the_wire(cpu_server) -> None:
+    async with RolloutClient(servers=[cpu_server.address]) as client:
+        a = await client.generate(_gen(1, seed=123, max_new_tokens=16))
+        others = [client.generate(_gen(i, max_new_tokens=16)) for i in range(10)]
+        b, *_ = await asyncio.gather(client.generate(_gen(1, seed=123, max_new_tokens=16)), *others)
+    assert a.output_ids == b.output_ids
+
+
+BAD = [
+    ({"type": "generate", "rid": "e1", "input_ids": []}, "input_ids"),
+    ({"type": "generate", "rid": "e2", "input_ids": [1, 999_999]}, "input_ids[1]"),
+    ({"type": "generate", "rid": "e3", "input_ids": [1] * 5000}, "input_ids"),
+    ({"type": "generate", "rid": "e4", "input_ids": [1], "sampling": {"max_new_tokens": 0}}, "sampling.max_new_tokens"),
+    (
+        {"type": "generate", "rid": "e5", "input_ids": [1], "sampling": {"max_new_tokens": -3}},
+        "sampling.max_new_tokens",
+    ),
+    ({"type": "generate", "rid": "e6", "input_ids": [1], "sampling": {"temperature": -1.0}}, "sampling.temperature"),
+    ({"type": "generate", "rid": "e7", "input_ids": [1, "a"]}, "input_ids[1]"),
+    ({"type": "generate", "rid": "e8", "input_ids": [1], "sampling": {"top_p": "high"}}, "sampling.top_p"),
+]
+
+
+async def test_bad_input_gets_typed_errors_and_the_server_keeps_serving(cpu_server) -> None:
+    raw = RawClient(cpu_server.address)
+    try:
+        async with RolloutClient(servers=[cpu_server.address]) as client:
+            good = [asyncio.create_task(client.generate(_gen(i, max_new_tokens=24))) for i in range(20)]
+            await asyncio.sleep(0.05)
+            for obj, field in BAD:
+                await raw.send_obj(obj)
+                reply = await raw.recv()
+                assert isinstance(reply, ErrorReply), obj
+                assert (reply.code, reply.rid, reply.field) == ("invalid_request", obj["rid"], field), reply
+                assert reply.message
+            await raw.send_obj({"type": "teleport", "rid": "x"})
+            reply = await raw.recv()
+            assert isinstance(reply, ErrorReply)
+            assert reply.code == "protocol"
+            assert "teleport" in reply.message
+            await raw.send_raw(b"\x00\xffnot msgpack at all")
+            reply = await raw.recv()
+            assert isinstance(reply, ErrorReply)
+            assert reply.code == "protocol"
+            await raw.send_raw(b"two", b"frames")
+            reply = await raw.recv()
+            assert isinstance(reply, ErrorReply)
+            assert reply.code == "protocol"
+            # the typed error reaches a RolloutClient user with field and value
+            with pytest.raises(InvalidRequestError) as info:
+                await client.generate(GenerateRequest(input_ids=[1, 200_000]))
+            assert (info.value.field, info.value.value) == ("input_ids[1]", 200_000)
+            results = await asyncio.gather(*good)
+            assert all(r.finish_reason in ("length", "stop") for r in results)
+            await raw.sock.send(encode(Ping(1)))
+            pong = await raw.recv()
+            assert isinstance(pong, Pong)
+            assert pong.stats.errors >= len(BAD) + 3
+            assert pong.stats.completed >= 20
+    finally:
+        raw.close()
+
+
+async def test_duplicate_rid_in_flight_is_refused(cpu_server) -> None:
+    raw = RawClient(cpu_server.address)
+    try:
+        req = msgspec.structs.replace(_gen(0, max_new_tokens=500, ignore_eos=True), rid="dup")
+        await raw.sock.send(encode(req))
+        await raw.sock.send(encode(req))
+        reply = await raw.recv()
+        assert isinstance(reply, ErrorReply)
+        assert (reply.code, reply.field, reply.rid) == ("invalid_request", "rid", "dup")
+        await raw.sock.send(encode(Abort("dup")))
+        done = await raw.recv()
+        assert isinstance(done, GenerateResult)
+        assert done.finish_reason == "abort"
+    finally:
+        raw.close()
+
+
+async def test_sigterm_answers_every_request_then_exits_zero(spawn_server, tiny_model) -> None:
+    srv = spawn_server("--engine", "cpu", "--cpu-model-path", str(tiny_model), "--drain-timeout-s", "0.5")
+    raw = RawClient(srv.address)
+    try:
+        for i in range(10):
+            req = msgspec.structs.replace(_gen(i, max_new_tokens=3000, ignore_eos=True), rid=f"t{i}")
+            await raw.sock.send(encode(req))
+        await asyncio.sleep(0.5)
+        srv.proc.send_signal(signal.SIGTERM)
+        got = {}
+        for _ in range(10):
+            msg = await raw.recv(15)
+            assert isinstance(msg, GenerateResult)
+            got[msg.rid] = msg.finish_reason
+        assert got == {f"t{i}": "abort" for i in range(10)}
+        assert await asyncio.to_thread(srv.proc.wait, 30) == 0
+    finally:
+        raw.close()
+
+
+async def test_dead_engine_fails_in_flight_fast_and_new_requests_too(fake_servers) -> None:
+    (server,) = await fake_servers(1, FakeEngineConfig(step_base_s=0.01))
+    async with RolloutClient(servers=[server.address], retries=0) as client:
+        tasks = [asyncio.create_task(client.generate(_gen(i, max_new_tokens=10_000))) for i in range(5)]
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        server.engine.kill("simulated crash")  # type: ignore[attr-defined]
+        for t in tasks:
+            with pytest.raises(EngineDeadError, match="simulated crash"):
+                await asyncio.wait_for(t, 5)
+        assert time.monotonic() - t0 < 1.0
+    raw = RawClient(server.address)
+    try:
+        await raw.sock.send(encode(msgspec.structs.replace(_gen(0), rid="late")))
+        reply = await raw.recv(5)
+        assert isinstance(reply, ErrorReply)
+        assert (reply.code, reply.rid) == ("engine_dead", "late")
+    finally:
+        raw.close()
