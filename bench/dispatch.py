@@ -1,0 +1,838 @@
+"""Dispatch overhead of rollout-sdk with a no-op engine, against a Ray async actor doing the same.
+
+What is measured
+----------------
+1. **rollout-sdk**: 1 and 4 ``rollout-sdk serve --engine fake`` processes in *instant* mode (the default
+   ``FakeEngineConfig``: ``step_base_s == 0``, so every request is answered as soon as it arrives), and one
+   ``RolloutClient(servers=[...])`` in this process on uvloop.  Closed-loop load: ``c`` coroutines (1 and
+   256) each awaiting ``client.generate(prompt, sampling=...)`` back to back, with a ~64-token prompt and
+   ``max_new_tokens=4``.  The engine does no work, so the client-observed latency *is* the latency the SDK
+   adds (client -> ZMQ -> server -> engine -> back).
+2. **Ray baseline**, same run, same workload: ``ray.init(num_cpus=2, include_dashboard=False,
+   log_to_driver=False)``, 1 and 4 async actors whose ``async def generate(self, input_ids, sampling)``
+   returns ``{"output_ids", "logprobs", "finish_reason"}`` at once; the driver (same event loop kind) issues
+   ``await actor.generate.remote(...)`` from ``c`` coroutines, round-robin over the actors.
+3. **Client memory** (rollout-sdk): (a) ``N`` requests held in flight on a fake server that never finishes
+   them (``--fake-step-base-s 3600 --fake-max-batch 1``): growth of tracemalloc's current size and of RSS
+   divided by ``N``, then they are cancelled; for scale, the same is measured for ``N`` bare asyncio tasks
+   awaiting a future (the floor of any one-task-per-request design).  (b) tracemalloc current size and RSS
+   after 1,000 and 10,000 completed requests (plus later checkpoints): these should stay flat.
+
+How
+---
+Each cell warms up, then measures for ``--duration`` seconds: a request counts when it completes inside
+the window; req/s is that count over the window; p50/p99 are over those requests' latencies
+(``perf_counter`` around the await).  CPU use of this process and of all its descendants (servers, or
+Ray's raylet/GCS/workers) is sampled per cell with psutil.  Everything runs on this machine; on 2 cores
+the client, the servers (or Ray's processes) share the same cores, as they would on a trainer node.
+
+Run::
+
+    python bench/dispatch.py            # full mode, ~3-4 minutes
+    python bench/dispatch.py --quick    # ~1 minute
+    python bench/dispatch.py --no-ray   # rollout-sdk only
+
+Numbers go to ``--json`` (default ``bench/results/dispatch.json``); the table is printed last.
+Every process this script starts is stopped at the end, also on Ctrl-C, SIGTERM or an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as _dt
+import gc
+import importlib.util
+import json
+import os
+import platform
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_JSON = ROOT / "bench" / "results" / "dispatch.json"
+VOCAB = 151936
+TARGET_RATIO = 5.0
+TARGET_P50_MS = 0.5
+
+
+# -- results -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    system: str
+    servers: int
+    concurrency: int
+    requests: int
+    duration_s: float
+    req_per_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    max_ms: float
+    #: CPU in % of one core: this (client / driver) process, its descendants (servers, or Ray's raylet,
+    #: GCS and workers), and every other process on the machine (not ours: noise)
+    client_cpu_pct: float | None = None
+    children_cpu_pct: float | None = None
+    foreign_cpu_pct: float | None = None
+    #: RSS of each server at the end of the cell (rollout-sdk only)
+    server_rss_mib: list[float] | None = None
+
+
+@dataclass
+class Report:
+    meta: dict[str, Any] = field(default_factory=dict)
+    cells: list[Cell] = field(default_factory=list)
+    memory: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _pct(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+# -- process helpers -----------------------------------------------------------------------------------
+
+
+def _rss_bytes(pid: int | None = None) -> int:
+    """Resident set size of ``pid`` (this process by default)."""
+    try:
+        import psutil
+
+        return int(psutil.Process(pid).memory_info().rss)
+    except ImportError:
+        with open(f"/proc/{pid or 'self'}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class CpuMeter:
+    """CPU time of this process, of its descendants and of everything else on the machine ("foreign":
+    other users' jobs share these cores) between start() and stop(), in % of one core.  Needs psutil."""
+
+    def __init__(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            self._ps: Any = None
+            return
+        self._ps = psutil
+        self._me = psutil.Process()
+        self._t0 = 0.0
+        self._mine0 = 0.0
+        self._busy0 = 0.0
+        self._kids0: dict[int, float] = {}
+
+    @staticmethod
+    def _cpu(proc: Any) -> float:
+        t = proc.cpu_times()
+        return float(t.user + t.system)
+
+    def _busy(self) -> float:
+        t = self._ps.cpu_times()
+        return float(
+            sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+        )
+
+    def _kids(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for p in self._me.children(recursive=True):
+            try:
+                out[p.pid] = self._cpu(p)
+            except self._ps.Error:
+                pass
+        return out
+
+    def start(self) -> None:
+        if self._ps is None:
+            return
+        self._t0 = time.perf_counter()
+        self._mine0 = self._cpu(self._me)
+        self._kids0 = self._kids()
+        self._busy0 = self._busy()
+
+    def stop(self) -> tuple[float, float, float] | None:
+        """(this process, its descendants, foreign) in % of one core; None without psutil."""
+        if self._ps is None:
+            return None
+        busy = self._busy() - self._busy0
+        wall = time.perf_counter() - self._t0
+        mine = self._cpu(self._me) - self._mine0
+        kids = sum(t - self._kids0.get(pid, 0.0) for pid, t in self._kids().items())
+        foreign = max(0.0, busy - mine - kids)
+        return 100.0 * mine / wall, 100.0 * kids / wall, 100.0 * foreign / wall
+
+
+async def foreign_load(seconds: float = 1.0) -> float | None:
+    """CPU used by processes other than this one and its descendants, % of one core, over ``seconds``."""
+    meter = CpuMeter()
+    meter.start()
+    await asyncio.sleep(seconds)
+    cpu = meter.stop()
+    return None if cpu is None else cpu[2]
+
+
+async def wait_quiet(max_wait_s: float, threshold_pct: float = 20.0) -> float | None:
+    """Wait (up to ``max_wait_s``) until other processes use less than ``threshold_pct`` of one core."""
+    if max_wait_s <= 0:
+        return None
+    deadline = time.monotonic() + max_wait_s
+    load = await foreign_load()
+    while load is not None and load > threshold_pct and time.monotonic() < deadline:
+        _log(f"other processes use {load:.0f}% of a core; waiting up to {deadline - time.monotonic():.0f} s")
+        await asyncio.sleep(3.0)
+        load = await foreign_load()
+    return load
+
+
+#: ``python -c`` wrapper for ``--no-fake-history``: FakeEngine keeps every request it has seen
+#: (``requests_seen``, for tests); this drops them, so the server's memory stays flat under load
+_NO_HISTORY_WRAPPER = """
+import sys
+from rollout_sdk.engines import fake
+
+class _Drop(list):
+    def append(self, item):
+        pass
+
+_init = fake.FakeEngine.__init__
+
+def _patched(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    self.requests_seen = _Drop()
+
+fake.FakeEngine.__init__ = _patched
+from rollout_sdk.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+class ServerProcs:
+    """``python -m rollout_sdk serve --engine fake`` processes; :meth:`stop` terminates, then kills."""
+
+    def __init__(self, logdir: Path, *, no_history: bool = False) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self._logdir = logdir
+        self._no_history = no_history
+        self._count = 0
+
+    def spawn(self, *args: str, timeout: float = 60.0) -> tuple[subprocess.Popen[str], str]:
+        log_path = self._logdir / f"server-{self._count}.log"
+        self._count += 1
+        entry = ["-c", _NO_HISTORY_WRAPPER] if self._no_history else ["-m", "rollout_sdk"]
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, *entry, "serve", "--engine", "fake", *args],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                cwd=ROOT,
+            )
+        self.procs.append(proc)
+        return proc, self._wait_ready(proc, log_path, timeout)
+
+    @staticmethod
+    def _wait_ready(proc: subprocess.Popen[str], log_path: Path, timeout: float) -> str:
+        """Read the server's stdout until its ``READY tcp://...`` line (a handshake, not a sleep)."""
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    continue
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith("READY "):
+                    return line.split()[1]
+        raise RuntimeError(f"fake server did not become ready; its log:\n{log_path.read_text()[-4000:]}")
+
+    def stop(self, procs: Sequence[subprocess.Popen[str]] | None = None) -> None:
+        """Stop ``procs`` (default: all): SIGTERM (the server drains and exits), SIGKILL after 15 s."""
+        targets = list(self.procs if procs is None else procs)
+        for p in targets:
+            if p.poll() is None:
+                p.terminate()
+        for p in targets:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+            if p.stdout is not None:
+                p.stdout.close()
+            self.procs.remove(p)
+
+    @contextlib.asynccontextmanager
+    async def fleet(self, n: int, *args: str) -> AsyncIterator[list[tuple[subprocess.Popen[str], str]]]:
+        """``n`` fresh servers for one cell, stopped when it ends."""
+        started: list[tuple[subprocess.Popen[str], str]] = []
+        try:
+            while len(started) < n:
+                started.append(await asyncio.to_thread(self.spawn, *args))
+            yield started
+        finally:
+            await asyncio.to_thread(self.stop, [p for p, _ in started])
+
+
+# -- the closed loop -----------------------------------------------------------------------------------
+
+
+async def closed_loop(
+    call: Callable[[], Awaitable[Any]],
+    *,
+    system: str,
+    servers: int,
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+    quiet_s: float = 0.0,
+) -> Cell:
+    """``concurrency`` coroutines calling ``call`` back to back; measure those completing in the window."""
+    await wait_quiet(quiet_s)
+    perf = time.perf_counter
+    lat: list[float] = []
+    meter = CpuMeter()
+    t_start = perf() + warmup_s
+    t_end = t_start + duration_s
+
+    async def worker() -> None:
+        while True:
+            t0 = perf()
+            if t0 >= t_end:
+                return
+            await call()
+            t1 = perf()
+            if t_start <= t1 < t_end:
+                lat.append(t1 - t0)
+
+    async def meter_window() -> tuple[float, float, float] | None:
+        await asyncio.sleep(max(0.0, t_start - perf()))
+        meter.start()
+        await asyncio.sleep(max(0.0, t_end - perf()))
+        return meter.stop()
+
+    cpu_task = asyncio.ensure_future(meter_window())
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    cpu = await cpu_task
+    lat.sort()
+    n = len(lat)
+    return Cell(
+        system=system,
+        servers=servers,
+        concurrency=concurrency,
+        requests=n,
+        duration_s=duration_s,
+        req_per_s=n / duration_s,
+        p50_ms=1e3 * _pct(lat, 0.50),
+        p90_ms=1e3 * _pct(lat, 0.90),
+        p99_ms=1e3 * _pct(lat, 0.99),
+        mean_ms=1e3 * sum(lat) / n if n else float("nan"),
+        max_ms=1e3 * lat[-1] if n else float("nan"),
+        client_cpu_pct=cpu[0] if cpu else None,
+        children_cpu_pct=cpu[1] if cpu else None,
+        foreign_cpu_pct=cpu[2] if cpu else None,
+    )
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _log_cell(c: Cell) -> None:
+    cpu = ""
+    if c.client_cpu_pct is not None:
+        cpu = (
+            f"  cpu: client {c.client_cpu_pct:.0f}% children {c.children_cpu_pct:.0f}% foreign {c.foreign_cpu_pct:.0f}%"
+        )
+    _log(
+        f"{c.system:11s} servers={c.servers} c={c.concurrency:<3d} {c.req_per_s:9.0f} req/s  "
+        f"p50 {c.p50_ms:7.3f} ms  p99 {c.p99_ms:7.3f} ms{cpu}"
+    )
+
+
+# -- rollout-sdk ---------------------------------------------------------------------------------------
+
+
+def _prompt(tokens: int) -> list[int]:
+    return [1000 + (i * 7919) % 50_000 for i in range(tokens)]
+
+
+async def bench_sdk(procs: ServerProcs, args: argparse.Namespace, report: Report) -> None:
+    from rollout_sdk import RolloutClient, SamplingParams
+
+    prompt = _prompt(args.prompt_tokens)
+    sp = SamplingParams(max_new_tokens=args.max_new_tokens)
+    for n in args.servers:
+        for c in args.concurrency:
+            # fresh servers per cell: no cell inherits another's server state
+            async with procs.fleet(n) as fleet, RolloutClient(servers=[a for _, a in fleet]) as client:
+                r = await client.generate(prompt, sampling=sp)  # sanity: the no-op engine's answer
+                assert r.finish_reason == "length" and len(r.output_ids) == args.max_new_tokens, r
+                assert r.logprobs is not None and len(r.logprobs) == args.max_new_tokens, r
+
+                async def call(client: Any = client) -> Any:
+                    return await client.generate(prompt, sampling=sp)
+
+                cell = await closed_loop(
+                    call,
+                    system="rollout-sdk",
+                    servers=n,
+                    concurrency=c,
+                    warmup_s=args.warmup,
+                    duration_s=args.duration,
+                    quiet_s=args.wait_quiet,
+                )
+                st = client.stats()
+                assert st.errors == 0 and st.aborted == 0, st
+                cell.server_rss_mib = [round(_rss_bytes(p.pid) / 2**20, 1) for p, _ in fleet]
+            _log_cell(cell)
+            report.cells.append(cell)
+
+
+def _traced() -> int:
+    return tracemalloc.get_traced_memory()[0]
+
+
+async def _settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0.05)
+    gc.collect()
+
+
+async def bench_memory_inflight(address: str, args: argparse.Namespace) -> dict[str, Any]:
+    """(a) client memory per request held in flight, then cancelled."""
+    from rollout_sdk import RolloutClient, SamplingParams
+
+    n = args.mem_inflight
+    prompt = _prompt(args.prompt_tokens)
+    sp = SamplingParams(max_new_tokens=args.max_new_tokens)
+    out: dict[str, Any] = {"n": n, "prompt_tokens": args.prompt_tokens}
+
+    # the floor: N bare tasks each awaiting a future (what any one-task-per-request design costs)
+    loop = asyncio.get_running_loop()
+    await _settle()
+    base = _traced()
+    futs = [loop.create_future() for _ in range(n)]
+
+    async def bare(f: asyncio.Future[None]) -> None:
+        await f
+
+    tasks = [asyncio.ensure_future(bare(f)) for f in futs]
+    await _settle()
+    out["bare_task_bytes_per_request"] = (_traced() - base) / n
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    del futs, tasks
+
+    async with RolloutClient(servers=[address], max_in_flight_per_server=n + 64) as client:
+        conn = client.servers[0]
+
+        async def hold(k: int) -> list[asyncio.Task[Any]]:
+            ts = [asyncio.ensure_future(client.generate(prompt, sampling=sp)) for _ in range(k)]
+            deadline = time.monotonic() + 60
+            while True:  # every request sent, and every one arrived at the server
+                await asyncio.sleep(0.05)
+                if conn.num_pending == k and (await conn.fetch_stats()).in_flight == k:
+                    return ts
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {conn.num_pending}/{k} requests in flight after 60 s")
+
+        async def cancel(ts: list[asyncio.Task[Any]]) -> None:
+            for t in ts:
+                t.cancel()
+            await asyncio.gather(*ts, return_exceptions=True)
+            deadline = time.monotonic() + 30
+            while (await conn.fetch_stats()).in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+
+        await cancel(await hold(min(n, 200)))  # warm every code path (send, abort, cancel) once
+        await _settle()
+        traced0, rss0 = _traced(), _rss_bytes()
+        tasks = await hold(n)
+        await _settle()
+        traced1, rss1 = _traced(), _rss_bytes()
+        out["in_flight_confirmed_by_server"] = (await conn.fetch_stats()).in_flight
+        t0 = time.perf_counter()
+        await cancel(tasks)
+        out["cancel_all_s"] = time.perf_counter() - t0
+        del tasks
+        await _settle()
+        traced2, rss2 = _traced(), _rss_bytes()
+    out.update(
+        traced_bytes_per_request=(traced1 - traced0) / n,
+        rss_bytes_per_request=(rss1 - rss0) / n,
+        traced_after_cancel_minus_before=traced2 - traced0,
+        rss_after_cancel_minus_before=rss2 - rss0,
+    )
+    return out
+
+
+async def bench_memory_completed(address: str, args: argparse.Namespace) -> dict[str, Any]:
+    """(b) tracemalloc current size and RSS after 1,000 / 10,000 / ... completed requests."""
+    from rollout_sdk import RolloutClient, SamplingParams
+
+    prompt = _prompt(args.prompt_tokens)
+    sp = SamplingParams(max_new_tokens=args.max_new_tokens)
+    c = args.mem_concurrency
+    points: list[dict[str, Any]] = []
+    async with RolloutClient(servers=[address]) as client:
+        done = 0
+
+        async def run_until(total: int) -> None:
+            nonlocal done
+            issued = done
+
+            async def worker() -> None:
+                nonlocal issued, done
+                while issued < total:
+                    issued += 1
+                    await client.generate(prompt, sampling=sp)
+                    done += 1
+
+            await asyncio.gather(*(worker() for _ in range(c)))
+
+        await run_until(args.mem_warmup)
+        await _settle()
+        traced0, rss0 = _traced(), _rss_bytes()
+        points.append({"completed": done, "traced_bytes": traced0, "rss_bytes": rss0})
+        for target in args.mem_checkpoints:
+            t0 = time.perf_counter()
+            await run_until(target)
+            dt = time.perf_counter() - t0
+            await _settle()
+            points.append(
+                {"completed": done, "traced_bytes": _traced(), "rss_bytes": _rss_bytes(), "seconds_to_here": dt}
+            )
+        st = client.stats()
+        assert st.errors == 0, st
+    return {"concurrency": c, "warmup_requests": args.mem_warmup, "points": points}
+
+
+# -- Ray -----------------------------------------------------------------------------------------------
+
+
+class _NoOpActor:
+    """The Ray baseline's engine: answers like the instant fake engine, at once."""
+
+    async def generate(self, input_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
+        n = sampling["max_new_tokens"]
+        base = input_ids[-1]
+        return {
+            "output_ids": [(base + i + 1) % VOCAB for i in range(n)],
+            "logprobs": [-0.1 * (1 + (i + 1) % 7) for i in range(n)],
+            "finish_reason": "length",
+        }
+
+
+async def bench_ray(args: argparse.Namespace, report: Report) -> None:
+    import ray
+
+    prompt = _prompt(args.prompt_tokens)
+    sampling = {"max_new_tokens": args.max_new_tokens}
+    actor_cls = ray.remote(num_cpus=0)(_NoOpActor)
+    for n in args.servers:
+        for c in args.concurrency:
+            actors = [actor_cls.remote() for _ in range(n)]  # type: ignore[attr-defined]
+            try:
+                await asyncio.gather(*(a.generate.remote(prompt, sampling) for a in actors))  # actors up
+                r = await actors[0].generate.remote(prompt, sampling)
+                assert r["finish_reason"] == "length" and len(r["output_ids"]) == args.max_new_tokens, r
+                turn = 0
+
+                async def call(actors: list[Any] = actors) -> Any:
+                    nonlocal turn
+                    a = actors[turn % len(actors)]
+                    turn += 1
+                    return await a.generate.remote(prompt, sampling)
+
+                cell = await closed_loop(
+                    call,
+                    system="ray",
+                    servers=n,
+                    concurrency=c,
+                    warmup_s=args.warmup,
+                    duration_s=args.duration,
+                    quiet_s=args.wait_quiet,
+                )
+            finally:
+                for a in actors:
+                    ray.kill(a)
+            _log_cell(cell)
+            report.cells.append(cell)
+
+
+# -- orchestration -------------------------------------------------------------------------------------
+
+
+def _versions() -> dict[str, Any]:
+    from importlib import metadata
+
+    out: dict[str, Any] = {"python": platform.python_version()}
+    for dist in ("rollout-sdk", "pyzmq", "msgspec", "uvloop", "ray", "psutil"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    try:
+        import zmq
+
+        out["libzmq"] = zmq.zmq_version()
+    except ImportError:
+        pass
+    return out
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) -> None:
+    report.meta["foreign_cpu_pct_at_start"] = await foreign_load()
+    # rollout-sdk first, so that Ray's background processes do not share the cores with it
+    await bench_sdk(procs, args, report)
+
+    if not args.no_memory:
+        async with (
+            procs.fleet(1) as instant,
+            procs.fleet(1, "--fake-step-base-s", "3600", "--fake-max-batch", "1") as stalled,
+        ):
+            tracemalloc.start()
+            try:
+                _log(f"client memory: {args.mem_inflight:,} requests in flight")
+                report.memory["in_flight"] = await bench_memory_inflight(stalled[0][1], args)
+                _log(f"client memory: completed requests up to {args.mem_checkpoints[-1]:,}")
+                report.memory["completed"] = await bench_memory_completed(instant[0][1], args)
+            finally:
+                tracemalloc.stop()
+
+    if args.no_ray:
+        return
+    import logging
+
+    import ray
+
+    _log("starting ray")
+    t0 = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    report.meta["ray_init_s"] = round(time.perf_counter() - t0, 2)
+    try:
+        await bench_ray(args, report)
+    finally:
+        ray.shutdown()
+
+
+def _fmt_bytes(b: float) -> str:
+    sign = "-" if b < 0 else ""
+    b = abs(b)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if b < 1024 or unit == "GiB":
+            return f"{sign}{b:.0f} {unit}" if unit == "B" else f"{sign}{b:.1f} {unit}"
+        b /= 1024
+    return ""  # pragma: no cover
+
+
+def render(report: Report) -> str:
+    lines: list[str] = []
+    ray_rate = {(c.servers, c.concurrency): c.req_per_s for c in report.cells if c.system == "ray"}
+    order = sorted(report.cells, key=lambda c: (c.servers, c.concurrency, c.system != "rollout-sdk"))
+    hdr = f"{'system':<12}{'servers':>8}{'conc':>6}{'req/s':>11}{'p50 ms':>10}{'p99 ms':>10}{'sdk/ray':>9}"
+    hdr += f"{'cpu % me/kids/foreign':>23}"
+    lines += [hdr, "-" * len(hdr)]
+    for c in order:
+        ratio = ""
+        base = ray_rate.get((c.servers, c.concurrency))
+        if c.system == "rollout-sdk" and base:
+            ratio = f"{c.req_per_s / base:.2f}x"
+        cpu = ""
+        if c.client_cpu_pct is not None:
+            cpu = f"{c.client_cpu_pct:.0f} / {c.children_cpu_pct:.0f} / {c.foreign_cpu_pct:.0f}"
+        lines.append(
+            f"{c.system:<12}{c.servers:>8}{c.concurrency:>6}{c.req_per_s:>11,.0f}{c.p50_ms:>10.3f}"
+            f"{c.p99_ms:>10.3f}{ratio:>9}{cpu:>23}"
+        )
+    mem = report.memory
+    if "in_flight" in mem:
+        m = mem["in_flight"]
+        lines.append("")
+        lines.append(
+            f"client memory per in-flight request (N={m['n']:,}, {m['prompt_tokens']}-token prompt): "
+            f"tracemalloc {_fmt_bytes(m['traced_bytes_per_request'])}, RSS {_fmt_bytes(m['rss_bytes_per_request'])}"
+            f"  (bare asyncio task awaiting a future: {_fmt_bytes(m['bare_task_bytes_per_request'])})"
+        )
+        lines.append(
+            f"after cancelling all {m['n']:,} (took {m['cancel_all_s'] * 1e3:.0f} ms): tracemalloc "
+            f"{_fmt_bytes(m['traced_after_cancel_minus_before'])}, "
+            f"RSS {_fmt_bytes(m['rss_after_cancel_minus_before'])} vs. before"
+        )
+    if "completed" in mem:
+        pts = mem["completed"]["points"]
+        first = pts[0]
+        lines.append(f"client memory after completed requests (c={mem['completed']['concurrency']}):")
+        for p in pts:
+            lines.append(
+                f"  {p['completed']:>7,} done: tracemalloc {_fmt_bytes(p['traced_bytes']):>10} "
+                f"({_fmt_bytes(p['traced_bytes'] - first['traced_bytes']):>10} vs {first['completed']:,}), "
+                f"RSS {_fmt_bytes(p['rss_bytes']):>10} ({_fmt_bytes(p['rss_bytes'] - first['rss_bytes']):>10})"
+            )
+    rss = [f"{c.servers}x c={c.concurrency}: {max(c.server_rss_mib)} MiB" for c in report.cells if c.server_rss_mib]
+    if rss:
+        lines.append("largest fake-server RSS at the end of each rollout-sdk cell: " + ", ".join(rss))
+    sdk = [c for c in report.cells if c.system == "rollout-sdk"]
+    ratios = [c.req_per_s / ray_rate[(c.servers, c.concurrency)] for c in sdk if (c.servers, c.concurrency) in ray_rate]
+    p50_c1 = [c.p50_ms for c in sdk if c.concurrency == 1]
+    lines.append("")
+    if ratios:
+        ok = min(ratios) >= TARGET_RATIO
+        lines.append(
+            f"target req/s >= {TARGET_RATIO:g}x ray: min {min(ratios):.2f}x, max {max(ratios):.2f}x "
+            f"-> {'met' if ok else 'NOT met'}"
+        )
+    if p50_c1:
+        ok = max(p50_c1) <= TARGET_P50_MS
+        lines.append(
+            f"target p50 added latency <= {TARGET_P50_MS} ms (c=1): "
+            + ", ".join(f"{v:.3f} ms" for v in p50_c1)
+            + f" -> {'met' if ok else 'NOT met'}"
+        )
+    return "\n".join(lines)
+
+
+def _parse_ints(text: str) -> list[int]:
+    return [int(x) for x in text.replace(",", " ").split()]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="shorter cells and fewer requests (about 1 minute)")
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"write the numbers here (default {DEFAULT_JSON})")
+    p.add_argument("--servers", type=_parse_ints, default=[1, 4], help="server / actor counts (default: 1,4)")
+    p.add_argument("--concurrency", type=_parse_ints, default=[1, 256], help="coroutines (default: 1,256)")
+    p.add_argument("--duration", type=float, default=None, help="measured seconds per cell (full 8, quick 3)")
+    p.add_argument("--warmup", type=float, default=None, help="warm-up seconds per cell (full 2, quick 0.5)")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=4)
+    p.add_argument("--mem-inflight", type=int, default=5000, help="requests held in flight for memory (a)")
+    p.add_argument(
+        "--mem-checkpoints",
+        type=_parse_ints,
+        default=None,
+        help="completed-request counts for memory (b) (full 1000,10000,30000; quick 1000,10000)",
+    )
+    p.add_argument("--mem-concurrency", type=int, default=64, help="coroutines for memory (b)")
+    p.add_argument("--no-ray", action="store_true", help="skip the Ray baseline")
+    p.add_argument("--no-memory", action="store_true", help="skip the client-memory measurements")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        help="before each cell, wait up to this many seconds for other processes to use < 20%% of a core",
+    )
+    p.add_argument(
+        "--no-fake-history",
+        action="store_true",
+        help="start the fake servers with FakeEngine.requests_seen disabled (it keeps every request; "
+        "see the module docstring)",
+    )
+    p.add_argument("--no-uvloop", action="store_true", help="run on the default asyncio loop")
+    args = p.parse_args(argv)
+    if args.duration is None:
+        args.duration = 3.0 if args.quick else 8.0
+    if args.warmup is None:
+        args.warmup = 0.5 if args.quick else 2.0
+    if args.mem_checkpoints is None:
+        args.mem_checkpoints = [1000, 10_000] if args.quick else [1000, 10_000, 30_000]
+    args.mem_warmup = min(500, args.mem_checkpoints[0])
+    if sorted(args.mem_checkpoints) != args.mem_checkpoints or args.mem_checkpoints[0] < args.mem_warmup:
+        p.error("--mem-checkpoints must be increasing")
+    if not args.no_ray and importlib.util.find_spec("ray") is None:
+        p.error("ray is not installed: pip install 'ray[default]' (the 'bench' extra), or pass --no-ray")
+    return args
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process this script started."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = Report()
+    report.meta = {
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "versions": _versions(),
+        "loop": "asyncio" if args.no_uvloop else "uvloop",
+        "mode": "quick" if args.quick else "full",
+        "fake_history": not args.no_fake_history,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "workload": {
+            "prompt_tokens": args.prompt_tokens,
+            "max_new_tokens": args.max_new_tokens,
+            "servers": args.servers,
+            "concurrency": args.concurrency,
+            "warmup_s": args.warmup,
+            "duration_s": args.duration,
+            "engine": "FakeEngine instant mode (default FakeEngineConfig) / Ray async actor returning at once",
+        },
+    }
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="dispatch-bench-") as logdir, _sigterm_as_interrupt():
+        procs = ServerProcs(Path(logdir), no_history=args.no_fake_history)
+        try:
+            if args.no_uvloop:
+                asyncio.run(run_all(args, report, procs))
+            else:
+                import uvloop
+
+                uvloop.run(run_all(args, report, procs))
+        finally:
+            procs.stop()
+            ray = sys.modules.get("ray")
+            if ray is not None and ray.is_initialized():
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+    report.meta["runtime_s"] = round(time.perf_counter() - t0, 1)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": report.meta, "cells": [asdict(c) for c in report.cells], "memory": report.memory}
+    args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    print(render(report))
+    print(f"\nruntime {report.meta['runtime_s']} s; numbers in {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

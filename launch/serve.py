@@ -1,0 +1,13 @@
+"""A standalone rollout service: every torchrun rank runs this; TP leaders serve engines until SIGTERM.
+
+    torchrun --nproc-per-node 4 launch/serve.py --tp 2 --engine cpu
+    torchrun --nproc-per-node 8 launch/serve.py --tp 2 --engine sglang --model /models/qwen2.5-7b
+
+Clients elsewhere connect with the job's store address (MASTER_ADDR:MASTER_PORT, printed at start):
+    RolloutClient(discovery=StoreDiscovery("host:port"))   or   ROLLOUT_SDK_STORE=host:port
+"""
+
+from rollout_sdk.launch import run
+
+if __name__ == "__main__":
+    raise SystemExit(run(None))

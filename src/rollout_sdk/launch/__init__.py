@@ -1,0 +1,14 @@
+"""Launch under torchrun: DP x TP servers, discovery through the job's c10d store, optional driver.
+
+    torchrun --nproc-per-node 4 -m rollout_sdk.launch --tp 2               # a standalone rollout service
+    torchrun --nproc-per-node 4 my_driver.py --tp 2                         # my_driver.py calls run(main)
+
+See docs/launch.md.
+"""
+
+from .discovery import ServerRecord, StoreDiscovery
+from .job import LaunchConfig, run_job
+from .layout import Layout
+from .main import parse_launch_args, run
+
+__all__ = ["LaunchConfig", "Layout", "ServerRecord", "StoreDiscovery", "parse_launch_args", "run", "run_job"]

@@ -1,0 +1,245 @@
+"""What every torchrun rank runs: ``run_job``.
+
+Per rank (one process, one uvloop event loop)::
+
+    init_process_group (gloo by default) ── device mesh (dp, tp)
+    connect to torchrun's store (MASTER_ADDR:MASTER_PORT)
+    rank 0 ........ publishes the job prefix and the number of servers
+    TP leaders .... start an EngineServer (its engine spans the TP group), then register its address
+    rank 0 ........ with a driver: runs the user's ``async main()`` (RolloutClient() finds the servers
+                    through the store), then publishes {p}/shutdown
+    every rank .... waits on: SIGTERM/SIGINT, or {p}/shutdown (a watcher thread on the store),
+                    or its driver finishing; then servers drain and close, the process group is
+                    destroyed, and the process exits 0 (1 when the driver failed)
+
+TP members other than the leader hold no engine: they stay in the process group (for collectives such as
+weight sync) and wait for shutdown without blocking anything.  A rank that dies makes torchrun stop the
+others and exit non-zero, naming the rank (torchrun's own failure handling; the entry is wrapped in
+``@record`` so the error summary carries the traceback).  An engine that dies inside a live server does not
+end the job: the server keeps answering EngineDeadError and clients route around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from .._transport import local_ip
+from ..engines.base import Engine
+from ..engines.cpu import CpuEngineConfig
+from ..engines.fake import FakeEngineConfig
+from ..errors import ConfigError
+from ..launch_env import ENV_NUM_SERVERS, ENV_PREFIX, ENV_STORE
+from ..server import EngineServer, ServerConfig
+from .discovery import ROOT, ServerRecord, StoreKeys, connect_store, in_daemon_thread, wait_keys
+from .layout import Layout
+
+__all__ = ["LaunchConfig", "run_job"]
+
+log = logging.getLogger("rollout_sdk.launch")
+
+Main = Callable[[], Coroutine[Any, Any, Any]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    """How a torchrun job lays out and serves its engines."""
+
+    #: GPUs (ranks) per engine; the world size must be a multiple
+    tp: int = 1
+    #: engine backend: "cpu", "sglang" or "fake"
+    engine: str = "cpu"
+    #: model directory for the cpu / sglang engines (cpu default: the embedded tiny model)
+    model: str | None = None
+    #: interface servers bind; default 127.0.0.1 on one node, 0.0.0.0 across nodes
+    host: str | None = None
+    #: address published for clients; default the bind host, or this node's IP when binding 0.0.0.0
+    advertise_host: str | None = None
+    #: torch.distributed backend of the job's process group ("gloo" or "nccl")
+    dist_backend: str = "gloo"
+    #: how long the driver waits for every server to register
+    discovery_timeout_s: float = 600.0
+    #: seconds in-flight requests get when the job stops
+    drain_timeout_s: float = 5.0
+    #: root of the store keys (change it to run two jobs on one store)
+    store_prefix: str = ROOT
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("cpu", "sglang", "fake"):
+            raise ConfigError("engine", self.engine, "must be 'cpu', 'sglang' or 'fake'")
+        if self.dist_backend not in ("gloo", "nccl"):
+            raise ConfigError("dist_backend", self.dist_backend, "must be 'gloo' or 'nccl'")
+
+
+@dataclass(kw_only=True)
+class EngineConfigs:
+    cpu: CpuEngineConfig = field(default_factory=CpuEngineConfig)
+    fake: FakeEngineConfig = field(default_factory=FakeEngineConfig)
+    sglang: dict[str, Any] = field(default_factory=dict)
+
+
+def make_engine(cfg: LaunchConfig, engines: EngineConfigs, layout: Layout) -> Engine:
+    if cfg.engine == "cpu":
+        from dataclasses import replace
+
+        from ..engines.cpu import CpuEngine
+
+        cpu = replace(engines.cpu, model_path=cfg.model) if cfg.model else engines.cpu
+        return CpuEngine(cpu)
+    if cfg.engine == "fake":
+        from ..engines.fake import FakeEngine
+
+        return FakeEngine(engines.fake)
+    from ..engines.sglang import SglangEngine, SglangEngineConfig
+
+    fields = dict(engines.sglang)
+    if cfg.model:
+        fields["model_path"] = cfg.model
+    fields.setdefault("tp_size", layout.tp)
+    fields.setdefault("base_gpu_id", layout.local_rank)
+    if layout.tp_spans_nodes:
+        raise ConfigError("tp", layout.tp, f"exceeds the GPUs per node ({layout.local_world_size})")
+    return SglangEngine(SglangEngineConfig(**fields))
+
+
+def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None = None) -> int:
+    """Run this rank's part of the job; return the process exit code."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ..cli import run_async
+
+    layout = Layout.from_env(cfg.tp)
+    engines = engines or EngineConfigs()
+    log.info("%s", layout.describe())
+    dist.init_process_group(cfg.dist_backend)
+    try:
+        mesh = init_device_mesh(
+            "cuda" if cfg.dist_backend == "nccl" else "cpu", (layout.dp, layout.tp), mesh_dim_names=("dp", "tp")
+        )
+        store_address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        store = connect_store(store_address)
+        rank_job = _RankJob(layout, cfg, engines, store, store_address, mesh)
+        return int(run_async(rank_job.run(main)))
+    finally:
+        dist.destroy_process_group()
+
+
+class _RankJob:
+    def __init__(
+        self, layout: Layout, cfg: LaunchConfig, engines: EngineConfigs, store: Any, store_address: str, mesh: Any
+    ) -> None:
+        self.layout = layout
+        self.cfg = cfg
+        self.engines = engines
+        self.store = store
+        self.store_address = store_address
+        self.mesh = mesh
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.keys = StoreKeys(f"{cfg.store_prefix}/a{restart}")
+        self.server: EngineServer | None = None
+        self._stop = asyncio.Event()
+        self._stop_reason = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def stop(self, reason: str) -> None:
+        if not self._stop.is_set():
+            self._stop_reason = reason
+            self._stop.set()
+
+    async def run(self, main: Main | None) -> int:
+        layout, cfg = self.layout, self.cfg
+        loop = self._loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop, signal.Signals(sig).name)
+        if layout.is_driver:
+            await asyncio.to_thread(self._publish_job)
+            log.info(
+                "rollout-sdk job: %d server(s) of tp=%d; store %s (ROLLOUT_SDK_STORE=%s finds them)",
+                layout.dp, layout.tp, self.store_address, self.store_address,
+            )
+        # Wakes when any rank publishes {p}/shutdown; this rank publishes it too when it stops, which
+        # also ends its own wait.
+        watcher = asyncio.create_task(in_daemon_thread(self._watch_shutdown), name="shutdown-watch")
+        code = 0
+        try:
+            if layout.is_leader:
+                await self._start_server()
+            driver: asyncio.Task[Any] | None = None
+            if layout.is_driver and main is not None:
+                os.environ[ENV_STORE] = self.store_address
+                os.environ[ENV_NUM_SERVERS] = str(layout.dp)
+                os.environ[ENV_PREFIX] = cfg.store_prefix
+                driver = asyncio.create_task(main(), name="driver")
+                driver.add_done_callback(lambda _t: self.stop("driver finished"))
+            await self._stop.wait()
+            log.info("rank %d stopping: %s", layout.rank, self._stop_reason)
+            if driver is not None:
+                if not driver.done():
+                    driver.cancel()
+                try:
+                    await driver
+                except asyncio.CancelledError:
+                    code = 1 if self._stop_reason != "driver finished" else 0
+                except Exception:
+                    log.exception("the driver failed")
+                    code = 1
+        finally:
+            if not self.store.check([self.keys.shutdown]):
+                await asyncio.to_thread(
+                    self.store.set, self.keys.shutdown, f"rank {layout.rank}: {self._stop_reason or 'stopped'}"
+                )
+            if self.server is not None:
+                await self.server.aclose()
+            await watcher
+        return code
+
+    def _publish_job(self) -> None:
+        self.store.set(StoreKeys.latest(self.cfg.store_prefix), self.keys.prefix)
+        self.store.set(self.keys.num_servers, str(self.layout.dp))
+
+    def _watch_shutdown(self) -> None:
+        # A connection of its own: a TCPStore client serves one request at a time, and this one blocks.
+        store = connect_store(self.store_address)
+        missing = wait_keys(store, [self.keys.shutdown], float("inf"))
+        if not missing:
+            reason = store.get(self.keys.shutdown).decode()
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self.stop, f"job shutdown: {reason}")
+
+    async def _start_server(self) -> None:
+        layout, cfg = self.layout, self.cfg
+        host = cfg.host or ("0.0.0.0" if layout.nnodes > 1 else "127.0.0.1")
+        advertise = cfg.advertise_host or (local_ip() if host in ("0.0.0.0", "*") else host)
+        engine = make_engine(cfg, self.engines, layout)
+        self.server = EngineServer(
+            engine,
+            ServerConfig(
+                host=host,
+                advertise_host=advertise,
+                server_id=f"dp{layout.dp_rank}",
+                drain_timeout_s=cfg.drain_timeout_s,
+                dp_rank=layout.dp_rank,
+                tp_size=layout.tp,
+            ),
+        )
+        await self.server.__aenter__()
+        record = ServerRecord(
+            address=self.server.address,
+            dp_rank=layout.dp_rank,
+            tp_size=layout.tp,
+            global_rank=layout.rank,
+            node_rank=layout.node_rank,
+            pid=os.getpid(),
+            backend=engine.backend,
+            model=engine.model_name,
+        )
+        await asyncio.to_thread(self.store.set, self.keys.server(layout.dp_rank), msgspec.msgpack.encode(record))
+        log.info("dp %d serving at %s", layout.dp_rank, self.server.address)

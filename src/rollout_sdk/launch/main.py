@@ -1,0 +1,85 @@
+"""The torchrun entry: options derived from the configs, then :func:`run_job` on this rank."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from .._cli_config import add_config_args, config_from_args
+from ..engines.cpu import CpuEngineConfig
+from ..engines.fake import FakeEngineConfig
+from .job import EngineConfigs, LaunchConfig, Main, run_job
+
+__all__ = ["main", "parse_launch_args", "run"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m rollout_sdk.launch",
+        description="Run under torchrun: every rank calls this; TP leaders serve engines; rank 0 may drive.",
+    )
+    p.add_argument("--driver", default=None, help="module:function of an async main() to run on rank 0")
+    p.add_argument("--log-level", default=os.environ.get("ROLLOUT_SDK_LOG_LEVEL", "INFO"))
+    add_config_args(p, LaunchConfig, title="launch")
+    add_config_args(p, CpuEngineConfig, prefix="cpu-", title="cpu engine (--engine cpu)")
+    add_config_args(p, FakeEngineConfig, prefix="fake-", title="fake engine (--engine fake)")
+    p.add_argument("--sglang", default="{}", help="SglangEngineConfig fields as JSON (--engine sglang)")
+    return p
+
+
+def parse_launch_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """Parse the launch options; unknown arguments are left for the caller's own parser."""
+    return _parser().parse_known_args(argv)
+
+
+def _configs(args: argparse.Namespace) -> tuple[LaunchConfig, EngineConfigs]:
+    return config_from_args(LaunchConfig, args), EngineConfigs(
+        cpu=config_from_args(CpuEngineConfig, args, prefix="cpu-"),
+        fake=config_from_args(FakeEngineConfig, args, prefix="fake-"),
+        sglang=json.loads(args.sglang),
+    )
+
+
+def _load_driver(spec: str) -> Main:
+    module, _, func = spec.partition(":")
+    fn: Any = getattr(importlib.import_module(module), func or "main")
+    return fn  # type: ignore[no-any-return]
+
+
+def run(main: Main | None = None, argv: Sequence[str] | None = None) -> int:
+    """Run this torchrun rank: parse the launch options from ``argv`` (default ``sys.argv``), serve, and
+    on rank 0 run ``main`` (an ``async def`` taking no arguments) as the driver.  Returns the exit code.
+
+    Example driver script (``torchrun --nproc-per-node 4 driver.py --tp 2``)::
+
+        from rollout_sdk import RolloutClient
+        from rollout_sdk.launch import run
+
+        async def main():
+            async with RolloutClient() as client:      # finds every server of the job
+                ...
+
+        if __name__ == "__main__":
+            raise SystemExit(run(main))
+    """
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    args, _ = parse_launch_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format=f"%(asctime)s [rank {os.environ.get('RANK', '?')}] %(levelname)s %(name)s: %(message)s",
+    )
+    if main is None and args.driver:
+        main = _load_driver(args.driver)
+    cfg, engines = _configs(args)
+    code = record(run_job)(main, cfg, engines)
+    return int(code or 0)
+
+
+def main() -> int:
+    return run()

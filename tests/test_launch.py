@@ -1,0 +1,278 @@
+"""Launch under real torchrun (gloo, CPU): DP x TP layouts, discovery through the c10d store, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rollout_sdk import DiscoveryError, RolloutClient, SamplingParams
+from rollout_sdk.errors import ConfigError
+from rollout_sdk.launch import Layout, StoreDiscovery
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def _env(sdk_home: Path, tag: str = "") -> dict[str, str]:
+    return dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1", ROLLOUT_SDK_TEST_TAG=tag)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tagged(tag: str) -> list[int]:
+    """Live processes whose environment carries ``ROLLOUT_SDK_TEST_TAG=tag`` (torchrun and every worker:
+    torchrun starts each worker in a session of its own, so sessions cannot find them)."""
+    needle = f"ROLLOUT_SDK_TEST_TAG={tag}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                continue
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(int(entry))
+    return out
+
+
+def _wait_gone(tag: str, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _tagged(tag):
+            return []
+        time.sleep(0.1)
+    return _tagged(tag)
+
+
+@pytest.fixture
+def tag() -> Iterator[str]:
+    """A tag for the processes a test starts; whatever carries it is killed at teardown."""
+    value = uuid.uuid4().hex
+    yield value
+    for pid in _tagged(value):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- layout (no processes) -----------------------------------------------------------------------
+
+
+def test_layout_from_env() -> None:
+    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0"}
+    lay = Layout.from_env(2, env)
+    assert (lay.dp, lay.dp_rank, lay.tp_rank, lay.is_leader, lay.nnodes) == (4, 1, 1, False, 2)
+    assert lay.tp_ranks == [2, 3]
+    assert Layout.from_env(4, dict(env, RANK="4")).is_leader
+    with pytest.raises(ConfigError, match="must divide"):
+        Layout.from_env(3, env)
+    with pytest.raises(ConfigError, match="torchrun"):
+        Layout.from_env(1, {})
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tp", [2, 1])
+def test_driver_on_rank0_spreads_100_requests_over_every_dp_server(tmp_path, sdk_home, tiny_model, tp, tag) -> None:
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        _torchrun("--nproc-per-node", "4", str(ROOT / "examples" / "driver.py"),
+                  "--tp", str(tp), "--engine", "cpu", "--model", str(tiny_model), "--requests", "100",
+                  "--report", str(report)),
+        capture_output=True, text=True, timeout=240, env=_env(sdk_home, tag), cwd=ROOT,
+    )
+    assert _wait_gone(tag, 15) == []
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(report.read_text())
+    dp = 4 // tp
+    assert summary["servers"] == [f"dp{d}" for d in range(dp)]
+    assert summary["requests"] == 100
+    assert sorted(summary["per_server"]) == [f"dp{d}" for d in range(dp)]
+    assert min(summary["per_server"].values()) >= 100 // dp - 10
+
+
+def test_two_nodes_on_one_machine(tmp_path, sdk_home, tag) -> None:
+    port = _free_port()
+    report = tmp_path / "report.json"
+    procs = [
+        subprocess.Popen(
+            _torchrun("--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                      "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "twonodes",
+                      str(ROOT / "examples" / "driver.py"), "--tp", "1", "--engine", "fake",
+                      "--requests", "100", "--report", str(report)),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(sdk_home, tag), cwd=ROOT,
+        )
+        for n in (0, 1)
+    ]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    summary = json.loads(report.read_text())
+    assert summary["servers"] == ["dp0", "dp1", "dp2", "dp3"]
+    assert sum(summary["per_server"].values()) == 100
+    assert len(summary["per_server"]) == 4
+    # across nodes the servers bind every interface and publish a reachable address, not 127.0.0.1
+    assert not re.search(r"serving at tcp://127\.0\.0\.1", "\n".join(outs))
+
+
+def _start_service(sdk_home: Path, tag: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        _torchrun("--nproc-per-node", "4", str(ROOT / "launch" / "serve.py"), *extra),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(sdk_home, tag), cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    store = ""
+    serving = 0
+    lines = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        line = proc.stdout.readline()
+        lines.append(line)
+        m = re.search(r"ROLLOUT_SDK_STORE=(\S+)", line)
+        if m:
+            store = m.group(1).rstrip(")")
+        if "serving at" in line:
+            serving += 1
+        if store and serving == 4 // int(dict(zip(extra[::2], extra[1::2], strict=False)).get("--tp", "1")):
+            return proc, store
+    proc.kill()
+    raise AssertionError("service did not start:\n" + "".join(lines[-40:]))
+
+
+def _drain(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.read()
+
+
+def test_external_client_discovers_a_running_service_then_sigterm_leaves_nothing(sdk_home, tag) -> None:
+    proc, store = _start_service(sdk_home, tag, "--tp", "2", "--engine", "fake", "--fake-step-base-s", "0.002")
+    try:
+        code = (
+            "import asyncio, collections, sys\n"
+            "from rollout_sdk import RolloutClient, SamplingParams\n"
+            "from rollout_sdk.launch import StoreDiscovery\n"
+            "async def main():\n"
+            "    async with RolloutClient(discovery=StoreDiscovery(sys.argv[1])) as c:\n"
+            "        rs = await asyncio.gather(*(c.generate([1, 2, i], sampling=SamplingParams(max_new_tokens=4))"
+            " for i in range(50)))\n"
+            "        print('SERVED', sorted(collections.Counter(r.server_id for r in rs).items()))\n"
+            "asyncio.run(main())\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code, store], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "SERVED [('dp0', 25), ('dp1', 25)]" in out.stdout
+        # a running job, SIGTERM to torchrun: every rank stops cleanly, no process is left
+        assert len(_tagged(tag)) == 5  # torchrun + 4 ranks
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        log = _drain(proc)
+        assert _wait_gone(tag, 15) == [], "processes left behind"
+        assert log.count("stopping: SIGTERM") + log.count("stopping: job shutdown") == 4, log[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sigterm_mid_run_of_a_driver_job_leaves_no_process(tmp_path, sdk_home, tag) -> None:
+    proc = subprocess.Popen(
+        _torchrun("--nproc-per-node", "4", str(ROOT / "examples" / "driver.py"), "--tp", "1", "--engine", "fake",
+                  "--fake-step-base-s", "0.01", "--requests", "400", "--max-new-tokens", "100000"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(sdk_home, tag), cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        serving = 0
+        while serving < 4 and time.monotonic() < deadline:
+            serving += "serving at" in proc.stdout.readline()
+        time.sleep(1.0)  # the driver's requests are in flight
+        assert len(_tagged(tag)) == 5
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        assert _wait_gone(tag, 15) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_killing_one_rank_fails_the_job_fast_naming_the_rank(sdk_home, tag) -> None:
+    proc, _ = _start_service(sdk_home, tag, "--tp", "1", "--engine", "fake")
+    try:
+        victim = None
+        for pid in _tagged(tag):
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if b"RANK=2" in env:
+                victim = pid
+        assert victim is not None
+        t0 = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        rc = proc.wait(timeout=60)
+        elapsed = time.monotonic() - t0
+        log = _drain(proc)
+        assert rc != 0
+        assert elapsed < 30
+        assert re.search(r"rank\s*:\s*2", log), log[-3000:]
+        assert _wait_gone(tag, 15) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+async def test_discovery_timeout_names_the_missing_ranks() -> None:
+    import msgspec
+    import torch.distributed as dist
+
+    from rollout_sdk.launch.discovery import ServerRecord, StoreKeys
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    keys = StoreKeys("rollout_sdk/a0")
+    master.set(StoreKeys.latest(), keys.prefix)
+    master.set(keys.num_servers, "3")
+    rec = ServerRecord(address="tcp://127.0.0.1:1", dp_rank=1, tp_size=1, global_rank=1, node_rank=0, pid=1,
+                       backend="fake", model="m")
+    master.set(keys.server(1), msgspec.msgpack.encode(rec))
+    disc = StoreDiscovery(f"127.0.0.1:{master.port}")
+    t0 = time.monotonic()
+    with pytest.raises(DiscoveryError, match=r"DP ranks \[0, 2\]") as info:
+        await disc.open(timeout=1.0)
+    assert info.value.missing == ["dp0", "dp2"]
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(DiscoveryError, match="cannot reach"):
+        await StoreDiscovery(f"127.0.0.1:{_free_port()}").open(timeout=1.0)
+
+
+async def test_client_reads_the_store_from_the_environment(monkeypatch, sdk_home, tag) -> None:
+    proc, store = _start_service(sdk_home, tag, "--tp", "1", "--engine", "fake")
+    try:
+        monkeypatch.setenv("ROLLOUT_SDK_STORE", store)
+        async with RolloutClient() as client:
+            assert sorted(s.server_id for s in client.servers) == ["dp0", "dp1", "dp2", "dp3"]
+            r = await client.generate([1, 2, 3], sampling=SamplingParams(max_new_tokens=3))
+            assert r.finish_reason == "length"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 60)
+        _drain(proc)
