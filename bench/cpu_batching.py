@@ -2,15 +2,18 @@
 
 What is measured
     Output tokens per second of two implementations serving the same model and the same workload, in one
-    process, one after the other (never at the same time):
+    process, one after the other: the engine is started, measured and closed before transformers' manager is
+    started.  (Not interleaved: on 2 cores a second live thread that has run torch ops -- a second OpenMP team
+    -- slows the other implementation's steps by ~30 %, so only one runs at a time; for the same reason each
+    model is loaded on a thread that is gone by the time it is measured.)
 
     * ``rollout-sdk CpuEngine`` -- engine level, in-process: ``await engine.generate(GenerateRequest(...))``
       (default ``CpuEngineConfig``: 128 running rows, 4,096 prefill tokens a step, float32).
     * ``transformers CB`` -- ``model.init_continuous_batching(...)`` (a ``ContinuousBatchingManager``):
       ``add_request`` / ``get_result``, paged KV cache, ``attn_implementation="sdpa"`` (5.24 accepts only
       ``"sdpa"``, ``"paged|eager"`` or a flash kernel for CB; flash needs CUDA).  Its cache is sized for the
-      workload (see ``_cb_config``) because the automatic sizing takes 60 % of host RAM and makes every step
-      slower on CPU.
+      workload (see ``_cb_config``): the automatic sizing (from free host memory) picks 8,192-token batches
+      and a ~4 GB attention-mask buffer here, which made it ~3.5x slower at c=32.
 
     Model: the embedded tiny Qwen2 (``rollout_sdk.models.tiny``; 151,936-token vocabulary, 2 layers, hidden 64).
     Workload: prompts of 28..36 random token ids (a fixed seed; the same prompts for both implementations),
@@ -30,15 +33,16 @@ How
 
 Usage::
 
-    ROLLOUT_SDK_HOME=/tmp/rsdk-home python bench/cpu_batching.py            # ~1.5 min on 2 cores
-    python bench/cpu_batching.py --quick                                    # ~1 min
-    python bench/cpu_batching.py --json /tmp/out.json --levels 1 8
+    ROLLOUT_SDK_HOME=/tmp/rsdk-home python bench/cpu_batching.py     # ~65 s on 2 cores
+    python bench/cpu_batching.py --quick                             # ~50 s (1 s a level)
+    python bench/cpu_batching.py --impl engine --levels 1 8 --json /tmp/out.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import datetime
 import itertools
 import json
@@ -112,8 +116,8 @@ class LevelResult:
     status: str = "ok"
     requests: int = 0
     output_tokens: int = 0
-    seconds: float = 0.0
-    tok_s: float = 0.0
+    seconds: float | None = None
+    tok_s: float | None = None
     speedup_vs_c1: float | None = None
 
 
@@ -155,7 +159,8 @@ async def _engine_level(engine: Any, wl: Workload, c: int, min_seconds: float, m
     return _finish_level(res, time.perf_counter() - t0)
 
 
-async def _run_engine(wl: Workload, levels: Sequence[int], min_seconds: float, home: str | None) -> ImplResult:
+async def _start_engine(wl: Workload, max_c: int, home: str | None) -> tuple[Any, ImplResult]:
+    """Start a CpuEngine with its default config and warm it up."""
     from rollout_sdk.engines.cpu import CpuEngine, CpuEngineConfig
 
     cfg = CpuEngineConfig(home=home)
@@ -164,15 +169,13 @@ async def _run_engine(wl: Workload, levels: Sequence[int], min_seconds: float, h
     engine = CpuEngine(cfg)
     await engine.start()
     try:
-        await _engine_level(engine, wl, max(levels), 0.0, 4)  # warm-up: widest prefill, a few decode steps
+        await _engine_level(engine, wl, max_c, 0.0, 4)  # warm-up: the widest prefill and a few decode steps
         await _engine_level(engine, wl, 1, 0.0, 4)
-        result.setup_seconds = time.perf_counter() - t0
-        for c in levels:
-            result.levels.append(await _engine_level(engine, wl, c, min_seconds, wl.max_new_tokens))
-            _log(result.name, result.levels[-1])
-    finally:
+    except BaseException:
         await engine.close()
-    return result
+        raise
+    result.setup_seconds = time.perf_counter() - t0
+    return engine, result
 
 
 # -- transformers continuous batching -------------------------------------------------------------------
@@ -253,41 +256,85 @@ def _cb_level(manager: Any, wl: Workload, c: int, min_seconds: float, max_new: i
     return _finish_level(res, time.perf_counter() - t0)
 
 
-def _run_cb(wl: Workload, levels: Sequence[int], args: argparse.Namespace, model_dir: str) -> ImplResult:
-    cb_kwargs = _cb_config(wl, max(levels), args.page_size)
-    result = ImplResult(name=HF_CB, config={"attn_implementation": args.attn, **cb_kwargs})
-    manager = None
-    t0 = time.perf_counter()
+class _CbRunner:
+    """transformers' manager and its results.  A failure is recorded (``failed: <reason>``), never raised."""
+
+    def __init__(self, wl: Workload, args: argparse.Namespace) -> None:
+        self.wl = wl
+        self.timeout = args.level_timeout
+        self.max_c = max(args.levels)
+        self.cb_kwargs = _cb_config(wl, self.max_c, args.page_size)
+        self.attn = args.attn
+        self.result = ImplResult(name=HF_CB, config={"attn_implementation": args.attn, **self.cb_kwargs})
+        self.manager: Any = None
+
+    def start(self, model_dir: str) -> None:
+        """Load the model, start the manager and warm it up as the engine is warmed up."""
+        t0 = time.perf_counter()
+        try:
+            with concurrent.futures.ThreadPoolExecutor(1) as loader:  # a thread that is gone afterwards
+                self.manager = loader.submit(_start_manager, model_dir, self.wl, self.cb_kwargs, self.attn).result()
+            _cb_level(self.manager, self.wl, self.max_c, 0.0, 4, self.timeout)
+            _cb_level(self.manager, self.wl, 1, 0.0, 4, self.timeout)
+            resolved = self.manager.continuous_batching_config
+            keys = ("use_async_batching", "use_cuda_graph", "max_blocks_per_request", "allow_block_sharing")
+            self.result.config["resolved"] = {k: str(getattr(resolved, k, None)) for k in keys}
+        except Exception as exc:
+            self._fail(exc)
+        self.result.setup_seconds = time.perf_counter() - t0
+
+    def level(self, c: int, min_seconds: float) -> LevelResult:
+        """Run one concurrency level, or record it as failed."""
+        if self.result.error is None:
+            try:
+                res = _cb_level(self.manager, self.wl, c, min_seconds, self.wl.max_new_tokens, self.timeout)
+            except Exception as exc:
+                self._fail(exc)
+            else:
+                self.result.levels.append(res)
+                return res
+        res = LevelResult(concurrency=c, status=f"failed: {self.result.error}")
+        self.result.levels.append(res)
+        return res
+
+    def _fail(self, exc: Exception) -> None:
+        self.result.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        print(f"[{HF_CB}] failed: {self.result.error}", file=sys.stderr, flush=True)
+        self.close()
+
+    def close(self) -> None:
+        manager, self.manager = self.manager, None
+        if manager is None:
+            return
+        try:
+            manager.stop(block=True, timeout=60, hard_stop=self.result.error is not None)
+            manager.destroy()
+        except Exception as exc:  # teardown must not hide the numbers
+            print(f"[{HF_CB}] stop failed: {exc!r}", file=sys.stderr)
+
+
+async def _run_engine(args: argparse.Namespace, wl: Workload) -> ImplResult:
+    """Start the engine, run every level, close it."""
+    engine, result = await _start_engine(wl, max(args.levels), args.home)
     try:
-        manager = _start_manager(model_dir, wl, cb_kwargs, args.attn)
-        _cb_level(manager, wl, max(levels), 0.0, 4, args.level_timeout)  # warm-up, as for the engine
-        _cb_level(manager, wl, 1, 0.0, 4, args.level_timeout)
-        result.setup_seconds = time.perf_counter() - t0
-        resolved = manager.continuous_batching_config
-        result.config["resolved"] = {
-            k: str(getattr(resolved, k, None))
-            for k in ("use_async_batching", "use_cuda_graph", "max_blocks_per_request", "allow_block_sharing")
-        }
-        for c in levels:
-            result.levels.append(_cb_level(manager, wl, c, args.min_seconds, wl.max_new_tokens, args.level_timeout))
-            _log(result.name, result.levels[-1])
-    except Exception as exc:
-        result.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        done = {r.concurrency for r in result.levels}
-        result.levels += [LevelResult(concurrency=c, status=f"failed: {result.error}") for c in levels if c not in done]
-        print(f"[{HF_CB}] failed: {result.error}", file=sys.stderr, flush=True)
+        for c in args.levels:
+            result.levels.append(await _engine_level(engine, wl, c, args.min_seconds, wl.max_new_tokens))
+            _log(ENGINE, result.levels[-1])
     finally:
-        if manager is not None:
-            _stop_manager(manager, hard=result.error is not None)
+        await engine.close()
     return result
 
 
-def _stop_manager(manager: Any, *, hard: bool) -> None:
+def _run_cb(args: argparse.Namespace, wl: Workload, model_dir: str) -> ImplResult:
+    """Start transformers' manager, run every level, stop it; failures end up in the result."""
+    cb = _CbRunner(wl, args)
     try:
-        manager.stop(block=True, timeout=60, hard_stop=hard)
-        manager.destroy()
-    except Exception as exc:  # teardown must not hide the numbers
-        print(f"[{HF_CB}] stop failed: {exc!r}", file=sys.stderr)
+        cb.start(model_dir)
+        for c in args.levels:
+            _log(HF_CB, cb.level(c, args.min_seconds))
+    finally:
+        cb.close()
+    return cb.result
 
 
 # -- reporting --------------------------------------------------------------------------------------------
@@ -302,17 +349,39 @@ def _finish_level(res: LevelResult, seconds: float) -> LevelResult:
 def _add_speedups(result: ImplResult) -> None:
     base = next((r.tok_s for r in result.levels if r.concurrency == 1 and r.status == "ok"), None)
     for r in result.levels:
-        if base and r.status == "ok":
+        if base and r.tok_s is not None:
             r.speedup_vs_c1 = r.tok_s / base
 
 
 def _log(name: str, r: LevelResult) -> None:
-    print(
-        f"[{name}] c={r.concurrency:<4} {r.requests:>5} req {r.output_tokens:>7} tok {r.seconds:6.1f} s "
-        f"{r.tok_s:8.1f} tok/s",
-        file=sys.stderr,
-        flush=True,
-    )
+    """A progress line on stderr (the table goes to stdout, last)."""
+    if r.tok_s is None or r.seconds is None:
+        line = r.status
+    else:
+        line = f"{r.requests:>5} req {r.output_tokens:>7} tok {r.seconds:6.1f} s {r.tok_s:8.1f} tok/s"
+    print(f"[{name}] c={r.concurrency:<4} {line}", file=sys.stderr, flush=True)
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds used by the whole machine, by this process) so far; the first is 0 off Linux."""
+    t = os.times()
+    own = t.user + t.system
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0, own
+    ticks = [int(x) for x in fields]
+    busy = sum(ticks[:8]) - ticks[3] - ticks[4]  # all but idle and iowait (guest time is inside user)
+    return busy / os.sysconf("SC_CLK_TCK"), own
+
+
+def _foreign_cpu_share(start: tuple[float, float], wall: float) -> float | None:
+    """The share of the machine's CPU time that other processes used while the benchmark ran."""
+    end = _cpu_seconds()
+    if not start[0] or wall <= 0:
+        return None
+    foreign = (end[0] - start[0]) - (end[1] - start[1])
+    return max(0.0, foreign) / (wall * (os.cpu_count() or 1))
 
 
 def _machine() -> dict[str, Any]:
@@ -361,11 +430,11 @@ def _results_table(results: list[ImplResult]) -> str:
     rows = []
     for res in results:
         for r in res.levels:
-            if r.status != "ok":
-                rows.append([res.name, str(r.concurrency), "-", "-", "-", "-", "-", r.status])
+            if r.status != "ok" or r.tok_s is None or r.seconds is None:
+                rows.append([res.name, str(r.concurrency), "-", "-", "-", "-", "-", r.status[:100]])
                 continue
             other = next((by_key.get((o.name, r.concurrency)) for o in results if o.name != res.name), None)
-            vs = f"{r.tok_s / other.tok_s:.2f}x" if other and other.status == "ok" and other.tok_s else "-"
+            vs = f"{r.tok_s / other.tok_s:.2f}x" if other and other.tok_s else "-"
             speed = f"{r.speedup_vs_c1:.2f}x" if r.speedup_vs_c1 else "-"
             cells = [str(r.concurrency), str(r.requests), f"{r.seconds:.1f}", f"{r.tok_s:.1f}", speed, vs]
             rows.append([res.name, *cells, r.status])
@@ -404,7 +473,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="~1 minute: 1 s a level instead of 3")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32, 128], help="concurrency levels")
     p.add_argument("--min-seconds", type=float, default=None, help="closed-loop time a level (default 3, quick 1)")
-    p.add_argument("--impl", choices=[*IMPLS, "both"], default="both")
+    p.add_argument("--impl", choices=["both", "engine", "transformers"], default="both", help="what to measure")
     p.add_argument("--attn", default="sdpa", help="attn_implementation for transformers CB (sdpa or paged|eager)")
     p.add_argument("--page-size", type=int, default=128, help="transformers CB page size, in tokens")
     p.add_argument("--level-timeout", type=float, default=180.0, help="give up on a CB result after this long")
@@ -422,9 +491,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     t_start = time.perf_counter()
+    cpu_start = _cpu_seconds()
     load_before = os.getloadavg()[0]
     if load_before > 0.5:
-        print(f"warning: 1-min load average is {load_before:.2f}: other work shares the CPU", file=sys.stderr)
+        print(f"warning: 1-min load average is {load_before:.2f}: other work may share the CPU", file=sys.stderr)
     import transformers
 
     from rollout_sdk.models.tiny import ensure_tiny_model
@@ -433,20 +503,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     transformers.utils.logging.disable_progress_bar()
     wl = Workload(seed=args.seed)
     model_dir = str(ensure_tiny_model(args.home))
-    names = IMPLS if args.impl == "both" else (args.impl,)
+    names = {"both": IMPLS, "engine": (ENGINE,), "transformers": (HF_CB,)}[args.impl]
     results: list[ImplResult] = []
     if ENGINE in names:
-        results.append(asyncio.run(_run_engine(wl, args.levels, args.min_seconds, args.home)))
+        results.append(asyncio.run(_run_engine(args, wl)))
     if HF_CB in names:
-        results.append(_run_cb(wl, args.levels, args, model_dir))
+        results.append(_run_cb(args, wl, model_dir))
     for res in results:
         _add_speedups(res)
     total = time.perf_counter() - t_start
+    foreign = _foreign_cpu_share(cpu_start, total)
     payload = {
         "benchmark": "cpu_batching",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": [sys.executable, *sys.argv],
-        "machine": {**_machine(), "load_average_1min_at_start": round(load_before, 2)},
+        "machine": {
+            **_machine(),
+            "load_average_1min_at_start": round(load_before, 2),
+            "foreign_cpu_share_during_run": foreign if foreign is None else round(foreign, 3),
+        },
         "model": model_dir,
         "workload": {
             **asdict(wl),
@@ -462,7 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     _write_json(args.json, payload)
     print(f"\nper-request SamplingParams features\n{_features_table(names)}\n")
-    print(f"wrote {args.json}; total {total:.0f} s\n")
+    busy = "" if foreign is None else f"; other processes used {foreign:.0%} of the CPU meanwhile"
+    print(f"wrote {args.json}; total {total:.0f} s{busy}\n")
     print(_results_table(results))
     return 0
 

@@ -100,10 +100,26 @@ def test_layout_from_env() -> None:
 def test_driver_on_rank0_spreads_100_requests_over_every_dp_server(tmp_path, sdk_home, tiny_model, tp, tag) -> None:
     report = tmp_path / "report.json"
     proc = subprocess.run(
-        _torchrun("--nproc-per-node", "4", str(ROOT / "examples" / "driver.py"),
-                  "--tp", str(tp), "--engine", "cpu", "--model", str(tiny_model), "--requests", "100",
-                  "--report", str(report)),
-        capture_output=True, text=True, timeout=240, env=_env(sdk_home, tag), cwd=ROOT,
+        _torchrun(
+            "--nproc-per-node",
+            "4",
+            str(ROOT / "examples" / "driver.py"),
+            "--tp",
+            str(tp),
+            "--engine",
+            "cpu",
+            "--model",
+            str(tiny_model),
+            "--requests",
+            "100",
+            "--report",
+            str(report),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=_env(sdk_home, tag),
+        cwd=ROOT,
     )
     assert _wait_gone(tag, 15) == []
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -120,11 +136,34 @@ def test_two_nodes_on_one_machine(tmp_path, sdk_home, tag) -> None:
     report = tmp_path / "report.json"
     procs = [
         subprocess.Popen(
-            _torchrun("--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                      "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "twonodes",
-                      str(ROOT / "examples" / "driver.py"), "--tp", "1", "--engine", "fake",
-                      "--requests", "100", "--report", str(report)),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(sdk_home, tag), cwd=ROOT,
+            _torchrun(
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(n),
+                "--nproc-per-node",
+                "2",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                "twonodes",
+                str(ROOT / "examples" / "driver.py"),
+                "--tp",
+                "1",
+                "--engine",
+                "fake",
+                "--requests",
+                "100",
+                "--report",
+                str(report),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(sdk_home, tag),
+            cwd=ROOT,
         )
         for n in (0, 1)
     ]
@@ -141,7 +180,11 @@ def test_two_nodes_on_one_machine(tmp_path, sdk_home, tag) -> None:
 def _start_service(sdk_home: Path, tag: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         _torchrun("--nproc-per-node", "4", str(ROOT / "launch" / "serve.py"), *extra),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(sdk_home, tag), cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(sdk_home, tag),
+        cwd=ROOT,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
@@ -198,9 +241,26 @@ def test_external_client_discovers_a_running_service_then_sigterm_leaves_nothing
 
 def test_sigterm_mid_run_of_a_driver_job_leaves_no_process(tmp_path, sdk_home, tag) -> None:
     proc = subprocess.Popen(
-        _torchrun("--nproc-per-node", "4", str(ROOT / "examples" / "driver.py"), "--tp", "1", "--engine", "fake",
-                  "--fake-step-base-s", "0.01", "--requests", "400", "--max-new-tokens", "100000"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(sdk_home, tag), cwd=ROOT,
+        _torchrun(
+            "--nproc-per-node",
+            "4",
+            str(ROOT / "examples" / "driver.py"),
+            "--tp",
+            "1",
+            "--engine",
+            "fake",
+            "--fake-step-base-s",
+            "0.01",
+            "--requests",
+            "400",
+            "--max-new-tokens",
+            "100000",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(sdk_home, tag),
+        cwd=ROOT,
     )
     try:
         assert proc.stdout is not None
@@ -251,8 +311,9 @@ async def test_discovery_timeout_names_the_missing_ranks() -> None:
     keys = StoreKeys("rollout_sdk/a0")
     master.set(StoreKeys.latest(), keys.prefix)
     master.set(keys.num_servers, "3")
-    rec = ServerRecord(address="tcp://127.0.0.1:1", dp_rank=1, tp_size=1, global_rank=1, node_rank=0, pid=1,
-                       backend="fake", model="m")
+    rec = ServerRecord(
+        address="tcp://127.0.0.1:1", dp_rank=1, tp_size=1, global_rank=1, node_rank=0, pid=1, backend="fake", model="m"
+    )
     master.set(keys.server(1), msgspec.msgpack.encode(rec))
     disc = StoreDiscovery(f"127.0.0.1:{master.port}")
     t0 = time.monotonic()

@@ -290,8 +290,14 @@ class ServerConnection:
 
     async def _heartbeat(self) -> None:
         while True:
+            slept = time.monotonic()
             await asyncio.sleep(self._hb_interval)
-            if self.alive and time.monotonic() - self._last_pong > self._hb_timeout:
+            now = time.monotonic()
+            if now - slept > 2 * self._hb_interval + 0.5:
+                # this event loop was blocked (a trainer's synchronous step, say): Pongs may sit unread in
+                # the socket, so the silence says nothing about the server.  Start counting afresh.
+                self._last_pong = max(self._last_pong, now - self._hb_interval)
+            elif self.alive and now - self._last_pong > self._hb_timeout:
                 self.mark_dead(f"no heartbeat for {self._hb_timeout:.1f}s")
             self._ping_seq += 1
             try:

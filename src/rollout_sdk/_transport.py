@@ -37,6 +37,11 @@ __all__ = [
 log = logging.getLogger("rollout_sdk.transport")
 
 _HWM = 1_000_000
+# plain ints: zmq's flag enums make `events & POLLIN` measurably slower on the hot path
+_POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
+_EVENTS = int(zmq.EVENTS)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 def new_context() -> zmq.Context[zmq.Socket[bytes]]:
@@ -63,6 +68,7 @@ class _Readiness:
         self._event = asyncio.Event()
         self._fd = int(sock.getsockopt(zmq.FD))  # type: ignore[arg-type]
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._recheck_pending = False
 
     def _attach(self) -> None:
         if self._loop is None:
@@ -76,12 +82,22 @@ class _Readiness:
 
     def recheck(self) -> int:
         """Read EVENTS (which may consume the descriptor's signal) and re-arm the waiter if needed."""
-        events = int(self._sock.getsockopt(zmq.EVENTS))
-        if events & zmq.POLLIN:
+        self._recheck_pending = False
+        events: int = self._sock.getsockopt(_EVENTS)  # type: ignore[assignment]
+        if events & _POLLIN:
             self._event.set()
         return events
 
-    async def wait(self, flag: int = zmq.POLLIN) -> None:
+    def recheck_soon(self) -> None:
+        """After a send: one recheck at the end of this loop iteration covers every send made in it."""
+        if not self._recheck_pending:
+            self._recheck_pending = True
+            if self._loop is not None:
+                self._loop.call_soon(self.recheck)
+            else:
+                self.recheck()
+
+    async def wait(self, flag: int = _POLLIN) -> None:
         self._attach()
         while True:
             self._event.clear()
@@ -117,7 +133,7 @@ class RouterEndpoint:
         recv = self._sock.recv_multipart
         while True:
             try:
-                out.append(recv(zmq.NOBLOCK))
+                out.append(recv(_NOBLOCK))
             except zmq.Again:
                 if out:
                     self._ready.recheck()
@@ -127,7 +143,7 @@ class RouterEndpoint:
     def send(self, ident: bytes, payload: bytes) -> bool:
         """Send to one peer without blocking.  False when the peer is gone (the reply is dropped)."""
         try:
-            self._sock.send_multipart([ident, payload], zmq.NOBLOCK)
+            self._sock.send_multipart([ident, payload], _NOBLOCK)
             return True
         except zmq.ZMQError as exc:
             if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):
@@ -135,7 +151,7 @@ class RouterEndpoint:
                 return False
             raise
         finally:
-            self._ready.recheck()
+            self._ready.recheck_soon()
 
     async def close(self, linger_s: float = 2.0) -> None:
         """Close; replies already queued get ``linger_s`` to reach their peers (the context's term()
@@ -180,27 +196,27 @@ class DealerChannel:
         """Wait until a connection to the server exists (True) or the timeout passes (False)."""
         try:
             async with asyncio.timeout(timeout):
-                await self._ready.wait(zmq.POLLOUT)
+                await self._ready.wait(_POLLOUT)
             return True
         except TimeoutError:
             return False
 
     def send(self, payload: bytes) -> None:
         try:
-            self._sock.send(payload, zmq.NOBLOCK)
+            self._sock.send(payload, _NOBLOCK)
         except zmq.Again as exc:
             raise ServerUnavailableError(f"server {self.address} is not connected (or not reading)") from exc
         except zmq.ZMQError as exc:
             raise ServerUnavailableError(f"send to {self.address} failed: {exc}") from exc
         finally:
-            self._ready.recheck()
+            self._ready.recheck_soon()
 
     async def recv_batch(self) -> list[bytes]:
         out: list[bytes] = []
         recv = self._sock.recv
         while True:
             try:
-                out.append(recv(zmq.NOBLOCK))
+                out.append(recv(_NOBLOCK))
             except zmq.Again:
                 if out:
                     self._ready.recheck()

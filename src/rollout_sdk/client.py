@@ -31,12 +31,25 @@ import msgspec
 
 from . import _transport
 from ._connection import ServerConnection
+from ._control import WeightSync, broadcast_control, update_weights_ipc
 from ._stream import Prompt, ResultStream
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.cpu import CpuEngineConfig
-from .errors import ClientStateError, ConfigError, RequestTimeoutError
+from .errors import ClientStateError, ConfigError, NoServersError, RequestTimeoutError
 from .policies import Policy
-from .protocol import GenerateRequest, GenerateResult, SamplingParams, ServerInfo, encode
+from .protocol import (
+    FlushCache,
+    GenerateRequest,
+    GenerateResult,
+    PauseGeneration,
+    ReleaseMemory,
+    ResumeGeneration,
+    ResumeMemory,
+    SamplingParams,
+    ServerInfo,
+    SetWeightVersion,
+    encode,
+)
 from .scheduler import Scheduler, SchedulerConfig
 
 __all__ = ["ClientConfig", "ClientStats", "RolloutClient", "ServerStatus"]
@@ -182,6 +195,9 @@ class RolloutClient:
         self._rid_prefix = uuid.uuid4().hex[:10]
         self._rid_counter = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._weight_sync: WeightSync | None = None
+        #: the last weight version pushed through this client
+        self.weight_version = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -256,6 +272,12 @@ class RolloutClient:
             self._state = "closed"
 
     async def _teardown(self) -> None:
+        if self._weight_sync is not None:
+            sync, self._weight_sync = self._weight_sync, None
+            try:
+                await asyncio.wait_for(sync.close(), 30)
+            except Exception:
+                log.warning("closing the weight sync failed", exc_info=True)
         owned = list(self._owned)
         for task in owned:
             task.cancel()
@@ -393,6 +415,127 @@ class RolloutClient:
         self._check_open()
         for conn in self._scheduler.servers:
             conn.abort_all()
+
+    # -- control: trainer embedding ----------------------------------------------------------------
+
+    def _live(self) -> list[ServerConnection]:
+        self._check_open()
+        live = [s for s in self._scheduler.servers if s.alive]
+        if not live:
+            raise NoServersError(self._scheduler._no_servers_message())
+        return live
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Pause generation on every server.
+
+        ``abort``: in-flight requests return now with ``finish_reason='abort'`` and their tokens so far.
+        ``retract`` (alias ``hold``): they are held, their KV cache dropped, and they continue after
+        :meth:`resume` (re-prefilled, so on the new weights after an update).  ``in_place``: held with their
+        KV cache as is.  New requests wait until :meth:`resume`.
+        """
+        mode = {"hold": "retract"}.get(mode, mode)
+        if mode not in ("abort", "retract", "in_place"):
+            raise ConfigError("mode", mode, "must be 'abort', 'hold'/'retract' or 'in_place'")
+        await broadcast_control(self._live(), lambda s: PauseGeneration(s.next_call_id(), mode))  # type: ignore[arg-type]
+
+    async def resume(self) -> None:
+        """Continue generation after :meth:`pause`."""
+        await broadcast_control(self._live(), lambda s: ResumeGeneration(s.next_call_id()))
+
+    async def flush_cache(self) -> None:
+        await broadcast_control(self._live(), lambda s: FlushCache(s.next_call_id()))
+
+    async def release_memory(self, tags: Sequence[str] | None = None, *, wait: bool = False) -> None:
+        """Free the engines' GPU memory (``weights``, ``kv_cache``; all by default) for a colocated trainer.
+
+        Refused with EngineBusyError while requests are in flight, unless ``wait`` (then it waits for them).
+        """
+        t = list(tags) if tags is not None else None
+        await broadcast_control(
+            self._live(),
+            lambda s: ReleaseMemory(s.next_call_id(), t, wait),  # type: ignore[arg-type]
+        )
+
+    async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Take the memory back; the engines serve with the weights they had (or were sent since)."""
+        t = list(tags) if tags is not None else None
+        await broadcast_control(self._live(), lambda s: ResumeMemory(s.next_call_id(), t))  # type: ignore[arg-type]
+
+    async def set_weight_version(self, version: int) -> None:
+        """Tag what the engines generate from now on with ``version`` (never aborts in-flight work)."""
+        await broadcast_control(self._live(), lambda s: SetWeightVersion(s.next_call_id(), version))
+        self.weight_version = version
+
+    async def init_weight_sync(
+        self,
+        *,
+        backend: str = "gloo",
+        master_address: str = "127.0.0.1",
+        group_name: str = "rollout_weights",
+        device: Any = None,
+        timeout_s: float = 300.0,
+    ) -> WeightSync:
+        """Join this process (rank 0) and every live engine in a weight-update group.
+
+        ``backend="nccl"`` with ``device="cuda:N"`` on GPUs; ``gloo`` moves CPU tensors.  Call once; then
+        :meth:`update_weights` broadcasts through it.
+        """
+        if self._weight_sync is not None:
+            raise ClientStateError("a weight sync exists already; close_weight_sync() first")
+        self._weight_sync = await WeightSync.create(
+            self._live(),
+            backend=backend,
+            master_address=master_address,
+            group_name=group_name,
+            device=device,
+            timeout_s=timeout_s,
+        )
+        return self._weight_sync
+
+    async def close_weight_sync(self) -> None:
+        sync, self._weight_sync = self._weight_sync, None
+        if sync is not None:
+            await sync.close()
+
+    async def update_weights(
+        self,
+        named: Iterable[tuple[str, Any]],
+        *,
+        version: int,
+        method: str = "distributed",
+        bucket_bytes: int = 512 << 20,
+        pause: str | None = None,
+        flush_cache: bool = True,
+    ) -> dict[str, float]:
+        """Push new weights (HF parameter names) into every engine and tag later results with ``version``.
+
+        ``distributed``: broadcast in flattened buckets over the group made by :meth:`init_weight_sync`.
+        ``ipc``: colocated engines on this GPU map CUDA buckets by IPC handle (no copy through the host).
+        ``pause``: pause with this mode around the update (``hold`` keeps in-flight requests and continues
+        them on the new weights; ``abort`` returns them now); None updates between decode steps.
+        A refused update (unknown name, wrong shape) leaves every engine on its old weights and raises
+        WeightUpdateError; an engine left half-updated is marked dead.  Returns timings and bytes.
+        """
+        if pause is not None:
+            await self.pause(pause)
+        try:
+            if method == "distributed":
+                if self._weight_sync is None:
+                    raise ClientStateError("call init_weight_sync() before update_weights(method='distributed')")
+                stats = await self._weight_sync.update(
+                    named, version=version, bucket_bytes=bucket_bytes, flush_cache=flush_cache
+                )
+            elif method == "ipc":
+                stats = await update_weights_ipc(
+                    self._live(), named, version=version, bucket_bytes=bucket_bytes, flush_cache=flush_cache
+                )
+            else:
+                raise ConfigError("method", method, "must be 'distributed' or 'ipc'")
+        finally:
+            if pause is not None:
+                await self.resume()
+        self.weight_version = version
+        return stats
 
     # -- introspection -----------------------------------------------------------------------------
 

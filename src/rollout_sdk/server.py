@@ -241,7 +241,7 @@ class EngineServer:
             model=self.engine.model_name,
             limits=self.engine.limits,
             dp_rank=self.config.dp_rank,
-            tp_size=self.config.tp_size,
+            tp_size=max(self.config.tp_size, self.engine.tp_size),
             weight_version=self.engine.weight_version,
             pid=os.getpid(),
             host=self.address,

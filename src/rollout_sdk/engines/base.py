@@ -86,6 +86,11 @@ class Engine(abc.ABC):
     def weight_version(self) -> int:
         return self._weight_version
 
+    @property
+    def tp_size(self) -> int:
+        """GPUs (ranks) this engine spans: its members in a weight-update group."""
+        return 1
+
     # -- health --------------------------------------------------------------------------------------
 
     @property

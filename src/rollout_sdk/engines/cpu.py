@@ -47,6 +47,7 @@ from ..errors import (
     EngineBusyError,
     EngineDeadError,
     EngineStartupError,
+    InvalidRequestError,
     WeightUpdateError,
 )
 from ..protocol import EngineLimits, GenerateRequest, GenerateResult, PauseMode, TensorMeta, Timings
@@ -281,6 +282,8 @@ class CpuEngine(Engine):
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
+        if req.rid in self._reqs:
+            raise InvalidRequestError("rid", req.rid, "a request with this rid is already in flight")
         fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
         seed = req.sampling.seed
         rng = random.Random(seed if seed is not None else self._rng.getrandbits(63))
@@ -768,9 +771,9 @@ def _tied_aliases(model: Any) -> dict[str, str]:
 
 
 def _destroy_group(group: Any) -> None:
-    import torch.distributed as dist
+    from ..weights.group import destroy_weight_group
 
     try:
-        dist.destroy_process_group(group)
+        destroy_weight_group(group)
     except Exception:  # pragma: no cover - best effort at teardown
         log.debug("destroying weight group failed", exc_info=True)

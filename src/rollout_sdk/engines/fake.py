@@ -29,7 +29,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import EngineDeadError, EngineStartupError, UnsupportedOperationError, WeightUpdateError
+from ..errors import (
+    EngineDeadError,
+    EngineStartupError,
+    InvalidRequestError,
+    UnsupportedOperationError,
+    WeightUpdateError,
+)
 from ..protocol import EngineLimits, GenerateRequest, GenerateResult, PauseMode, Timings
 from .base import Engine, EngineLoad, NamedTensors
 
@@ -85,8 +91,9 @@ class FakeEngine(Engine):
         self.config = config or FakeEngineConfig()
         self.responder = responder
         self.gate = gate
-        self.requests_seen: list[GenerateRequest] = []
-        self.aborted_rids: list[str] = []
+        # bounded, so a long benchmark does not grow the server (tests look at the recent ones)
+        self.requests_seen: collections.deque[GenerateRequest] = collections.deque(maxlen=100_000)
+        self.aborted_rids: collections.deque[str] = collections.deque(maxlen=100_000)
         self.weights: dict[str, list[float]] = {n: [0.0] for n in self.config.weight_shapes}
         self.memory_released: set[str] = set()
         self._reqs: dict[str, _Req] = {}
@@ -149,6 +156,8 @@ class FakeEngine(Engine):
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
+        if req.rid in self._reqs:
+            raise InvalidRequestError("rid", req.rid, "a request with this rid is already in flight")
         self.requests_seen.append(req)
         fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
         r = _Req(req, self._target(req), fut)

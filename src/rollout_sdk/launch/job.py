@@ -163,7 +163,10 @@ class _RankJob:
             await asyncio.to_thread(self._publish_job)
             log.info(
                 "rollout-sdk job: %d server(s) of tp=%d; store %s (ROLLOUT_SDK_STORE=%s finds them)",
-                layout.dp, layout.tp, self.store_address, self.store_address,
+                layout.dp,
+                layout.tp,
+                self.store_address,
+                self.store_address,
             )
         # Wakes when any rank publishes {p}/shutdown; this rank publishes it too when it stops, which
         # also ends its own wait.

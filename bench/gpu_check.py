@@ -1,0 +1,276 @@
+"""The whole GPU check of the SGLang backend in one process, one engine start per shape; a table last.
+
+    python bench/gpu_check.py --shape 0.5b --json $OUT/check-0.5b.json
+    python bench/gpu_check.py --shape 7b --requests 1024 --weights-backend gloo --json $OUT/check-7b.json
+    python bench/gpu_check.py --shape 0.5b --tp 2            # on nvidia-h200-x2
+
+For one dummy-weight Qwen2.5-shaped model it measures, in order:
+
+1. engine start (SglangEngine behind an EngineServer; sglang import + load + CUDA graphs);
+2. throughput of N requests x in_len random prompt tokens x out_len new tokens (temperature 1,
+   ignore_eos, logprobs on), side by side: *raw* ``sglang.Engine.async_generate`` + ``asyncio.gather`` on
+   the very engine the server wraps, then the same workload through RolloutClient -> ZMQ -> server ->
+   SGLang; output tokens/s of each and the ratio;
+3. correctness: every request answered with out_len tokens and as many finite logprobs;
+4. abort: 64 long requests in flight, all cancelled: time until the server holds none; and pause('abort')
+   returning partial tokens;
+5. weight updates: distributed (a weight group between this process and the engine, flattened buckets)
+   and colocated CUDA IPC, full-model time and bytes; each proven by zeroing ``model.norm.weight`` (greedy
+   output becomes token 0) and restoring it;
+6. sleep/wake: release_memory / resume_memory times with the free GPU memory before and after, then the
+   same greedy output as before release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+SHAPES = {  # Qwen2.5 shapes
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_window_layers=21),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, max_window_layers=28),
+}
+
+
+def model_dir(shape: str) -> str:
+    d = tempfile.mkdtemp(prefix=f"qwen2-{shape}-")
+    cfg = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6,
+               rope_theta=1000000.0, max_position_embeddings=32768, sliding_window=32768, use_sliding_window=False,
+               attention_dropout=0.0, initializer_range=0.02, bos_token_id=151643, eos_token_id=151645,
+               use_cache=True, torch_dtype="bfloat16", **SHAPES[shape])
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return d
+
+
+def hf_named(shape: str, device: str) -> list[tuple[str, Any]]:
+    """Random bf16 weights under the HF parameter names of the shape (norms 1): the trainer's side."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(model_dir(shape))
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(cfg)
+    g = torch.Generator(device=device).manual_seed(1)
+    out = []
+    for name, p in meta.named_parameters():
+        if name.endswith("norm.weight"):
+            t = torch.ones(p.shape, dtype=torch.bfloat16, device=device)
+        else:
+            t = torch.randn(p.shape, generator=g, dtype=torch.float32, device=device).to(torch.bfloat16) * 0.02
+        out.append((name, t))
+    return out
+
+
+def free_gib() -> float:
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(0)
+    return free / 2**30
+
+
+async def run(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from rollout_sdk import EngineServer, GenerateRequest, RolloutClient, SamplingParams, ServerConfig
+    from rollout_sdk.engines.sglang import SglangEngine, SglangEngineConfig
+
+    res: dict[str, Any] = {"shape": a.shape, "tp": a.tp, "requests": a.requests, "in_len": a.in_len,
+                           "out_len": a.out_len, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    cfg = SglangEngineConfig(
+        model_path=model_dir(a.shape), tp_size=a.tp, load_format="dummy", attention_backend=a.attn,
+        sampling_backend=a.sampling, mem_fraction_static=a.mem_fraction, cuda_graph_max_bs=512,
+        random_seed=0, extra={"disable_prefill_cuda_graph": True},
+    )
+    engine = SglangEngine(cfg)
+    server = EngineServer(engine, ServerConfig(server_id=f"{a.shape}-tp{a.tp}", drain_timeout_s=5))
+    t0 = time.perf_counter()
+    async with server:
+        res["start_s"] = round(time.perf_counter() - t0, 1)
+        print(f"[check] engine ready in {res['start_s']}s: {engine.limits}", flush=True)
+        raw_engine = engine._engine
+        rnd = random.Random(0)
+        vocab = engine.limits.vocab_size
+        prompts = [[rnd.randrange(1000, vocab - 1000) for _ in range(a.in_len)] for _ in range(a.requests)]
+        sp_raw = {"max_new_tokens": a.out_len, "temperature": 1.0, "ignore_eos": True}
+        sp = SamplingParams(max_new_tokens=a.out_len, temperature=1.0, ignore_eos=True)
+        async with RolloutClient(servers=[server.address], max_in_flight_per_server=100_000) as client:
+
+            async def raw_pass(ps: list[list[int]]) -> tuple[list[Any], float]:
+                t = time.perf_counter()
+                outs = await asyncio.gather(*(raw_engine.async_generate(
+                    input_ids=p, sampling_params=sp_raw, return_logprob=True) for p in ps))
+                return outs, time.perf_counter() - t
+
+            async def sdk_pass(ps: list[list[int]]) -> tuple[list[Any], float]:
+                t = time.perf_counter()
+                outs = await asyncio.gather(*(client.generate(GenerateRequest(input_ids=p, sampling=sp)) for p in ps))
+                return outs, time.perf_counter() - t
+
+            await raw_pass(prompts[:64])
+            await sdk_pass(prompts[:64])
+            rows = []
+            for rep in range(a.repeats):
+                raw_outs, raw_dt = await raw_pass(prompts)
+                sdk_outs, sdk_dt = await sdk_pass(prompts)
+                raw_tok = sum(len(o["output_ids"]) for o in raw_outs)
+                sdk_tok = sum(len(r.output_ids) for r in sdk_outs)
+                rows.append({"rep": rep, "raw_s": round(raw_dt, 2), "raw_tok_s": round(raw_tok / raw_dt),
+                             "sdk_s": round(sdk_dt, 2), "sdk_tok_s": round(sdk_tok / sdk_dt),
+                             "ratio": round((sdk_tok / sdk_dt) / (raw_tok / raw_dt), 3)})
+                print(f"[check] throughput {rows[-1]}", flush=True)
+            res["throughput"] = rows
+            ok = all(len(r.output_ids) == a.out_len and r.logprobs is not None and len(r.logprobs) == a.out_len
+                     and all(math.isfinite(x) for x in r.logprobs) for r in sdk_outs)
+            res["all_answered"] = len(sdk_outs) == a.requests and ok
+
+            # -- abort ---------------------------------------------------------------------------
+            long_sp = SamplingParams(max_new_tokens=8000, ignore_eos=True)
+            tasks = [asyncio.create_task(client.generate(p[:64], sampling=long_sp)) for p in prompts[:64]]
+            await asyncio.sleep(2.0)
+            t = time.perf_counter()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            while (await client.servers[0].fetch_stats()).in_flight:
+                await asyncio.sleep(0.005)
+            res["abort_64_s"] = round(time.perf_counter() - t, 3)
+            tasks = [asyncio.create_task(client.generate(p[:64], sampling=long_sp)) for p in prompts[:16]]
+            await asyncio.sleep(1.5)
+            t = time.perf_counter()
+            await client.pause("abort")
+            partial = await asyncio.gather(*tasks)
+            res["pause_abort_s"] = round(time.perf_counter() - t, 3)
+            res["pause_abort_partial"] = all(r.finish_reason == "abort" and 0 < len(r.output_ids) < 8000
+                                             for r in partial)
+            await client.resume()
+            print(f"[check] abort 64: {res['abort_64_s']}s; pause(abort): {res['pause_abort_s']}s "
+                  f"partial={res['pause_abort_partial']}", flush=True)
+
+            # -- weights -------------------------------------------------------------------------
+            probe_sp = SamplingParams(temperature=0.0, max_new_tokens=8)
+            probe = prompts[0][:32]
+
+            async def greedy() -> list[int]:
+                return (await client.generate(probe, sampling=probe_sp)).output_ids
+
+            before = await greedy()
+            named = await asyncio.to_thread(hf_named, a.shape, a.trainer_device)
+            nbytes = sum(t.numel() * t.element_size() for _, t in named)
+            res["weights_gib"] = round(nbytes / 2**30, 2)
+            norm = next(t for n, t in named if n == "model.norm.weight")
+            w: dict[str, Any] = {}
+            if a.weights_backend != "none":
+                dev = a.trainer_device if a.weights_backend == "nccl" else "cpu"
+                named_src = named if dev != "cpu" else await asyncio.to_thread(lambda: [(n, t.cpu()) for n, t in named])
+                t = time.perf_counter()
+                await client.init_weight_sync(backend=a.weights_backend, device=dev if dev != "cpu" else None)
+                w["dist_init_s"] = round(time.perf_counter() - t, 2)
+                st = await client.update_weights(named_src, version=1, bucket_bytes=a.bucket_mb << 20)
+                w["dist_update_s"] = round(st["seconds"], 2)
+                w["dist_gbps"] = round(st["bytes"] / st["seconds"] / 1e9, 2)
+                zero = [("model.norm.weight", torch.zeros_like(norm).to(dev))]
+                await client.update_weights(zero, version=2)
+                w["dist_zero_norm_greedy"] = await greedy()
+                await client.update_weights([("model.norm.weight", norm.to(dev))], version=3)
+                w["dist_applied"] = w["dist_zero_norm_greedy"] == [0] * 8 and (await greedy()) != [0] * 8
+                await client.close_weight_sync()
+                print(f"[check] distributed weights {w}", flush=True)
+            if a.ipc:
+                st = await client.update_weights(named, version=4, method="ipc", bucket_bytes=a.bucket_mb << 20)
+                w["ipc_update_s"] = round(st["seconds"], 2)
+                w["ipc_gbps"] = round(st["bytes"] / st["seconds"] / 1e9, 2)
+                await client.update_weights([("model.norm.weight", torch.zeros_like(norm))], version=5, method="ipc")
+                w["ipc_zero_norm_greedy"] = await greedy()
+                await client.update_weights([("model.norm.weight", norm)], version=6, method="ipc")
+                w["ipc_applied"] = w["ipc_zero_norm_greedy"] == [0] * 8 and (await greedy()) != [0] * 8
+                print(f"[check] ipc weights {w}", flush=True)
+            res["weights"] = w
+            after_update = await greedy()
+            res["greedy_changed_by_update"] = after_update != before
+            del named, norm
+            torch.cuda.empty_cache()
+
+            # -- sleep / wake ----------------------------------------------------------------------
+            m: dict[str, Any] = {"free_before_gib": round(free_gib(), 1)}
+            t = time.perf_counter()
+            await client.release_memory()
+            m["release_s"] = round(time.perf_counter() - t, 2)
+            m["free_released_gib"] = round(free_gib(), 1)
+            t = time.perf_counter()
+            await client.resume_memory()
+            m["resume_s"] = round(time.perf_counter() - t, 2)
+            m["free_resumed_gib"] = round(free_gib(), 1)
+            m["same_greedy_after_wake"] = (await greedy()) == after_update
+            res["memory"] = m
+            print(f"[check] memory {m}", flush=True)
+            res["weight_version_reported"] = (await client.generate(probe, sampling=probe_sp)).weight_version
+    return res
+
+
+def table(res: dict[str, Any]) -> str:
+    lines = [f"GPU check: {res['shape']} tp={res['tp']} ({res['requests']} req x {res['in_len']} in x "
+             f"{res['out_len']} out), {res['date']}",
+             f"  engine start                 {res['start_s']} s"]
+    for r in res["throughput"]:
+        lines.append(f"  throughput rep {r['rep']}: raw {r['raw_tok_s']} tok/s ({r['raw_s']} s)  "
+                     f"sdk {r['sdk_tok_s']} tok/s ({r['sdk_s']} s)  sdk/raw {r['ratio']}")
+    lines += [f"  all answered, lengths+logprobs ok  {res['all_answered']}",
+              f"  cancel 64 in flight -> idle  {res['abort_64_s']} s",
+              f"  pause(abort) -> partials     {res['pause_abort_s']} s  ok={res['pause_abort_partial']}"]
+    w = res.get("weights", {})
+    if "dist_update_s" in w:
+        lines.append(f"  weights distributed          {res['weights_gib']} GiB in {w['dist_update_s']} s "
+                     f"({w['dist_gbps']} GB/s), applied={w['dist_applied']}")
+    if "ipc_update_s" in w:
+        lines.append(f"  weights colocated (IPC)      {res['weights_gib']} GiB in {w['ipc_update_s']} s "
+                     f"({w['ipc_gbps']} GB/s), applied={w['ipc_applied']}")
+    m = res.get("memory", {})
+    if m:
+        lines.append(f"  release/resume memory        {m['release_s']} s / {m['resume_s']} s; free GiB "
+                     f"{m['free_before_gib']} -> {m['free_released_gib']} -> {m['free_resumed_gib']}; "
+                     f"same greedy after wake={m['same_greedy_after_wake']}")
+    lines.append(f"  weight version in results    {res.get('weight_version_reported')}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="0.5b", choices=SHAPES)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=1024)
+    ap.add_argument("--in-len", type=int, default=512)
+    ap.add_argument("--out-len", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--attn", default="triton")
+    ap.add_argument("--sampling", default="pytorch")
+    ap.add_argument("--mem-fraction", type=float, default=0.7)
+    ap.add_argument("--weights-backend", default="gloo", choices=["gloo", "nccl", "none"])
+    ap.add_argument("--trainer-device", default="cuda:0")
+    ap.add_argument("--no-ipc", dest="ipc", action="store_false")
+    ap.add_argument("--bucket-mb", type=int, default=512)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    import uvloop
+
+    res = uvloop.run(run(a))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    print(table(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""The trainer-facing control plane: fan a control message out to every server, and weight sync.
+
+Weight sync (distributed)::
+
+    trainer (this process, group rank 0)              engine server k (ranks offset_k .. offset_k+tp_k-1)
+    ───────────────────────────────────              ──────────────────────────────────────────────────
+    init_weight_sync():
+      master TCPStore on a free port ─────────────▶  InitWeightGroup(address, port, offset_k, world)
+      join the group (thread) ◀──── rendezvous ────▶  engine joins (SGLang: its TP workers)
+    update_weights(named, version):
+      [pause(mode)]
+      plan flattened buckets (bucket_bytes each)
+      UpdateWeightsDistributed(metas of all buckets) ▶ engine posts one receive per bucket
+      broadcast bucket 1..n (thread) ────────────────▶ engine loads each bucket
+      await every server's reply (version applied)
+      [resume()]
+
+A server that reports ``applied=None`` (part of its weights changed) is marked dead for this client: it
+is never silently half-updated.  Collectives run in threads; the event loop keeps serving meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigError, WeightUpdateError
+from .protocol import (
+    ControlReply,
+    ControlRequest,
+    DestroyWeightGroup,
+    InitWeightGroup,
+    UpdateWeightsDistributed,
+    UpdateWeightsFromIpc,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._connection import ServerConnection
+
+__all__ = ["WeightSync", "broadcast_control"]
+
+log = logging.getLogger("rollout_sdk.client")
+
+
+async def broadcast_control(
+    servers: Sequence[ServerConnection],
+    make: Callable[[ServerConnection], ControlRequest],
+    *,
+    timeout: float | None = None,
+) -> list[ControlReply]:
+    """Send one control message to each server concurrently; raise the first error after all answered."""
+    results = await asyncio.gather(*(s.call(make(s), timeout) for s in servers), return_exceptions=True)
+    errors = [(s, r) for s, r in zip(servers, results, strict=True) if isinstance(r, BaseException)]
+    for s, err in errors:
+        if isinstance(err, WeightUpdateError) and err.applied is None:
+            s.mark_dead(f"weights partially updated, engine unusable: {err}")
+    if errors:
+        if len(errors) > 1:
+            log.error("control failed on %d servers: %s", len(errors), [f"{s.server_id}: {e}" for s, e in errors])
+        raise errors[0][1]
+    return [r for r in results if isinstance(r, ControlReply)]
+
+
+@dataclass
+class WeightSync:
+    """A weight-update process group between this trainer (rank 0) and a set of engine servers."""
+
+    group: Any
+    group_name: str
+    backend: str
+    servers: list[ServerConnection]
+    world_size: int
+    device: Any = None
+    timeout_s: float = 300.0
+    _store: Any = field(default=None, repr=False)
+
+    @classmethod
+    async def create(
+        cls,
+        servers: Sequence[ServerConnection],
+        *,
+        backend: str = "gloo",
+        master_address: str = "127.0.0.1",
+        group_name: str = "rollout_weights",
+        device: Any = None,
+        timeout_s: float = 300.0,
+    ) -> WeightSync:
+        from .weights.group import init_weight_group, master_store
+
+        if not servers:
+            raise ConfigError("servers", [], "no live server to sync weights with")
+        tps = [s.info.tp_size if s.info is not None else 1 for s in servers]
+        world = 1 + sum(tps)
+        store = await asyncio.to_thread(master_store, master_address, world, timeout_s)
+        port = int(store.port)
+        offsets = [1 + sum(tps[:i]) for i in range(len(servers))]
+        by_id = {id(s): off for s, off in zip(servers, offsets, strict=True)}
+        join = asyncio.ensure_future(
+            asyncio.to_thread(
+                init_weight_group,
+                master_address=master_address,
+                master_port=port,
+                rank=0,
+                world_size=world,
+                group_name=group_name,
+                backend=backend,
+                timeout_s=timeout_s,
+                store=store,
+            )
+        )
+        try:
+            await broadcast_control(
+                servers,
+                lambda s: InitWeightGroup(
+                    call_id=s.next_call_id(),
+                    master_address=master_address,
+                    master_port=port,
+                    rank_offset=by_id[id(s)],
+                    world_size=world,
+                    group_name=group_name,
+                    backend=backend,
+                    timeout_s=timeout_s,
+                ),
+                timeout=timeout_s,
+            )
+        except BaseException:
+            join.cancel()
+            raise
+        group = await join
+        return cls(group, group_name, backend, list(servers), world, device, timeout_s, store)
+
+    async def update(
+        self,
+        named: Iterable[tuple[str, torch.Tensor]],
+        *,
+        version: int | None,
+        bucket_bytes: int,
+        flush_cache: bool = True,
+    ) -> dict[str, float]:
+        """Broadcast ``named`` in flattened buckets; every server loads them and takes ``version``."""
+        import time
+
+        from .weights.buckets import plan_buckets, send_buckets
+
+        t0 = time.perf_counter()
+        buckets = plan_buckets(named, bucket_bytes)
+        if not buckets:
+            raise WeightUpdateError("no tensors to send", applied=False)
+        metas = [b.metas for b in buckets]
+        live = [s for s in self.servers if s.alive]
+        if len(live) != len(self.servers):
+            gone = [s.server_id for s in self.servers if not s.alive]
+            raise WeightUpdateError(
+                f"servers {gone} left the weight group (dead); create a new sync with init_weight_sync()",
+                applied=False,
+            )
+        send = asyncio.ensure_future(asyncio.to_thread(send_buckets, self.group, buckets, self.device))
+        try:
+            await broadcast_control(
+                live,
+                lambda s: UpdateWeightsDistributed(
+                    call_id=s.next_call_id(),
+                    group_name=self.group_name,
+                    buckets=metas,
+                    version=version,
+                    flush_cache=flush_cache,
+                ),
+                timeout=self.timeout_s,
+            )
+        finally:
+            await send
+        return {
+            "seconds": time.perf_counter() - t0,
+            "bytes": float(sum(b.nbytes for b in buckets)),
+            "buckets": float(len(buckets)),
+        }
+
+    async def close(self) -> None:
+        from .weights.group import destroy_weight_group
+
+        live = [s for s in self.servers if s.alive]
+        try:
+            await broadcast_control(
+                live, lambda s: DestroyWeightGroup(call_id=s.next_call_id(), group_name=self.group_name)
+            )
+        finally:
+            await asyncio.to_thread(destroy_weight_group, self.group)
+
+
+async def update_weights_ipc(
+    servers: Sequence[ServerConnection],
+    named: Iterable[tuple[str, torch.Tensor]],
+    *,
+    version: int | None,
+    bucket_bytes: int,
+    flush_cache: bool = True,
+) -> dict[str, float]:
+    """Colocated: share CUDA buckets by IPC handle with engines on this GPU (no copy through the host).
+
+    One bucket at a time, so the extra GPU memory is one bucket.  A failure after the first bucket leaves
+    the engines part updated: they report it (``applied=None``) and are marked dead.
+    """
+    import time
+
+    import torch
+
+    from .weights.buckets import plan_buckets
+    from .weights.ipc import export_cuda_ipc
+
+    t0 = time.perf_counter()
+    buckets = plan_buckets(named, bucket_bytes)
+    if not buckets:
+        raise WeightUpdateError("no tensors to send", applied=False)
+    for i, bucket in enumerate(buckets):
+        flat = bucket.flatten()
+        if not flat.is_cuda:
+            raise WeightUpdateError("colocated (IPC) updates need CUDA tensors", applied=False if i == 0 else None)
+        handle = export_cuda_ipc(flat)
+        torch.cuda.current_stream(flat.device).synchronize()
+        last = i == len(buckets) - 1
+
+        def message(s: ServerConnection, h: bytes = handle, b: Any = bucket, last: bool = last) -> UpdateWeightsFromIpc:
+            return UpdateWeightsFromIpc(
+                call_id=s.next_call_id(),
+                handles=[h],
+                buckets=[b.metas],
+                version=version if last else None,
+                flush_cache=flush_cache and last,
+            )
+
+        await broadcast_control(servers, message)
+        del flat  # the engines copied it into their weights
+    return {"seconds": time.perf_counter() - t0, "bytes": float(sum(b.nbytes for b in buckets))}

@@ -1,0 +1,107 @@
+"""Flattened buckets: many tensors sent as one byte buffer per collective.
+
+A bucket is its tensors' bytes back to back (each ``tensor.flatten().view(torch.uint8)``, in order), the
+layout SGLang's ``FlattenedTensorBucket`` uses, so one ``broadcast`` per bucket feeds SGLang's
+``load_format="flattened_bucket"`` as well as our CPU engine.  Buckets are cut at ``bucket_bytes``
+(hundreds of MB by default): one collective per tensor is what made other weight syncs 100x slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..protocol import TensorMeta
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Bucket", "plan_buckets", "receive_buckets", "send_buckets", "unflatten"]
+
+DEFAULT_BUCKET_BYTES = 512 << 20
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+@dataclass
+class Bucket:
+    tensors: list[tuple[str, torch.Tensor]]
+
+    @property
+    def metas(self) -> list[TensorMeta]:
+        return [TensorMeta(n, _dtype_name(t), list(t.shape)) for n, t in self.tensors]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for _, t in self.tensors)
+
+    def flatten(self) -> torch.Tensor:
+        import torch
+
+        return torch.cat([t.detach().contiguous().flatten().view(torch.uint8) for _, t in self.tensors])
+
+
+def plan_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
+    """Group tensors, in order, into buckets of at most ``bucket_bytes`` (a larger tensor gets its own)."""
+    buckets: list[Bucket] = []
+    cur: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, t in named:
+        n = t.numel() * t.element_size()
+        if cur and size + n > bucket_bytes:
+            buckets.append(Bucket(cur))
+            cur, size = [], 0
+        cur.append((name, t))
+        size += n
+    if cur:
+        buckets.append(Bucket(cur))
+    return buckets
+
+
+def _nbytes(meta: TensorMeta) -> int:
+    import torch
+
+    dtype = getattr(torch, meta.dtype)
+    numel = 1
+    for d in meta.shape:
+        numel *= d
+    return numel * torch.empty((), dtype=dtype).element_size()
+
+
+def unflatten(flat: torch.Tensor, metas: Sequence[TensorMeta]) -> list[tuple[str, torch.Tensor]]:
+    """Views of ``flat`` (uint8) as the tensors ``metas`` describe."""
+    import torch
+
+    out = []
+    start = 0
+    for m in metas:
+        n = _nbytes(m)
+        out.append((m.name, flat[start : start + n].view(getattr(torch, m.dtype)).reshape(m.shape)))
+        start += n
+    if start != flat.numel():
+        raise ValueError(f"bucket holds {flat.numel()} bytes, its tensors {start}")
+    return out
+
+
+def send_buckets(group: Any, buckets: Sequence[Bucket], device: Any = None) -> None:
+    """Broadcast every bucket from rank 0 of ``group`` (blocking: call from a thread)."""
+    for b in buckets:
+        flat = b.flatten()
+        if device is not None:
+            flat = flat.to(device)
+        group.broadcast(flat, src=0)
+
+
+def receive_buckets(group: Any, buckets: Sequence[Sequence[TensorMeta]], device: Any = None) -> list[tuple[str, Any]]:
+    """Receive what :func:`send_buckets` sends (blocking: call from a thread)."""
+    import torch
+
+    out: list[tuple[str, Any]] = []
+    for metas in buckets:
+        flat = torch.empty(sum(_nbytes(m) for m in metas), dtype=torch.uint8, device=device)
+        group.broadcast(flat, src=0)
+        out.extend(unflatten(flat, metas))
+    return out

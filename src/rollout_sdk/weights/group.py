@@ -1,0 +1,98 @@
+"""A weight-update process group spanning a trainer and engines that live in *other* torch.distributed
+worlds (SGLang's scheduler processes, our CPU engine servers, the trainer's own torchrun job).
+
+``torch.distributed.new_group`` only groups ranks of the default world, so this builds the backend
+(``ProcessGroupGloo`` / ``ProcessGroupNCCL``) directly on a TCPStore rendezvous at
+``master_address:master_port`` (rank 0, the trainer, hosts the store on a free port).  The store keys are
+prefixed exactly as SGLang's ``init_custom_process_group`` (from PyTorch / OpenRLHF) ends up prefixing
+them (``{name}`` then ``{name}/`` then ``{device}/``), so a trainer using this module and an SGLang engine
+meet in one group.  Unlike that helper, nothing is registered in torch's global group table: two members
+of one group can live in one process (the embedded CPU engine and its trainer), and no private torch
+function is called.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+__all__ = ["WeightGroup", "destroy_weight_group", "init_weight_group", "master_store"]
+
+
+class WeightGroup:
+    """Rank ``rank`` of a ``world_size`` group; only broadcast is needed."""
+
+    def __init__(self, pg: Any, rank: int, world_size: int, backend: str) -> None:
+        self.pg = pg
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+
+    def broadcast(self, tensor: Any, src: int = 0) -> None:
+        """Blocking broadcast of ``tensor`` from ``src`` (call from a thread, never the event loop)."""
+        import torch
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        opts.rootTensor = 0
+        self.pg.broadcast([tensor], opts).wait()
+        if tensor.is_cuda:
+            torch.cuda.current_stream(tensor.device).synchronize()
+
+    def destroy(self) -> None:
+        shutdown = getattr(self.pg, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        self.pg = None
+
+
+def master_store(host: str, world_size: int, timeout_s: float = 300.0) -> Any:
+    """The rendezvous store rank 0 hosts, on a free port (read it from ``.port``)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        host, 0, world_size, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+
+
+def init_weight_group(
+    *,
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    backend: str = "gloo",
+    timeout_s: float = 300.0,
+    store: Any = None,
+) -> WeightGroup:
+    """Join the group (blocking until every rank joined).  Rank 0 passes the store it made with
+    :func:`master_store`; the other ranks connect to ``master_address:master_port``."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            master_address, master_port, world_size, is_master=False, timeout=timeout
+        )
+    store.set_timeout(timeout)
+    device = "cuda" if backend == "nccl" else "cpu"
+    prefix: Any = dist.PrefixStore  # type: ignore[attr-defined]
+    prefixed = prefix(f"{device}/", prefix(f"{group_name}/", prefix(group_name, store)))
+    pg: Any
+    if backend == "gloo":
+        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)  # type: ignore[attr-defined]
+    elif backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()  # type: ignore[attr-defined]
+        opts._timeout = timeout
+        pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)  # type: ignore[attr-defined]
+    else:
+        from ..errors import ConfigError
+
+        raise ConfigError("backend", backend, "must be 'gloo' or 'nccl'")
+    return WeightGroup(pg, rank, world_size, backend)
+
+
+def destroy_weight_group(group: WeightGroup) -> None:
+    group.destroy()

@@ -1,0 +1,131 @@
+"""Colocated weight updates: CUDA IPC handles of flattened buckets, described by a msgspec struct.
+
+The trainer shares a bucket's GPU buffer by handle (``export_cuda_ipc``), the handle's fields cross ZMQ in
+our own struct (no pickle on our wire), and the engine server turns them into the payload SGLang's
+``update_weights_from_tensor(load_format="flattened_bucket")`` expects (``sglang_bucket_payload``) without
+opening the memory itself: SGLang's scheduler, on the same GPU, maps it.  The device travels as its UUID
+(what SGLang's patched rebuild accepts), so differing ``CUDA_VISIBLE_DEVICES`` do not matter.  The trainer
+must keep the buffer alive until the update call returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..protocol import TensorMeta
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CudaIpcHandle", "export_cuda_ipc", "sglang_bucket_payload"]
+
+
+class CudaIpcHandle(msgspec.Struct, frozen=True, array_like=True):
+    size: list[int]
+    stride: list[int]
+    offset: int
+    dtype: str
+    device_uuid: str
+    storage_cls: str
+    storage_handle: bytes
+    storage_size_bytes: int
+    storage_offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes | None
+    event_sync_required: bool
+
+
+def export_cuda_ipc(t: torch.Tensor) -> bytes:
+    """The IPC handle of a CUDA tensor, encoded (trainer side)."""
+    import torch
+    from torch.multiprocessing import reductions
+
+    reduce = getattr(reductions, "_reduce_tensor_original", reductions.reduce_tensor)
+    _, args = reduce(t)
+    (_, size, stride, offset, storage_cls, dtype, device, handle, ssize, soff, _, rc_handle, rc_off, ev, ev_sync) = args
+    if isinstance(device, int):
+        device = str(torch.cuda.get_device_properties(device).uuid)
+    return msgspec.msgpack.encode(
+        CudaIpcHandle(
+            size=list(size),
+            stride=list(stride),
+            offset=int(offset),
+            dtype=str(dtype).removeprefix("torch."),
+            device_uuid=str(device),
+            storage_cls=f"{storage_cls.__module__}.{storage_cls.__qualname__}",
+            storage_handle=bytes(handle),
+            storage_size_bytes=int(ssize),
+            storage_offset_bytes=int(soff),
+            ref_counter_handle=bytes(rc_handle),
+            ref_counter_offset=int(rc_off),
+            event_handle=bytes(ev) if ev is not None else None,
+            event_sync_required=bool(ev_sync),
+        )
+    )
+
+
+class _Rebuild:
+    """Pickles as ``torch.multiprocessing.reductions.rebuild_cuda_tensor(*args)`` without touching CUDA."""
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        self.args = args
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        from torch.multiprocessing import reductions
+
+        return (reductions.rebuild_cuda_tensor, self.args)
+
+
+def sglang_bucket_payload(handle: bytes, metas: Sequence[TensorMeta]) -> bytes:
+    """SGLang's serialized flattened-bucket payload for a bucket shared by IPC (server side)."""
+    import importlib
+
+    import torch
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+    h = msgspec.msgpack.decode(handle, type=CudaIpcHandle)
+    module, _, name = h.storage_cls.rpartition(".")
+    storage_cls = getattr(importlib.import_module(module), name)
+    args = (
+        torch.Tensor,
+        torch.Size(h.size),
+        tuple(h.stride),
+        h.offset,
+        storage_cls,
+        getattr(torch, h.dtype),
+        h.device_uuid,
+        h.storage_handle,
+        h.storage_size_bytes,
+        h.storage_offset_bytes,
+        False,
+        h.ref_counter_handle,
+        h.ref_counter_offset,
+        h.event_handle,
+        h.event_sync_required,
+    )
+    metadata = []
+    start = 0
+    for m in metas:
+        dtype = getattr(torch, m.dtype)
+        numel = 1
+        for d in m.shape:
+            numel *= d
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        metadata.append(
+            FlattenedTensorMetadata(
+                name=m.name,
+                shape=torch.Size(m.shape),
+                dtype=dtype,
+                start_idx=start,
+                end_idx=start + nbytes,
+                numel=nbytes,
+            )
+        )
+        start += nbytes
+    payload: bytes = MultiprocessingSerializer.serialize({"flattened_tensor": _Rebuild(args), "metadata": metadata})
+    return payload
