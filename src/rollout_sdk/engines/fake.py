@@ -92,8 +92,8 @@ class FakeEngine(Engine):
         self.responder = responder
         self.gate = gate
         # bounded, so a long benchmark does not grow the server (tests look at the recent ones)
-        self.requests_seen: collections.deque[GenerateRequest] = collections.deque(maxlen=100_000)
-        self.aborted_rids: collections.deque[str] = collections.deque(maxlen=100_000)
+        self.requests_seen: collections.deque[GenerateRequest] = collections.deque(maxlen=10_000)
+        self.aborted_rids: collections.deque[str] = collections.deque(maxlen=10_000)
         self.weights: dict[str, list[float]] = {n: [0.0] for n in self.config.weight_shapes}
         self.memory_released: set[str] = set()
         self._reqs: dict[str, _Req] = {}

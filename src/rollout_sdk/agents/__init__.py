@@ -1,0 +1,59 @@
+"""Multi-turn agent rollouts with tools: token-in/token-out trajectories with loss masks and logprobs.
+
+See docs/agents.md.  Importing this package imports no tokenizer and starts nothing.
+"""
+
+from .chat import ChatTemplate, DriftReport, TemplateError
+from .loop import (
+    Agent,
+    AgentConfig,
+    RewardFn,
+    RolloutContext,
+    StalenessError,
+    ToolAgent,
+    group_stats,
+    rollout_group,
+)
+from .parsers import (
+    HermesParser,
+    ParsedTurn,
+    ParseError,
+    ToolCall,
+    ToolCallParser,
+    format_tool_error,
+    get_parser,
+    register_parser,
+)
+from .tools import Tool, ToolArgumentError, ToolRegistry, ToolResult, tool
+from .trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "ChatTemplate",
+    "DriftReport",
+    "HermesParser",
+    "ParseError",
+    "ParsedTurn",
+    "RewardFn",
+    "RolloutContext",
+    "StalenessError",
+    "TemplateError",
+    "Tool",
+    "ToolAgent",
+    "ToolArgumentError",
+    "ToolCall",
+    "ToolCallParser",
+    "ToolCallRecord",
+    "ToolRegistry",
+    "ToolResult",
+    "Trajectory",
+    "TrajectoryBuilder",
+    "Turn",
+    "format_tool_error",
+    "get_parser",
+    "group_stats",
+    "register_parser",
+    "rollout_group",
+    "tool",
+]

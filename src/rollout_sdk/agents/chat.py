@@ -1,0 +1,172 @@
+"""Chat templates for token-in/token-out multi-turn rollouts.
+
+The model's own output tokens are never decoded and re-encoded: they go into the trajectory as the engine
+returned them.  Only what *we* add between model turns (the end of the assistant turn, tool results, the
+next generation prompt) is rendered with the tokenizer's chat template and tokenized — the "glue".
+
+The glue of one turn is computed as a difference of two renderings of the conversation::
+
+    before = render(history)                                  # ends with the assistant turn just generated
+    after  = render(history + tool results, generation prompt)
+    glue   = (end of the assistant turn the model did not generate) + after[len(before):]
+
+which is exact when the template is *append-only* at that boundary (``after`` starts with ``before``).
+Qwen2.5's template is append-only at assistant-turn boundaries but not per message (consecutive tool
+results share one ``<|im_start|>user`` block), so the tool results of one turn are always rendered together
+with the generation prompt.  A template that rewrites earlier turns (e.g. one that drops past reasoning)
+is not append-only: ``strategy="auto"`` then renders the new messages after a neutral context (one user
+message, nothing to rewrite) and marks the trajectory, ``strategy="strict"`` raises.  Either way
+:meth:`ChatTemplate.check_drift` re-renders the whole conversation and reports where it departs from the
+tokens the model actually saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError, RolloutError
+
+__all__ = ["ChatTemplate", "DriftReport", "TemplateError"]
+
+Message = dict[str, Any]
+_MARK = "\u2063rollout-sdk-content\u2063"
+
+
+class TemplateError(RolloutError):
+    """The chat template cannot extend the conversation as required (e.g. it is not append-only)."""
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    """How the accumulated token ids compare with a fresh rendering of the whole conversation."""
+
+    ok: bool
+    accumulated: int
+    rendered: int
+    first_mismatch: int | None
+    accumulated_context: str = ""
+    rendered_context: str = ""
+    template_rewrites: bool = False
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"no drift ({self.accumulated} tokens)"
+        return (
+            f"token drift at position {self.first_mismatch} of {self.accumulated}: accumulated "
+            f"{self.accumulated_context!r} vs re-rendered {self.rendered_context!r}"
+        )
+
+
+class ChatTemplate:
+    """A tokenizer's chat template, as the agent loop needs it."""
+
+    def __init__(
+        self, tokenizer: Any, *, tools: Sequence[dict[str, Any]] | None = None, strategy: str = "auto"
+    ) -> None:
+        if strategy not in ("auto", "strict"):
+            raise ConfigError("strategy", strategy, "must be 'auto' or 'strict'")
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("tokenizer", type(tokenizer).__name__, "has no chat template")
+        self.tokenizer = tokenizer
+        self.tools = list(tools) if tools else None
+        self.strategy = strategy
+        self.assistant_suffix = self._assistant_suffix()
+
+    # -- rendering ---------------------------------------------------------------------------------
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
+        text = self.tokenizer.apply_chat_template(
+            list(messages), tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return list(ids)
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The first prompt: the messages and the generation prompt."""
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def _assistant_suffix(self) -> str:
+        """What the template writes after an assistant message's content (``<|im_end|>\\n`` for Qwen)."""
+        msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}]
+        text = self.render(msgs, add_generation_prompt=False)
+        idx = text.rfind(_MARK)
+        if idx < 0:
+            raise TemplateError("the chat template drops assistant content; cannot find the end of a turn")
+        return text[idx + len(_MARK) :]
+
+    # -- glue --------------------------------------------------------------------------------------
+
+    def turn_end(self, model_text: str) -> str:
+        """The part of the assistant suffix the model did not generate itself.
+
+        A model that stopped on ``<|im_end|>`` leaves ``"\\n"``; one cut off mid-turn leaves the whole
+        suffix.
+        """
+        suffix = self.assistant_suffix
+        for k in range(len(suffix), 0, -1):
+            if model_text.endswith(suffix[:k]):
+                return suffix[k:]
+        return suffix
+
+    def glue(self, history: Sequence[Message], new: Sequence[Message], model_text: str) -> tuple[str, bool]:
+        """Text to append after the model's last output so that the context continues with ``new``
+        messages and a generation prompt.  Returns ``(text, template_rewrites)``."""
+        before = self.render(history, add_generation_prompt=False)
+        after = self.render([*history, *new], add_generation_prompt=True)
+        if after.startswith(before):
+            return self.turn_end(model_text) + after[len(before) :], False
+        if self.strategy == "strict":
+            raise TemplateError(
+                "the chat template is not append-only here: rendering the tool results changes earlier text"
+                f" (first difference at character {_first_diff(before, after)})"
+            )
+        # The template rewrites earlier turns.  Render the new messages after a neutral context (one user
+        # message, no assistant turn to rewrite) and take what they add.
+        base = [{"role": "user", "content": _MARK}]
+        local_before = self.render(base, add_generation_prompt=False)
+        local_after = self.render([*base, *new], add_generation_prompt=True)
+        if not local_after.startswith(local_before):
+            raise TemplateError("the chat template is not append-only even locally; cannot extend the turn")
+        return self.turn_end(model_text) + local_after[len(local_before) :], True
+
+    def glue_ids(self, history: Sequence[Message], new: Sequence[Message], model_text: str) -> tuple[list[int], bool]:
+        text, rewrites = self.glue(history, new, model_text)
+        return self.encode(text), rewrites
+
+    # -- drift -------------------------------------------------------------------------------------
+
+    def check_drift(
+        self, messages: Sequence[Message], ids: Sequence[int], *, template_rewrites: bool = False
+    ) -> DriftReport:
+        """Re-render the whole conversation and compare it with ``ids``, the tokens the model saw.
+
+        ``ids`` normally ends with the model's final turn; the re-rendering ends with the template's end
+        of that turn, so only the first ``len(ids)`` rendered tokens must match.
+        """
+        rendered = self.encode(self.render(messages, add_generation_prompt=False))
+        n = min(len(ids), len(rendered))
+        first = next((i for i in range(n) if ids[i] != rendered[i]), None)
+        if first is None and len(rendered) < len(ids):
+            first = n
+        if first is None:
+            return DriftReport(True, len(ids), len(rendered), None, template_rewrites=template_rewrites)
+        lo = max(0, first - 8)
+        dec = self.tokenizer.decode
+        return DriftReport(
+            False,
+            len(ids),
+            len(rendered),
+            first,
+            accumulated_context=dec(list(ids[lo : first + 8])),
+            rendered_context=dec(list(rendered[lo : first + 8])),
+            template_rewrites=template_rewrites,
+        )
+
+
+def _first_diff(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

@@ -1,0 +1,155 @@
+"""What one rollout produces, and the bookkeeping that builds it.
+
+A :class:`Trajectory` holds the exact token ids the model saw and produced::
+
+    prompt_ids | response_ids ........................................................
+                 [model turn 1][glue: end of turn, tool results, gen prompt][model turn 2]...
+    loss_mask    1 1 1 1 1 1 1  0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0  1 1 1 1 1 1
+    logprobs     engine's        0 ...                                      engine's
+
+``loss_mask``, ``logprobs`` and ``response_ids`` have the same length, token for token.  Model tokens carry
+the engine's logprobs; tokens the loop added carry 0.  ``weight_versions`` lists ``(version, n)`` runs over
+the model tokens, in order: a trajectory that spans a weight update says which tokens came from which
+weights.  :class:`TrajectoryBuilder` is the one place that appends, so custom agent loops get the same
+bookkeeping.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ..protocol import GenerateResult
+
+__all__ = ["ToolCallRecord", "Trajectory", "TrajectoryBuilder", "Turn"]
+
+
+class ToolCallRecord(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: dict[str, Any]
+    ok: bool
+    error_kind: str | None = None
+    latency_s: float = 0.0
+
+
+class Turn(msgspec.Struct, kw_only=True):
+    """One model turn and what followed it."""
+
+    index: int
+    model_tokens: int
+    finish_reason: str
+    weight_version: int
+    generate_s: float
+    context_tokens: int = 0
+    tool_calls: list[ToolCallRecord] = []
+    parse_errors: list[str] = []
+    tools_s: float = 0.0
+
+
+class Trajectory(msgspec.Struct, kw_only=True):
+    """One finished rollout.  ``finish_reason``: ``stop`` (the model answered), ``length`` (a turn hit its
+    token limit), ``max_turns``, ``budget`` (response or context budget used up), ``abort``, ``error``."""
+
+    id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    turns: list[Turn] = []
+    weight_versions: list[tuple[int, int]] = []
+    reward: float | None = None
+    messages: list[dict[str, Any]] = []
+    metrics: dict[str, float] = {}
+    drift: str | None = None
+    template_rewrites: bool = False
+    error: str | None = None
+    sample_index: int = -1
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def num_model_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def min_weight_version(self) -> int | None:
+        return min((v for v, _ in self.weight_versions), default=None)
+
+
+class TrajectoryBuilder:
+    """Appends model output and loop context, keeping ids, mask, logprobs and versions aligned."""
+
+    def __init__(self, prompt_ids: list[int], traj_id: str) -> None:
+        self.id = traj_id
+        self.prompt_ids = list(prompt_ids)
+        self.response_ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[list[int]] = []
+        self.turns: list[Turn] = []
+
+    @property
+    def ids(self) -> list[int]:
+        """The whole context: what the next generate call continues."""
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def num_ids(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def response_len(self) -> int:
+        return len(self.response_ids)
+
+    def add_model(self, result: GenerateResult) -> None:
+        """Append the engine's output tokens exactly as returned (mask 1, the engine's logprobs)."""
+        ids = result.output_ids
+        self.response_ids.extend(ids)
+        self.loss_mask.extend([1] * len(ids))
+        lps = result.logprobs if result.logprobs is not None else [0.0] * len(ids)
+        if len(lps) != len(ids):
+            raise ValueError(f"engine returned {len(lps)} logprobs for {len(ids)} tokens")
+        self.logprobs.extend(lps)
+        segments = result.version_segments or ([(result.weight_version, len(ids))] if ids else [])
+        for version, n in segments:
+            if self.versions and self.versions[-1][0] == version:
+                self.versions[-1][1] += n
+            else:
+                self.versions.append([version, n])
+
+    def add_context(self, ids: list[int]) -> None:
+        """Append tokens the loop added (tool results, template glue): mask 0, logprob 0."""
+        self.response_ids.extend(ids)
+        self.loss_mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+
+    def build(self, finish_reason: str, **fields: Any) -> Trajectory:
+        calls = sum(len(t.tool_calls) for t in self.turns)
+        tool_errors = sum(1 for t in self.turns for c in t.tool_calls if not c.ok)
+        parse_errors = sum(len(t.parse_errors) for t in self.turns)
+        metrics = {
+            "turns": float(len(self.turns)),
+            "model_tokens": float(sum(self.loss_mask)),
+            "context_tokens": float(len(self.loss_mask) - sum(self.loss_mask)),
+            "tool_calls": float(calls),
+            "tool_errors": float(tool_errors),
+            "parse_errors": float(parse_errors),
+            "generate_s": sum(t.generate_s for t in self.turns),
+            "tools_s": sum(t.tools_s for t in self.turns),
+        }
+        return Trajectory(
+            id=self.id,
+            prompt_ids=self.prompt_ids,
+            response_ids=self.response_ids,
+            loss_mask=self.loss_mask,
+            logprobs=self.logprobs,
+            finish_reason=finish_reason,
+            turns=self.turns,
+            weight_versions=[(v, n) for v, n in self.versions],
+            metrics=metrics,
+            **fields,
+        )
