@@ -36,12 +36,15 @@ from .errors import (
     RolloutError,
     ServerShuttingDownError,
     ServerUnavailableError,
+    StalenessError,
     TransportError,
     UnsupportedOperationError,
     WeightUpdateError,
 )
+from .partial import Continuation
 from .policies import LeastLoad, Policy, RoundRobin
 from .protocol import GenerateRequest, GenerateResult, SamplingParams
+from .rollouts import GenerateAgent, RolloutBatch, RolloutStream
 from .scheduler import SchedulerConfig
 from .server import EngineServer, ServerConfig
 
@@ -52,6 +55,7 @@ __all__ = [
     "ClientStateError",
     "ClientStats",
     "ConfigError",
+    "Continuation",
     "CpuEngine",
     "CpuEngineConfig",
     "Discovery",
@@ -64,6 +68,7 @@ __all__ = [
     "EngineLoad",
     "EngineServer",
     "EngineStartupError",
+    "GenerateAgent",
     "GenerateRequest",
     "GenerateResult",
     "Group",
@@ -76,8 +81,10 @@ __all__ = [
     "RemoteError",
     "RequestTimeoutError",
     "ResultStream",
+    "RolloutBatch",
     "RolloutClient",
     "RolloutError",
+    "RolloutStream",
     "RoundRobin",
     "SamplingParams",
     "SchedulerConfig",
@@ -85,6 +92,7 @@ __all__ = [
     "ServerShuttingDownError",
     "ServerStatus",
     "ServerUnavailableError",
+    "StalenessError",
     "StaticServers",
     "TransportError",
     "UnsupportedOperationError",

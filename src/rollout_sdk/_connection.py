@@ -136,6 +136,16 @@ class ServerConnection:
             except ServerUnavailableError:
                 pass
 
+    def abort(self, rid: str) -> bool:
+        """Ask the server to abort ``rid``; its caller still gets the (abort) result.  False if unknown."""
+        if rid not in self._pending or not self.alive:
+            return False
+        try:
+            self.channel.send(encode(Abort(rid)))
+        except ServerUnavailableError:
+            return False
+        return True
+
     def abort_all(self) -> None:
         if self.alive:
             try:

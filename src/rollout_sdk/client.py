@@ -50,6 +50,7 @@ from .protocol import (
     SetWeightVersion,
     encode,
 )
+from .rollouts import RolloutStream
 from .scheduler import Scheduler, SchedulerConfig
 
 __all__ = ["ClientConfig", "ClientStats", "RolloutClient", "ServerStatus"]
@@ -409,6 +410,55 @@ class RolloutClient:
             timeout=self.config.timeout_s if timeout is _UNSET else timeout,
             return_exceptions=return_exceptions,
         )
+
+    def rollouts(
+        self,
+        source: Iterable[Any] | AsyncIterable[Any],
+        *,
+        agent: Any = None,
+        sampling: SamplingParams | None = None,
+        group_size: int = 1,
+        batch_groups: int = 32,
+        mode: str = "async",
+        over_provision: float = 1.5,
+        max_staleness: int | None = None,
+        reward: Any = None,
+        filter: Any = None,
+        timeout: float | None = None,
+    ) -> RolloutStream:
+        """Stream batches of finished groups while keeping every engine busy (docs/streaming.md).
+
+        ``source`` yields samples: chat samples for ``agent`` (e.g. a ToolAgent), or prompts (token id
+        lists / GenerateRequests) generated once each with ``sampling`` when ``agent`` is None.  Each
+        sample becomes a group of ``group_size`` trajectories; each batch holds ``batch_groups`` groups.
+        ``mode``: ``sync`` (batch-gather baseline), ``async`` (continuous refill, unfinished groups keep
+        running across batches) or ``partial`` (continuous refill, unfinished groups are aborted at each
+        batch and resume from their tokens on the next weights).  ``max_staleness``: at most that many
+        weight versions between a trajectory's first token and the batch it is yielded in.  ``filter``: a
+        predicate on a finished group (False drops it and the producer refills).  Use it as
+        ``async with client.rollouts(...) as stream: async for batch in stream: ...``.
+        """
+        self._check_open()
+        return RolloutStream(
+            self,
+            source,
+            agent=agent,
+            sampling=sampling,
+            group_size=group_size,
+            batch_groups=batch_groups,
+            mode=mode,
+            over_provision=over_provision,
+            max_staleness=max_staleness,
+            reward=reward,
+            filter=filter,
+            timeout=timeout,
+        )
+
+    def abort(self, rid: str) -> bool:
+        """Abort one in-flight request by rid: its ``generate`` returns ``finish_reason='abort'`` with the
+        tokens so far (unlike cancelling, which raises).  False when no server holds that rid."""
+        self._check_open()
+        return any(conn.abort(rid) for conn in self._scheduler.servers)
 
     async def abort_all(self) -> None:
         """Abort every request of this client on every server (their callers get abort results)."""

@@ -20,6 +20,7 @@
     │   └── EngineBusyError               the operation needs an idle engine (e.g. releasing memory mid-flight)
     ├── WeightUpdateError                 a weight update was refused or failed; ``.applied`` says what state
     │                                     the engine was left in
+    ├── StalenessError                    work would mix weights more versions apart than its bound allows
     ├── DiscoveryError                    servers not found in time; ``.missing`` names the ranks
     └── RemoteError                       the server hit an unexpected error; its message is kept
 
@@ -50,6 +51,7 @@ __all__ = [
     "RolloutError",
     "ServerShuttingDownError",
     "ServerUnavailableError",
+    "StalenessError",
     "TransportError",
     "UnsupportedOperationError",
     "WeightUpdateError",
@@ -154,6 +156,11 @@ class WeightUpdateError(RolloutError):
 
 def _rebuild_weight_update_error(message: str, applied: bool | None) -> WeightUpdateError:
     return WeightUpdateError(message, applied=applied)
+
+
+class StalenessError(RolloutError):
+    """Admitting this work would put tokens from weights more than ``max_staleness`` versions apart into
+    one trajectory (or use a sample that old)."""
 
 
 class DiscoveryError(RolloutError):

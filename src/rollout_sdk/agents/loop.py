@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..errors import ConfigError, RolloutError
+from ..errors import ConfigError, RolloutError, StalenessError
+from ..partial import Continuation
 from ..protocol import GenerateRequest, GenerateResult, SamplingParams
 from .chat import ChatTemplate
 from .parsers import HermesParser, ToolCallParser, format_tool_error
@@ -38,12 +39,13 @@ Sample = Mapping[str, Any]
 RewardFn = Callable[[Trajectory, Sample], "float | Awaitable[float]"]
 
 
-class StalenessError(RolloutError):
-    """A trajectory would use weights more than ``max_staleness`` versions newer than its first token's."""
-
-
 class RolloutContext:
-    """What an agent loop may do: generate (with its session's affinity), and know the weight version."""
+    """What an agent loop may do: generate (with its session's affinity), and know the weight version.
+
+    A streaming producer may *preempt* a trajectory (partial mode): its request in flight is aborted, the
+    context parks it, and once resumed continues the same turn from the tokens it had (on newer weights),
+    so the agent sees one turn whose ``version_segments`` span the update.
+    """
 
     def __init__(
         self,
@@ -58,9 +60,13 @@ class RolloutContext:
         self.timeout = timeout
         self.max_staleness = max_staleness
         self.first_version: int | None = None
+        self.current_rid: str | None = None
+        self.preemptions = 0
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._calls = 0
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
-        """One model turn.  Refuses (StalenessError) to extend a trajectory past its staleness bound."""
+    def _check_staleness(self) -> None:
         if self.max_staleness is not None and self.first_version is not None:
             lag = self.client.weight_version - self.first_version
             if lag > self.max_staleness:
@@ -68,12 +74,48 @@ class RolloutContext:
                     f"trajectory started on weights v{self.first_version}; v{self.client.weight_version} is "
                     f"{lag} versions later (max_staleness={self.max_staleness})"
                 )
-        req = GenerateRequest(input_ids=input_ids, sampling=sampling, session_id=self.session_id)
-        result = await self.client.generate(req, timeout=self.timeout)
-        if self.first_version is None and result.output_ids:
-            first = result.version_segments[0][0] if result.version_segments else result.weight_version
-            self.first_version = first
-        return result
+
+    def preempt(self) -> bool:
+        """Hold this trajectory: abort its request in flight (it resumes after :meth:`resume`)."""
+        self._gate.clear()
+        rid = self.current_rid
+        return rid is not None and self.client.abort(rid)
+
+    def resume(self) -> None:
+        self._gate.set()
+
+    @property
+    def parked(self) -> bool:
+        return not self._gate.is_set()
+
+    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        """One model turn.  Refuses (StalenessError) to extend a trajectory past its staleness bound."""
+        self._calls += 1
+        req = GenerateRequest(
+            input_ids=input_ids, sampling=sampling, session_id=self.session_id, rid=f"{self.session_id}.{self._calls}"
+        )
+        cont = Continuation(req)
+        segment = 0
+        while True:
+            await self._gate.wait()
+            self._check_staleness()
+            nxt = cont.next_request()
+            if not nxt.rid:
+                segment += 1
+                nxt = msgspec.structs.replace(nxt, rid=f"{req.rid}.{segment}")
+            self.current_rid = nxt.rid
+            try:
+                result = await self.client.generate(nxt, timeout=self.timeout)
+            finally:
+                self.current_rid = None
+            cont.add(result)
+            if self.first_version is None and result.output_ids:
+                segs = result.version_segments
+                self.first_version = segs[0][0] if segs else result.weight_version
+            if result.finish_reason == "abort" and self.parked and cont.remaining > 0:
+                self.preemptions += 1
+                continue  # preempted by the producer: wait, then continue from the tokens so far
+            return cont.result()
 
 
 class Agent(abc.ABC):
@@ -147,9 +189,7 @@ class ToolAgent(Agent):
         rewrites = False
         finish = "max_turns"
         for index in range(cfg.max_turns):
-            room = min(
-                cfg.max_new_tokens, cfg.max_response_tokens - builder.response_len, limit - builder.num_ids
-            )
+            room = min(cfg.max_new_tokens, cfg.max_response_tokens - builder.response_len, limit - builder.num_ids)
             if room < 1:
                 finish = "budget"
                 break
@@ -190,9 +230,7 @@ class ToolAgent(Agent):
                 for c, o in zip(parsed.calls, outcomes, strict=True)
             ]
             turn.parse_errors = [e.message for e in parsed.errors]
-            tool_msgs: list[dict[str, Any]] = [
-                {"role": "tool", "name": o.name, "content": o.content} for o in outcomes
-            ]
+            tool_msgs: list[dict[str, Any]] = [{"role": "tool", "name": o.name, "content": o.content} for o in outcomes]
             tool_msgs += [{"role": "tool", "name": "error", "content": format_tool_error(e)} for e in parsed.errors]
             glue, local = self.chat.glue_ids(messages, tool_msgs, text)
             rewrites = rewrites or local
@@ -223,7 +261,7 @@ def _strip_end(text: str, suffix: str) -> str:
     """The model's text without the end-of-turn marker it generated (e.g. a trailing ``<|im_end|>``)."""
     for k in range(len(suffix), 0, -1):
         if suffix[:k].strip() and text.endswith(suffix[:k]):
-            return text[: -k]
+            return text[:-k]
     return text
 
 
@@ -275,8 +313,14 @@ async def rollout_group(
             if on_error == "raise":
                 raise
             return Trajectory(
-                id=ctx.session_id, prompt_ids=[], response_ids=[], loss_mask=[], logprobs=[],
-                finish_reason="error", error=f"{type(exc).__name__}: {exc}", sample_index=sample_index,
+                id=ctx.session_id,
+                prompt_ids=[],
+                response_ids=[],
+                loss_mask=[],
+                logprobs=[],
+                finish_reason="error",
+                error=f"{type(exc).__name__}: {exc}",
+                sample_index=sample_index,
             )
         traj.sample_index = sample_index
         if reward is not None:

@@ -1,0 +1,165 @@
+"""The rollout phase on a long-tailed workload: batch-gather vs continuous refill vs carry-over.
+
+What is measured
+----------------
+An RL loop of ``--steps`` steps.  Each step needs ``--batch`` finished samples; a sample's response length
+is drawn lognormal (``max_new_tokens`` = the length, ``ignore_eos``), so a few samples are 5-10x the
+median.  Between steps the "trainer" sleeps ``--train-s`` and bumps the weight version.  Three producers
+(``client.rollouts`` modes) run the same workload against the same servers:
+
+* ``sync`` — batch-gather: start exactly ``batch`` samples, wait for the last, train, repeat.  The engines
+  idle while the long tail finishes and while the trainer trains.
+* ``async`` — continuous refill with over-provisioning (``--over-provision`` x batch in flight); a batch is
+  yielded as soon as ``batch`` samples are done; unfinished ones keep running (one version of staleness).
+* ``partial`` — as async, but unfinished samples are aborted at each batch and resumed from their tokens
+  on the next weights (carry-over of partial samples); ``max_staleness=1``.
+
+Per batch: the rollout makespan (from the moment the trainer asks for the batch to the moment it gets it),
+and each server's busy fraction (share of 20 ms ticks with at least one request in flight).  Target
+(issue): carry-over makespan <= 0.5 x batch-gather.
+
+The engines are fake engines in their own processes following a batching cost model (documented, not a
+measurement of a GPU): each decode step advances every running request by one token and takes
+``step_base_s + step_per_seq_s * batch``; at most ``max_batch`` run at once.
+
+    python bench/longtail.py            # ~1 minute
+    python bench/longtail.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams  # noqa: E402
+
+
+def start_servers(n: int, a: argparse.Namespace) -> tuple[list[subprocess.Popen[str]], list[str]]:
+    procs, addrs = [], []
+    for _ in range(n):
+        p = subprocess.Popen(
+            [sys.executable, "-m", "rollout_sdk", "serve", "--engine", "fake", "--fake-step-base-s", str(a.step_base),
+             "--fake-step-per-seq-s", str(a.step_per_seq), "--fake-max-batch", str(a.max_batch)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        procs.append(p)
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        while not line.startswith("READY"):
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError("server failed to start")
+        addrs.append(line.split()[1])
+    return procs, addrs
+
+
+def prompts(n: int, a: argparse.Namespace, seed: int) -> list[GenerateRequest]:
+    rnd = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = max(1, min(a.cap, int(rnd.lognormvariate(0.0, a.sigma) * a.median)))
+        out.append(GenerateRequest(input_ids=[11, i % 50000], sampling=SamplingParams(max_new_tokens=length)))
+    return out
+
+
+async def run_mode(mode: str, addrs: list[str], a: argparse.Namespace) -> dict[str, Any]:
+    source = prompts(a.batch * (a.steps + 4), a, seed=a.seed)
+    makespans, busy, tokens = [], [], 0
+    async with RolloutClient(servers=addrs) as client:
+        stream = client.rollouts(
+            source, batch_groups=a.batch, mode=mode, over_provision=a.over_provision,
+            max_staleness=None if mode == "sync" else 1,
+        )
+        async with stream:
+            t_all = time.perf_counter()
+            for _ in range(a.steps):
+                t0 = time.perf_counter()
+                batch = await stream.__anext__()
+                makespans.append(time.perf_counter() - t0)
+                busy.append(statistics.mean(batch.metrics["busy_fraction"].values()))
+                tokens += batch.metrics["model_tokens"]
+                await asyncio.sleep(a.train_s)  # the trainer's step: engines keep working in async/partial
+                await client.set_weight_version(client.weight_version + 1)
+            total = time.perf_counter() - t_all
+    return {
+        "mode": mode,
+        "makespan_mean_s": statistics.mean(makespans),
+        "makespan_p90_s": sorted(makespans)[int(0.9 * (len(makespans) - 1))],
+        "busy_fraction": statistics.mean(busy),
+        "total_s": total,
+        "tokens_per_s": tokens / total,
+        "makespans": makespans,
+    }
+
+
+async def main_async(a: argparse.Namespace) -> dict[str, Any]:
+    procs, addrs = start_servers(a.servers, a)
+    try:
+        results = [await run_mode(m, addrs, a) for m in ("sync", "async", "partial")]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=20)
+    base = results[0]["makespan_mean_s"]
+    for r in results:
+        r["makespan_vs_sync"] = r["makespan_mean_s"] / base
+    return {
+        "benchmark": "longtail",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cores": os.cpu_count(),
+        "config": {k: v for k, v in vars(a).items() if k != "json"},
+        "results": results,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--median", type=int, default=40)
+    ap.add_argument("--sigma", type=float, default=1.0)
+    ap.add_argument("--cap", type=int, default=800)
+    ap.add_argument("--step-base", type=float, default=0.004)
+    ap.add_argument("--step-per-seq", type=float, default=0.00005)
+    ap.add_argument("--max-batch", type=int, default=256)
+    ap.add_argument("--over-provision", type=float, default=2.0)
+    ap.add_argument("--train-s", type=float, default=0.3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "longtail.json"))
+    a = ap.parse_args()
+    if a.quick:
+        a.steps, a.batch = 4, 32
+    import uvloop
+
+    res = uvloop.run(main_async(a))
+    os.makedirs(os.path.dirname(a.json), exist_ok=True)
+    with open(a.json, "w") as f:
+        json.dump(res, f, indent=1)
+    c = res["config"]
+    print(f"\nlong-tail rollout: {c['servers']} fake servers (step {c['step_base'] * 1e3:.1f} ms + "
+          f"{c['step_per_seq'] * 1e6:.0f} us/seq, max batch {c['max_batch']}), batch {c['batch']}, {c['steps']} steps, "
+          f"lengths lognormal(median {c['median']}, sigma {c['sigma']}, cap {c['cap']}), train {c['train_s']} s/step")
+    print(f"{'mode':<8} {'makespan s':>11} {'p90 s':>7} {'vs sync':>8} {'busy':>6} {'total s':>8} {'tok/s':>8}")
+    for r in res["results"]:
+        print(f"{r['mode']:<8} {r['makespan_mean_s']:>11.3f} {r['makespan_p90_s']:>7.3f} {r['makespan_vs_sync']:>8.2f} "
+              f"{r['busy_fraction']:>6.2f} {r['total_s']:>8.2f} {r['tokens_per_s']:>8.0f}")
+    part = next(r for r in res["results"] if r["mode"] == "partial")
+    print(f"target carry-over makespan <= 0.5 x batch-gather: {part['makespan_vs_sync']:.2f} -> "
+          f"{'met' if part['makespan_vs_sync'] <= 0.5 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
