@@ -49,13 +49,17 @@ class DriftReport:
     accumulated_context: str = ""
     rendered_context: str = ""
     template_rewrites: bool = False
+    #: where the first difference is: "prompt", "model" (re-tokenizing the model's text gives other
+    #: tokens: expected with real models, and why ids are never re-encoded) or "added" (a token the loop
+    #: added differs from the template's rendering: a template that rewrites turns, or a bug)
+    region: str = ""
 
     def __str__(self) -> str:
         if self.ok:
             return f"no drift ({self.accumulated} tokens)"
         return (
-            f"token drift at position {self.first_mismatch} of {self.accumulated}: accumulated "
-            f"{self.accumulated_context!r} vs re-rendered {self.rendered_context!r}"
+            f"token drift in {self.region or 'the'} tokens at position {self.first_mismatch} of "
+            f"{self.accumulated}: accumulated {self.accumulated_context!r} vs re-rendered {self.rendered_context!r}"
         )
 
 
@@ -141,7 +145,13 @@ class ChatTemplate:
     # -- drift -------------------------------------------------------------------------------------
 
     def check_drift(
-        self, messages: Sequence[Message], ids: Sequence[int], *, template_rewrites: bool = False
+        self,
+        messages: Sequence[Message],
+        ids: Sequence[int],
+        *,
+        template_rewrites: bool = False,
+        loss_mask: Sequence[int] | None = None,
+        prompt_len: int = 0,
     ) -> DriftReport:
         """Re-render the whole conversation and compare it with ``ids``, the tokens the model saw.
 
@@ -157,6 +167,12 @@ class ChatTemplate:
             return DriftReport(True, len(ids), len(rendered), None, template_rewrites=template_rewrites)
         lo = max(0, first - 8)
         dec = self.tokenizer.decode
+        region = ""
+        if loss_mask is not None:
+            if first < prompt_len:
+                region = "prompt"
+            elif first - prompt_len < len(loss_mask):
+                region = "model" if loss_mask[first - prompt_len] else "added"
         return DriftReport(
             False,
             len(ids),
@@ -165,6 +181,7 @@ class ChatTemplate:
             accumulated_context=dec(list(ids[lo : first + 8])),
             rendered_context=dec(list(rendered[lo : first + 8])),
             template_rewrites=template_rewrites,
+            region=region,
         )
 
 

@@ -65,6 +65,8 @@ class RolloutContext:
         self._gate = asyncio.Event()
         self._gate.set()
         self._calls = 0
+        #: added to a seeded request's seed, with the turn number, so samples and turns differ
+        self.seed_offset = 0
 
     def _check_staleness(self) -> None:
         if self.max_staleness is not None and self.first_version is not None:
@@ -91,6 +93,9 @@ class RolloutContext:
     async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
         """One model turn.  Refuses (StalenessError) to extend a trajectory past its staleness bound."""
         self._calls += 1
+        if sampling.seed is not None:
+            seed = (sampling.seed + self.seed_offset + 7919 * (self._calls - 1)) % (2**63 - 1)
+            sampling = msgspec.structs.replace(sampling, seed=seed)
         req = GenerateRequest(
             input_ids=input_ids, sampling=sampling, session_id=self.session_id, rid=f"{self.session_id}.{self._calls}"
         )
@@ -209,8 +214,9 @@ class ToolAgent(Agent):
             builder.turns.append(turn)
             builder.add_model(result)
             text = self.tokenizer.decode(result.output_ids, skip_special_tokens=False)
-            parsed = self.parser.parse(_strip_end(text, self.chat.assistant_suffix))
-            messages.append(_assistant_message(parsed))
+            body = _strip_end(text, self.chat.assistant_suffix)
+            parsed = self.parser.parse(body)
+            messages.append(_assistant_message(parsed, body))
             if result.finish_reason == "abort":
                 finish = "abort"
                 break
@@ -242,7 +248,13 @@ class ToolAgent(Agent):
             messages.extend(tool_msgs)
         drift = None
         if cfg.drift_check:
-            report = self.chat.check_drift(messages, builder.ids, template_rewrites=rewrites)
+            report = self.chat.check_drift(
+                messages,
+                builder.ids,
+                template_rewrites=rewrites,
+                loss_mask=builder.loss_mask,
+                prompt_len=len(builder.prompt_ids),
+            )
             drift = None if report.ok else str(report)
         return builder.build(
             finish,
@@ -265,8 +277,11 @@ def _strip_end(text: str, suffix: str) -> str:
     return text
 
 
-def _assistant_message(parsed: Any) -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+def _assistant_message(parsed: Any, body: str) -> dict[str, Any]:
+    # an answer keeps the model's exact text (so a re-rendering reproduces it); a turn with tool calls
+    # keeps the text around the calls, which the template writes back in its own format
+    content = parsed.content if (parsed.calls or parsed.errors) else body
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
     if parsed.calls:
         msg["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -307,6 +322,7 @@ async def rollout_group(
 
     async def one(k: int) -> Trajectory:
         ctx = RolloutContext(client, timeout=timeout, max_staleness=max_staleness)
+        ctx.seed_offset = 104_729 * k  # a seeded sampling config still gives n different samples
         try:
             traj = await agent.run(ctx, sample)
         except RolloutError as exc:
@@ -327,7 +343,15 @@ async def rollout_group(
             traj.reward = await _reward(reward, traj, sample)
         return traj
 
-    return list(await asyncio.gather(*(one(k) for k in range(n))))
+    try:
+        async with asyncio.TaskGroup() as tg:  # one failure cancels its siblings instead of orphaning them
+            tasks = [tg.create_task(one(k)) for k in range(n)]
+    except BaseExceptionGroup as eg:
+        exc: BaseException = eg
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
+        raise exc from None
+    return [t.result() for t in tasks]
 
 
 def group_stats(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:

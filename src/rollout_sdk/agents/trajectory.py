@@ -49,7 +49,8 @@ class Turn(msgspec.Struct, kw_only=True):
 
 class Trajectory(msgspec.Struct, kw_only=True):
     """One finished rollout.  ``finish_reason``: ``stop`` (the model answered), ``length`` (a turn hit its
-    token limit), ``max_turns``, ``budget`` (response or context budget used up), ``abort``, ``error``."""
+    token limit), ``max_turns``, ``budget`` (response or context budget used up), ``stale`` (its staleness
+    bound stopped it), ``abort``, ``error``."""
 
     id: str
     prompt_ids: list[int]

@@ -1,0 +1,722 @@
+"""Multi-turn overlap: agent trajectories with tool calls, the SDK's agent loop against a turn-synchronous loop.
+
+What is measured
+----------------
+``N`` trajectories (GRPO groups: ``N / group`` prompts x ``group`` samples), each ``K`` model turns: turns
+1..K-1 each call one tool, ``lookup``, that sleeps ``T`` seconds, and turn K answers.  Wall time of:
+
+a. **agent loop** -- the SDK's ``rollout_group`` + ``ToolAgent``: every trajectory is its own coroutine,
+   so one trajectory's tool call overlaps other trajectories' generation.
+b. **turn-synchronous** -- generate turn k for the whole batch, wait for all; run all tool calls, wait for
+   all; then turn k+1.  Implemented with the *same* client, servers, ``ToolAgent`` code and tools: the
+   agent is wrapped so that its context's ``generate`` passes an ``asyncio.Barrier`` over all ``N``
+   trajectories before the turn (everyone's tools are done) and after it (everyone's turn is generated).
+   Only the synchronisation differs.
+
+The tool latency ``T`` is swept as a multiple of **W**, the time the engines need to generate one turn of
+the whole batch under the cost model (below): the generation phase of one turn of (b).
+
+The engine and its cost model
+-----------------------------
+``D`` fake-engine servers, each a separate process (this script re-executed with ``--child-serve``: the
+``serve`` CLI cannot take a responder) running ``FakeEngine`` in *batched* mode with a responder that
+scripts the turns, as tests/test_agents.py does, with the real tokenizer (``rollout_sdk.models.
+load_tokenizer()``, Qwen2.5 token space and chat template; ``ROLLOUT_SDK_HOME`` picks where the tiny model
+is built, e.g. ``/tmp/rsdk-home``).  The responder counts the assistant turns in the prompt and returns
+that turn's tokens: every model turn is exactly ``G`` tokens (filler, then a Hermes ``<tool_call>`` or the
+answer, then ``<|im_end|>``, the EOS).  Each engine step decodes one token for each running request (at
+most ``max_batch``; the rest wait FIFO) and takes ``step_s = step_base_s + step_per_seq_s * batch``.
+Defaults: ``step_base_s = 2 ms``, ``step_per_seq_s = 0.02 ms``, ``max_batch = 32``, ``D = 2``, ``N = 256``,
+``K = 4``, ``G = 48``.  So a batch of 256 requests needs 256 / (2 x 32) = 4 waves, a request's turn takes
+``g = G x step(32)`` and one turn of the batch ``W = 4 g`` (about 0.6 s).
+
+Timers (uvloop's ``asyncio.sleep``) have millisecond resolution, so the executed step time is
+*calibrated* (per batch size, on one server) and a discrete-event simulation of the cost model with those
+step times gives each case's "model" time: no client CPU, no transport.  The gap between measured and
+model is the client's own work (chat-template rendering, parsing, tokenising: reported as client CPU).
+
+What to expect from the cost model
+----------------------------------
+Turn-synchronous: ``K W + (K-1) T``.  The agent loop can do no better than
+``max(K W, K g + (K-1) T)``: the engines must still do all the decoding (``K W``), and one trajectory
+still has to go through its own turns and tools.  Both parts are inside the turn-synchronous time, so
+**the ratio can never be below 0.5** with fixed tool latency and fixed turn lengths; it is best
+(``K W / (K W + (K-1) T)``, 4/7 = 0.57 here) when ``(K-1) T`` is about ``K W - K g``, i.e. ``T ~ W``, and it
+tends to 1 when tools are much shorter (nothing to hide) or much longer (the tools are the critical path)
+than a turn, or when the engines are not saturated (``N <= D x max_batch``: every trajectory's turns
+already run together).  Only variance (tool latencies or turn lengths that differ between trajectories:
+the synchronous loop waits for the slowest at every barrier) takes the ratio below 0.5; the
+``jitter`` case shows that (lognormal tool latency, same mean).
+
+Run::
+
+    ROLLOUT_SDK_HOME=/tmp/rsdk-home python bench/multiturn.py            # full, ~2 minutes
+    ROLLOUT_SDK_HOME=/tmp/rsdk-home python bench/multiturn.py --quick    # N=128, ~40 s
+    python bench/multiturn.py --tool-multiples 0.25 0.5 1 2 4 --repeats 1
+
+Numbers go to ``--json`` (default ``bench/results/multiturn.json``); the table is printed last.
+Every process this script starts is stopped at the end, also on Ctrl-C, SIGTERM or an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import collections
+import contextlib
+import datetime as _dt
+import heapq
+import json
+import math
+import os
+import platform
+import random
+import selectors
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollout_sdk import RolloutClient
+    from rollout_sdk.agents import Agent, RolloutContext, ToolRegistry, Trajectory
+    from rollout_sdk.protocol import GenerateRequest, GenerateResult, SamplingParams
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_JSON = ROOT / "bench" / "results" / "multiturn.json"
+TARGET_RATIO = 0.5
+IM_START = 151644
+IM_END = 151645
+
+
+# -- results -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: ``n`` trajectories, tool latency ``tool_multiple`` x W, lognormal jitter ``sigma`` (0: fixed)."""
+
+    n: int
+    tool_multiple: float
+    sigma: float = 0.0
+
+    @property
+    def label(self) -> str:
+        jitter = f", lognormal sigma {self.sigma:g}" if self.sigma else ""
+        return f"N={self.n}, T={self.tool_multiple:g}W{jitter}"
+
+
+@dataclass
+class Cell:
+    case: Case
+    tool_s: float
+    waves: int
+    turn_gen_s: float  # W (model)
+    request_turn_s: float  # g (model)
+    agent_s: list[float] = field(default_factory=list)
+    sync_s: list[float] = field(default_factory=list)
+    agent_cpu_s: list[float] = field(default_factory=list)
+    sync_cpu_s: list[float] = field(default_factory=list)
+    #: turn-synchronous phases of the last repeat: generation phases, tool(+client) phases, seconds
+    sync_gen_phases_s: list[float] = field(default_factory=list)
+    sync_tool_phases_s: list[float] = field(default_factory=list)
+    model_agent_s: float | None = None
+    model_sync_s: float | None = None
+
+    @property
+    def ratio(self) -> float:
+        return statistics.mean(self.agent_s) / statistics.mean(self.sync_s)
+
+
+@dataclass
+class Report:
+    meta: dict[str, Any] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)
+    cells: list[Cell] = field(default_factory=list)
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- the server child ------------------------------------------------------------------------------------
+
+
+def child_serve(spec_path: str, server_id: str) -> int:
+    """``--child-serve``: one EngineServer around a scripted FakeEngine, until SIGTERM (like ``serve``)."""
+    from rollout_sdk.cli import run_async
+
+    spec = json.loads(Path(spec_path).read_text())
+    return int(run_async(_child_main(spec, server_id)))
+
+
+async def _child_main(spec: dict[str, Any], server_id: str) -> int:
+    from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
+    from rollout_sdk.server import EngineServer, ServerConfig
+
+    outputs: list[list[int]] = spec["outputs"]
+    first, second = spec["assistant_marker"]
+
+    def responder(req: GenerateRequest) -> list[int]:
+        ids = req.input_ids
+        turns = sum(1 for i in range(len(ids) - 1) if ids[i] == first and ids[i + 1] == second)
+        return outputs[min(max(turns - 1, 0), len(outputs) - 1)]
+
+    config = FakeEngineConfig(
+        eos_token_ids=(IM_END,),
+        step_base_s=spec["step_base_s"],
+        step_per_seq_s=spec["step_per_seq_s"],
+        max_batch=spec["max_batch"],
+    )
+    server = EngineServer(FakeEngine(config, responder=responder), ServerConfig(server_id=server_id))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.stop)
+    await server.serve(on_ready=lambda address: print(f"READY {address}", flush=True))
+    return 0
+
+
+class ServerProcs:
+    """Child server processes; :meth:`stop` terminates, then kills."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self._logdir = logdir
+
+    def spawn(self, spec: Path, server_id: str, timeout: float = 60.0) -> str:
+        log_path = self._logdir / f"{server_id}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--child-serve", str(spec), "--server-id", server_id],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                cwd=ROOT,
+            )
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:  # read stdout until READY (a handshake, not a sleep)
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    continue
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith("READY "):
+                    return line.split()[1]
+        raise RuntimeError(f"server {server_id} did not become ready; its log:\n{log_path.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+            if p.stdout is not None:
+                p.stdout.close()
+        self.procs.clear()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process this script started."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+# -- the script the model follows ------------------------------------------------------------------------
+
+
+def turn_outputs(tok: Any, turns: int, tokens_per_turn: int) -> list[list[int]]:
+    """Exactly ``tokens_per_turn`` ids per model turn: filler, a tool call (or the answer), <|im_end|>."""
+    filler = tok.encode(" ok", add_special_tokens=False)
+    outs: list[list[int]] = []
+    for k in range(turns):
+        if k < turns - 1:
+            body = '<tool_call>\n{"name": "lookup", "arguments": {"query": "step %d"}}\n</tool_call>' % k
+        else:
+            body = "The answer is 42."
+        ids = tok.encode(body, add_special_tokens=False)
+        pad = tokens_per_turn - 1 - len(ids)
+        if pad < 0 or len(filler) != 1:
+            raise ValueError(f"--tokens-per-turn {tokens_per_turn} is too small for a turn of {len(ids) + 1} tokens")
+        outs.append([*filler * pad, *ids, IM_END])
+    return outs
+
+
+class ToolClock:
+    """The tool's latency: fixed, or drawn (lognormal with the same mean) from a seeded sequence, so both
+    loops see the same latencies."""
+
+    def __init__(self) -> None:
+        self.fixed = 0.0
+        self._draws: collections.deque[float] = collections.deque()
+
+    def set(self, mean_s: float, sigma: float, count: int, seed: int) -> None:
+        self.fixed = mean_s
+        self._draws.clear()
+        if sigma:
+            rng = random.Random(seed)
+            mu = math.log(mean_s) - sigma * sigma / 2  # E[lognormal] = mean_s
+            self._draws.extend(rng.lognormvariate(mu, sigma) for _ in range(count))
+
+    def next(self) -> float:
+        return self._draws.popleft() if self._draws else self.fixed
+
+
+def make_registry(clock: ToolClock) -> ToolRegistry:
+    from rollout_sdk.agents import ToolRegistry
+
+    reg = ToolRegistry()
+
+    @reg.register
+    async def lookup(query: str) -> str:
+        """Look something up (a tool with a fixed latency)."""
+        await asyncio.sleep(clock.next())
+        return f"found: {query}"
+
+    return reg
+
+
+def make_turn_sync(inner: Agent, barrier: asyncio.Barrier, phases: list[float]) -> Agent:
+    """``inner`` with every model turn between two barriers over the whole batch."""
+    from rollout_sdk.agents import Agent, RolloutContext
+
+    class BarrierContext(RolloutContext):
+        async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+            if await barrier.wait() == 0:  # everyone's tools are done: the generation phase starts
+                phases.append(time.perf_counter())
+            result = await super().generate(input_ids, sampling)
+            if await barrier.wait() == 0:  # everyone's turn is generated: the tool phase starts
+                phases.append(time.perf_counter())
+            return result
+
+    class TurnSync(Agent):
+        async def run(self, ctx: RolloutContext, sample: Any) -> Trajectory:
+            wrapped = BarrierContext(ctx.client, session_id=ctx.session_id, timeout=ctx.timeout)
+            try:
+                return await inner.run(wrapped, sample)
+            except BaseException:
+                await barrier.abort()  # never leave the others waiting
+                raise
+
+    return TurnSync()
+
+
+# -- the cost model, simulated -----------------------------------------------------------------------------
+
+StepFn = Callable[[int], float]
+
+
+def interpolate(points: dict[int, float]) -> StepFn:
+    xs = sorted(points)
+    ys = [points[x] for x in xs]
+
+    def step(b: int) -> float:
+        if b <= xs[0]:
+            return ys[0]
+        if b >= xs[-1]:
+            return ys[-1]
+        i = bisect.bisect_left(xs, b)
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (b - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+    return step
+
+
+def simulate(n: int, turns: int, g: int, tool_s: float, d: int, step: StepFn, max_batch: int, sync: bool) -> float:
+    """Wall time of ``n`` trajectories under the cost model (trajectory i on server i % d, FIFO engines).
+
+    A request arriving while its server sleeps through a step joins at the next step; an idle server
+    starts at once.  ``sync``: turn k+1 starts for everyone ``tool_s`` after the last turn k finished.
+    """
+    heap: list[tuple[float, int, int, int]] = []  # (time, seq, kind 0=arrive 1=step end, server or traj)
+    seq = 0
+
+    def push(t: float, kind: int, who: int) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(heap, (t, seq, kind, who))
+
+    waiting: list[collections.deque[int]] = [collections.deque() for _ in range(d)]
+    running: list[list[list[int]]] = [[] for _ in range(d)]  # [trajectory, tokens left]
+    busy = [False] * d
+    turn = [0] * n
+    finished_turn = [0] * turns
+    end = 0.0
+
+    def start_step(s: int, now: float) -> None:
+        while len(running[s]) < max_batch and waiting[s]:
+            running[s].append([waiting[s].popleft(), g])
+        busy[s] = bool(running[s])
+        if busy[s]:
+            push(now + step(len(running[s])), 1, s)
+
+    for i in range(n):
+        push(0.0, 0, i)
+    while heap:
+        now, _, kind, who = heapq.heappop(heap)
+        if kind == 0:
+            s = who % d
+            waiting[s].append(who)
+            if not busy[s]:
+                start_step(s, now)
+            continue
+        s = who
+        left: list[list[int]] = []
+        for r in running[s]:
+            r[1] -= 1
+            if r[1]:
+                left.append(r)
+                continue
+            i = r[0]
+            k = turn[i]
+            turn[i] += 1
+            end = max(end, now)
+            if k + 1 >= turns:
+                continue
+            if not sync:
+                push(now + tool_s, 0, i)
+            else:
+                finished_turn[k] += 1
+                if finished_turn[k] == n:
+                    for j in range(n):
+                        push(now + tool_s, 0, j)
+        running[s] = left
+        start_step(s, now)
+    return end
+
+
+# -- measurement -------------------------------------------------------------------------------------------
+
+
+def _samples(n: int, group: int) -> list[dict[str, Any]]:
+    return [
+        {"messages": [{"role": "user", "content": f"Question {i}: look it up, then answer."}]}
+        for i in range(max(1, n // group))
+    ]
+
+
+async def run_agents(
+    client: RolloutClient, agent: Agent, samples: list[dict[str, Any]], group: int
+) -> list[Trajectory]:
+    from rollout_sdk.agents import rollout_group
+
+    groups = await asyncio.gather(
+        *(rollout_group(client, agent, s, n=group, sample_index=i) for i, s in enumerate(samples))
+    )
+    return [t for g in groups for t in g]
+
+
+def _check(trajs: list[Trajectory], n: int, turns: int) -> None:
+    if len(trajs) != n:
+        raise AssertionError(f"{len(trajs)} trajectories, expected {n}")
+    for t in trajs:
+        calls = [c for turn in t.turns for c in turn.tool_calls]
+        if (
+            t.finish_reason != "stop"
+            or len(t.turns) != turns
+            or len(calls) != turns - 1
+            or not all(c.ok for c in calls)
+        ):
+            raise AssertionError(f"unexpected trajectory: {t.finish_reason}, {len(t.turns)} turns, {calls}")
+
+
+async def calibrate(client: RolloutClient, tokens: int, sizes: Sequence[int]) -> dict[int, float]:
+    """Executed step time for b requests: (wall(tokens) - wall(8)) / (tokens - 8) on one server."""
+    from rollout_sdk import SamplingParams
+
+    async def wall(b: int, n: int) -> float:
+        sp = SamplingParams(max_new_tokens=n)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client.generate([1, 2, 3 + i], sampling=sp) for i in range(b)))
+        return time.perf_counter() - t0
+
+    await wall(2, 4)
+    out: dict[int, float] = {}
+    for b in sizes:
+        out[b] = (await wall(b, tokens) - await wall(b, 8)) / (tokens - 8)
+    return out
+
+
+async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, workdir: Path) -> None:
+    from rollout_sdk import RolloutClient
+    from rollout_sdk.agents import AgentConfig, ToolAgent
+    from rollout_sdk.models import load_tokenizer
+
+    _log("loading the tokenizer")
+    tok = await asyncio.to_thread(load_tokenizer)
+    marker = tok.encode("<|im_start|>assistant", add_special_tokens=False)
+    assert len(marker) == 2 and marker[0] == IM_START, marker
+    outputs = turn_outputs(tok, args.turns, args.tokens_per_turn)
+    spec = workdir / "spec.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "outputs": outputs,
+                "assistant_marker": marker,
+                "step_base_s": args.step_base_s,
+                "step_per_seq_s": args.step_per_seq_s,
+                "max_batch": args.max_batch,
+            }
+        )
+    )
+    _log(f"starting {args.servers} scripted fake servers")
+    addrs = [await asyncio.to_thread(procs.spawn, spec, f"s{i}") for i in range(args.servers)]
+
+    clock = ToolClock()
+    registry = make_registry(clock)
+    config = AgentConfig(
+        max_turns=args.turns + 2,
+        max_new_tokens=args.tokens_per_turn + 16,
+        max_response_tokens=1 << 20,
+        keep_messages=False,
+    )
+    agent = ToolAgent(tok, registry, config)
+    async with RolloutClient(servers=[addrs[0]]) as one:
+        _log("calibrating the executed step time")
+        cal = await calibrate(one, args.tokens_per_turn, sorted({1, args.max_batch // 2, args.max_batch}))
+    report.calibration = {
+        "step_s": cal,
+        "nominal_step_s": {b: args.step_base_s + args.step_per_seq_s * b for b in cal},
+    }
+    _log("  " + ", ".join(f"b={b}: {1e3 * s:.2f} ms" for b, s in cal.items()))
+    step = interpolate(cal)
+
+    async with RolloutClient(servers=addrs) as client:
+        clock.set(0.001, 0.0, 0, 0)
+        _check(await run_agents(client, agent, _samples(16, 4), 4), 16, args.turns)  # warm every path
+
+        for case in args.cases:
+            n = case.n
+            capacity = args.servers * args.max_batch
+            waves = math.ceil(n / capacity)
+            per_server = math.ceil(n / args.servers)
+            g = args.tokens_per_turn * step(min(per_server, args.max_batch))
+            w_gen = waves * g
+            tool_s = case.tool_multiple * w_gen
+            cell = Cell(case=case, tool_s=tool_s, waves=waves, turn_gen_s=w_gen, request_turn_s=g)
+            if not case.sigma:
+                sim = (n, args.turns, args.tokens_per_turn, tool_s, args.servers, step, args.max_batch)
+                cell.model_agent_s = simulate(*sim, sync=False)
+                cell.model_sync_s = simulate(*sim, sync=True)
+            samples = _samples(n, args.group)
+            for rep in range(args.repeats):
+                for mode in ("agent", "sync") if rep % 2 == 0 else ("sync", "agent"):
+                    clock.set(tool_s, case.sigma, n * (args.turns - 1), seed=rep)
+                    phases: list[float] = []
+                    runner = agent if mode == "agent" else make_turn_sync(agent, asyncio.Barrier(n), phases)
+                    cpu0 = time.process_time()
+                    t0 = time.perf_counter()
+                    trajs = await run_agents(client, runner, samples, args.group)
+                    wall = time.perf_counter() - t0
+                    cpu = time.process_time() - cpu0
+                    _check(trajs, n, args.turns)
+                    if mode == "agent":
+                        cell.agent_s.append(wall)
+                        cell.agent_cpu_s.append(cpu)
+                    else:
+                        cell.sync_s.append(wall)
+                        cell.sync_cpu_s.append(cpu)
+                        marks = [t0, *phases[1:], t0 + wall]  # phases[0]: all lined up for turn 1 (= t0)
+                        spans = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+                        cell.sync_gen_phases_s = spans[0::2]
+                        cell.sync_tool_phases_s = spans[1:-1:2]  # the last span: after the final turn
+                    _log(f"{case.label:34s} T={1e3 * tool_s:6.0f} ms  {mode:5s} {wall:6.3f} s  client cpu {cpu:.2f} s")
+            report.cells.append(cell)
+
+
+# -- report --------------------------------------------------------------------------------------------------
+
+
+def render(report: Report, args: argparse.Namespace) -> str:
+    cal = report.calibration
+    lines = [
+        f"D={args.servers} servers x max_batch {args.max_batch}, K={args.turns} turns of G={args.tokens_per_turn} "
+        "tokens; executed step (calibrated): "
+        + ", ".join(f"b={b} {1e3 * s:.2f} ms" for b, s in cal["step_s"].items())
+        + " (nominal "
+        + ", ".join(f"{1e3 * s:.2f}" for s in cal["nominal_step_s"].values())
+        + ")",
+        "",
+    ]
+    hdr = (
+        f"{'case':<34}{'W s':>7}{'T s':>7}{'agent loop s':>14}{'turn-sync s':>13}{'ratio':>8}"
+        f"{'model: agent':>14}{'sync':>7}{'ratio':>7}{'sync gen/tool phases s':>24}{'client cpu a/s':>16}"
+    )
+    lines += [hdr, "-" * len(hdr)]
+    for c in report.cells:
+        m_agent = f"{c.model_agent_s:.2f}" if c.model_agent_s is not None else "-"
+        m_sync = f"{c.model_sync_s:.2f}" if c.model_sync_s is not None else "-"
+        m_ratio = f"{c.model_agent_s / c.model_sync_s:.2f}" if c.model_agent_s and c.model_sync_s else "-"
+        phases = f"{sum(c.sync_gen_phases_s):.2f} / {sum(c.sync_tool_phases_s):.2f}"
+        cpu = f"{statistics.mean(c.agent_cpu_s):.2f} / {statistics.mean(c.sync_cpu_s):.2f}"
+        lines.append(
+            f"{c.case.label:<34}{c.turn_gen_s:>7.3f}{c.tool_s:>7.3f}{statistics.mean(c.agent_s):>14.3f}"
+            f"{statistics.mean(c.sync_s):>13.3f}{c.ratio:>8.2f}{m_agent:>14}{m_sync:>7}{m_ratio:>7}{phases:>24}{cpu:>16}"
+        )
+    lines += [
+        "",
+        "W: the engines' time for one turn of the whole batch (cost model, calibrated steps); T: mean tool latency;",
+        "ratio: agent loop / turn-synchronous (means over repeats); model: the cost-model simulation (no client",
+        "work); sync phases: summed generation phases / tool phases (tools + the client's work between turns);",
+        "client cpu: this process's CPU seconds per run, agent loop / turn-synchronous.",
+        "",
+    ]
+    fixed = [c for c in report.cells if not c.case.sigma]
+    comparable = [c for c in fixed if c.case.tool_multiple == 1.0] or fixed
+    for c in comparable:
+        bound = args.turns / (2 * args.turns - 1)
+        ok = c.ratio <= TARGET_RATIO
+        lines.append(
+            f"target agent loop <= {TARGET_RATIO} x turn-synchronous at T ~ W ({c.case.label}): {c.ratio:.2f}x -> "
+            f"{'met' if ok else 'NOT met'} (cost-model floor for fixed latencies: K/(2K-1) = {bound:.2f}x)"
+        )
+    return "\n".join(lines)
+
+
+def _parse_case(text: str) -> Case:
+    parts = [float(x) for x in text.split(":")]
+    if len(parts) not in (2, 3):
+        raise argparse.ArgumentTypeError("a case is N:T_multiple or N:T_multiple:sigma")
+    return Case(int(parts[0]), parts[1], parts[2] if len(parts) == 3 else 0.0)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="N=128, one repeat, no extra cases (about 40 s)")
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"write the numbers here (default {DEFAULT_JSON})")
+    p.add_argument("--trajectories", "-n", type=int, default=None, help="N (full 256, quick 128)")
+    p.add_argument("--group", type=int, default=8, help="trajectories per prompt (rollout_group n)")
+    p.add_argument("--turns", type=int, default=4, help="K model turns per trajectory (K-1 tool calls)")
+    p.add_argument("--tokens-per-turn", type=int, default=48, help="G tokens per model turn")
+    p.add_argument("--tool-multiples", type=float, nargs="+", default=[0.25, 1.0, 4.0], help="T / W")
+    p.add_argument(
+        "--extra-cases",
+        type=_parse_case,
+        nargs="*",
+        default=None,
+        help="more rows, N:T_multiple[:sigma] (full: 256:1:1 jittered tools, 64:1 engines not saturated)",
+    )
+    p.add_argument("--repeats", type=int, default=None, help="runs per mode and case (full 2, quick 1)")
+    p.add_argument("--servers", type=int, default=2)
+    p.add_argument("--step-base-s", type=float, default=0.002)
+    p.add_argument("--step-per-seq-s", type=float, default=0.00002)
+    p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument("--no-uvloop", action="store_true", help="run the client on the default asyncio loop")
+    p.add_argument("--child-serve", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--server-id", default="s0", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child_serve:
+        return args
+    if args.trajectories is None:
+        args.trajectories = 128 if args.quick else 256
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 2
+    if args.extra_cases is None:
+        args.extra_cases = [] if args.quick else [Case(args.trajectories, 1.0, 1.0), Case(64, 1.0)]
+    if args.trajectories % args.group:
+        p.error("--trajectories must be a multiple of --group")
+    if args.turns < 2:
+        p.error("--turns must be >= 2 (at least one tool call)")
+    args.cases = [Case(args.trajectories, m) for m in args.tool_multiples] + list(args.extra_cases)
+    for c in args.cases:
+        if c.n % args.group:
+            p.error(f"case {c.label}: N must be a multiple of --group")
+    return args
+
+
+def _versions() -> dict[str, Any]:
+    from importlib import metadata
+
+    out: dict[str, Any] = {"python": platform.python_version()}
+    for dist in ("rollout-sdk", "pyzmq", "msgspec", "uvloop", "transformers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child_serve:
+        return child_serve(args.child_serve, args.server_id)
+    report = Report()
+    report.meta = {
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cores": os.cpu_count(),
+        "versions": _versions(),
+        "loop": "asyncio" if args.no_uvloop else "uvloop",
+        "mode": "quick" if args.quick else "full",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "rollout_sdk_home": os.environ.get("ROLLOUT_SDK_HOME"),
+        "cost_model": {
+            "step_base_s": args.step_base_s,
+            "step_per_seq_s": args.step_per_seq_s,
+            "max_batch": args.max_batch,
+            "servers": args.servers,
+        },
+        "workload": {
+            "turns": args.turns,
+            "tokens_per_turn": args.tokens_per_turn,
+            "group": args.group,
+            "repeats": args.repeats,
+        },
+        "target": f"agent loop <= {TARGET_RATIO} x turn-synchronous when T ~ a turn's generation time",
+    }
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="multiturn-bench-") as workdir, _sigterm_as_interrupt():
+        procs = ServerProcs(Path(workdir))
+        try:
+            if args.no_uvloop:
+                asyncio.run(run_all(args, report, procs, Path(workdir)))
+            else:
+                import uvloop
+
+                uvloop.run(run_all(args, report, procs, Path(workdir)))
+        except KeyboardInterrupt:
+            print("interrupted; stopping every process this benchmark started", file=sys.stderr)
+            return 130
+        finally:
+            procs.stop()
+    report.meta["runtime_s"] = round(time.perf_counter() - t0, 1)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    cells = []
+    for c in report.cells:
+        d = asdict(c)
+        d["case"] = {**asdict(c.case), "label": c.case.label}
+        d["ratio"] = c.ratio
+        d["model_ratio"] = c.model_agent_s / c.model_sync_s if c.model_agent_s and c.model_sync_s else None
+        cells.append(d)
+    payload = {"meta": report.meta, "calibration": report.calibration, "cells": cells}
+    args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    print(render(report, args))
+    print(f"\nruntime {report.meta['runtime_s']} s; numbers in {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
