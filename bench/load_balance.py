@@ -52,10 +52,17 @@ the client on a 2-core machine does not distort the numbers.
 Why the placement barely matters on the skewed workload: with 512 requests over 4 servers of 64 rows, a
 server holds two batches' worth, so its work (~2 x mean length steps at full batch) is far below the
 longest request (~16 x the median).  Every scheme's makespan is about ``L_max`` steps of a small batch plus
-the time the longest request waited for a row; the lower bound is already ~0.85-0.9 x the static split, so
-``<= 0.75 x static`` is out of reach for *any* placement that cannot split a request.  Balance matters
-when servers are throughput-bound (the ``throughput`` workload) and, much more, when they differ in speed:
-then only a scheduler that lets the batch wait in the client (d) gives the fast servers more work.
+the time the longest request waited for a row, which is short (rows free up as short requests finish: in
+a batching engine a short request waits for a row, not behind a long request).  The lower bound is
+already ~0.85-0.9 x the static split, so ``<= 0.75 x static`` is out of reach for *any* placement that
+cannot split a request.  Balance matters when servers are throughput-bound (the ``throughput`` workload)
+and, much more, when they differ in speed.  Then only (d) helps: in (a) the default cap (512 per server)
+is never reached, so all ``B`` requests are placed at t=0, before anything completes, on equal in-flight
+counts (ties broken by outstanding tokens) -- a count-balanced static split that cannot see a server's
+speed.  With the cap at ``max_batch`` the rest of the batch waits in the client and each completion pulls
+the next request, so a server's share follows its speed.  On the skewed workload even (d) cannot keep the
+few longest requests off the slow server (it does not know lengths): the request that finishes last is a
+long one that ran there.
 
 How
 ---
@@ -66,8 +73,9 @@ starts.  Client CPU is recorded per run.  Results are checked: every request ret
 Run::
 
     python bench/load_balance.py            # full: 3 seeds, both workloads, ~2.5 minutes
-    python bench/load_balance.py --quick    # 1 seed, ~1 minute
-    python bench/load_balance.py --seeds 0 1 2 3 4 --workloads skewed
+    python bench/load_balance.py --quick    # 1 seed, ~40 s
+    python bench/load_balance.py --seeds 0 1 2 3 4 5 --workloads skewed   # tighter means
+    python bench/load_balance.py --wait-quiet 120   # on a shared machine: runs wait for / repeat on quiet
 
 Numbers go to ``--json`` (default ``bench/results/load_balance.json``); the table is printed last.
 Every process this script starts is stopped at the end, also on Ctrl-C, SIGTERM or an error.
@@ -178,6 +186,8 @@ class Run:
     last_tokens: int = 0
     last_server: str = ""
     last_start_delay_s: float = 0.0
+    #: CPU of other processes on the machine during the run, % of one core (None without psutil)
+    foreign_cpu_pct: float | None = None
 
 
 @dataclass
@@ -190,6 +200,66 @@ class Report:
 
 def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class ForeignCpu:
+    """CPU used by every process other than this one and its children between start() and stop(), in % of
+    one core (other jobs on a shared machine make the numbers noisy).  None without psutil."""
+
+    def __init__(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            self._ps: Any = None
+            return
+        self._ps = psutil
+        self._me = psutil.Process()
+        self._t0 = 0.0
+        self._busy0 = 0.0
+        self._ours0 = 0.0
+
+    def _busy(self) -> float:
+        t = self._ps.cpu_times()
+        idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
+        return float(sum(t) - idle)
+
+    def _ours(self) -> float:
+        total = 0.0
+        for p in [self._me, *self._me.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except self._ps.Error:
+                pass
+        return total
+
+    def start(self) -> None:
+        if self._ps is not None:
+            self._t0, self._busy0, self._ours0 = time.perf_counter(), self._busy(), self._ours()
+
+    def stop(self) -> float | None:
+        if self._ps is None:
+            return None
+        wall = time.perf_counter() - self._t0
+        foreign = (self._busy() - self._busy0) - (self._ours() - self._ours0)
+        return max(0.0, 100.0 * foreign / wall)
+
+
+#: other processes' CPU (% of one core) under which the machine counts as quiet
+QUIET_PCT = 20.0
+
+
+async def wait_quiet(max_wait_s: float) -> None:
+    """Wait (up to ``max_wait_s``) until other processes use less than QUIET_PCT of a core (1 s windows)."""
+    deadline = time.monotonic() + max_wait_s
+    while time.monotonic() < deadline:
+        meter = ForeignCpu()
+        meter.start()
+        await asyncio.sleep(1.0)
+        load = meter.stop()
+        if load is None or load < QUIET_PCT:
+            return
+        _log(f"other processes use {load:.0f}% of a core; waiting up to {deadline - time.monotonic():.0f} s")
 
 
 # -- processes -------------------------------------------------------------------------------------------
@@ -519,7 +589,17 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) 
                 order = list(args.schemes)
                 order = order[si % len(order) :] + order[: si % len(order)]
                 for scheme in order:
-                    makespan, results, finish, cpu = await run_once(scheme, addrs, lengths, cost, w.cap)
+                    attempts = 1 + (args.retries if args.wait_quiet > 0 else 0)
+                    for attempt in range(attempts):
+                        if args.wait_quiet > 0:
+                            await wait_quiet(args.wait_quiet)
+                        meter = ForeignCpu()
+                        meter.start()
+                        makespan, results, finish, cpu = await run_once(scheme, addrs, lengths, cost, w.cap)
+                        foreign = meter.stop()
+                        if foreign is None or foreign <= QUIET_PCT or attempt == attempts - 1:
+                            break
+                        _log(f"other processes used {foreign:.0f}% of a core during that run; measuring it again")
                     ids = [f"s{i}" for i in range(d)] if addrs is fast else [*(f"s{i}" for i in range(d - 1)), "slow"]
                     toks = dict.fromkeys(ids, 0)
                     reqs = dict.fromkeys(ids, 0)
@@ -539,6 +619,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) 
                         token_imbalance=max(toks.values()) / (sum(toks.values()) / len(toks)),
                         p50_latency_s=lat[len(lat) // 2],
                         client_cpu_s=cpu,
+                        foreign_cpu_pct=foreign,
                     )
                     k = max(range(len(lengths)), key=lengths.__getitem__)
                     lr = results[k]
@@ -654,6 +735,12 @@ def render(report: Report, rows: list[dict[str, Any]]) -> str:
         "last: the request that finished last (it sets the makespan): its length over the longest one's, on how",
         "many seeds it ran on the slow server, and how long it waited for a batch row (client + engine queue).",
     ]
+    foreign = [r.foreign_cpu_pct for r in report.runs if r.foreign_cpu_pct is not None]
+    if foreign:
+        lines.append(
+            f"other processes on the machine used {statistics.mean(foreign):.0f}% of a core on average during the runs "
+            f"(max {max(foreign):.0f}%)" + ("  << noisy: numbers may be distorted" if max(foreign) > 20 else "")
+        )
     lines.append("")
     for wname, sname in dict.fromkeys((r["workload"], r["servers"]) for r in rows):
         mine = [r for r in rows if (r["workload"], r["servers"]) == (wname, sname) and r["scheme"] != "static"]
@@ -686,6 +773,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-per-seq-s", type=float, default=0.00002)
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--slow-factor", type=float, default=2.0, help="the slow server's step_base multiple")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        help="before each run, wait up to this many seconds for other processes to use < 20%% of a core; "
+        "measure a run again (--retries) when they used more during it",
+    )
+    p.add_argument("--retries", type=int, default=2, help="with --wait-quiet: extra attempts per run")
     p.add_argument("--no-uvloop", action="store_true", help="run the client on the default asyncio loop")
     args = p.parse_args(argv)
     if args.seeds is None:
@@ -721,6 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "versions": _versions(),
         "loop": "asyncio" if args.no_uvloop else "uvloop",
         "mode": "quick" if args.quick else "full",
+        "wait_quiet_s": args.wait_quiet,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "cost_model": {
             "step_base_s": args.step_base_s,

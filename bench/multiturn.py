@@ -41,18 +41,30 @@ Turn-synchronous: ``K W + (K-1) T``.  The agent loop can do no better than
 ``max(K W, K g + (K-1) T)``: the engines must still do all the decoding (``K W``), and one trajectory
 still has to go through its own turns and tools.  Both parts are inside the turn-synchronous time, so
 **the ratio can never be below 0.5** with fixed tool latency and fixed turn lengths; it is best
-(``K W / (K W + (K-1) T)``, 4/7 = 0.57 here) when ``(K-1) T`` is about ``K W - K g``, i.e. ``T ~ W``, and it
-tends to 1 when tools are much shorter (nothing to hide) or much longer (the tools are the critical path)
-than a turn, or when the engines are not saturated (``N <= D x max_batch``: every trajectory's turns
-already run together).  Only variance (tool latencies or turn lengths that differ between trajectories:
-the synchronous loop waits for the slowest at every barrier) takes the ratio below 0.5; the
-``jitter`` case shows that (lognormal tool latency, same mean).
+(``K W / (K W + (K-1) T)``, 4/7 = 0.57 for K=4) when ``(K-1) T`` is about ``K W - K g``, i.e. ``T ~ W``
+with many waves, and it tends to 1 when tools are much shorter (nothing to hide) or much longer (the tools
+are the critical path) than a turn, or when the engines are not saturated (``N <= D x max_batch``: every
+trajectory's turns already run together).  With N=256 (4 waves) the model gives 0.68 at ``T = W``.
+Variance is what makes the turn-synchronous loop pay more: it waits for the slowest tool at every
+barrier (a sum of maxima, against the agent loop's maximum of sums); the ``tools lognormal`` row shows it.
+
+Two effects beyond the cost model show up in the measurement and are reported:
+
+* the client's own work per turn (chat-template rendering of the tool results, parsing, tokenising; about
+  0.3-0.5 ms per trajectory-turn here) is on the critical path between the phases of the
+  turn-synchronous loop, but overlaps the engines in the agent loop;
+* with the client's *default* session affinity, a whole batch of turns arriving at once moves sessions
+  between servers on transient in-flight counts (``affinity_slack=8``), and the per-server session counts
+  drift apart turn after turn; the turn-synchronous loop then has a server with more than its share (an
+  extra partial wave per turn).  The main rows use sticky sessions (``affinity_slack=2**30``) for both
+  loops, so that only the overlap is compared; one row uses the default.
 
 Run::
 
     ROLLOUT_SDK_HOME=/tmp/rsdk-home python bench/multiturn.py            # full, ~2 minutes
-    ROLLOUT_SDK_HOME=/tmp/rsdk-home python bench/multiturn.py --quick    # N=128, ~40 s
+    ROLLOUT_SDK_HOME=/tmp/rsdk-home python bench/multiturn.py --quick    # N=128, 3 rows, ~25 s
     python bench/multiturn.py --tool-multiples 0.25 0.5 1 2 4 --repeats 1
+    python bench/multiturn.py --wait-quiet 120   # on a shared machine: runs wait for / repeat on quiet
 
 Numbers go to ``--json`` (default ``bench/results/multiturn.json``); the table is printed last.
 Every process this script starts is stopped at the end, also on Ctrl-C, SIGTERM or an error.
@@ -67,6 +79,7 @@ import collections
 import contextlib
 import datetime as _dt
 import heapq
+import itertools
 import json
 import math
 import os
@@ -101,16 +114,19 @@ IM_END = 151645
 
 @dataclass(frozen=True)
 class Case:
-    """One row: ``n`` trajectories, tool latency ``tool_multiple`` x W, lognormal jitter ``sigma`` (0: fixed)."""
+    """One row: ``n`` trajectories, tool latency ``tool_multiple`` x W, lognormal jitter ``sigma`` (0: fixed),
+    and the client's session affinity: ``sticky`` (a session never leaves its server) or ``default``."""
 
     n: int
     tool_multiple: float
     sigma: float = 0.0
+    affinity: str = "sticky"
 
     @property
     def label(self) -> str:
-        jitter = f", lognormal sigma {self.sigma:g}" if self.sigma else ""
-        return f"N={self.n}, T={self.tool_multiple:g}W{jitter}"
+        jitter = f", tools lognormal s={self.sigma:g}" if self.sigma else ""
+        affinity = ", default affinity" if self.affinity == "default" else ""
+        return f"N={self.n}, T={self.tool_multiple:g}W{jitter}{affinity}"
 
 
 @dataclass
@@ -124,11 +140,16 @@ class Cell:
     sync_s: list[float] = field(default_factory=list)
     agent_cpu_s: list[float] = field(default_factory=list)
     sync_cpu_s: list[float] = field(default_factory=list)
+    #: requests each server completed in the last run of each mode (sessions drifting apart show here)
+    agent_requests_per_server: list[int] = field(default_factory=list)
+    sync_requests_per_server: list[int] = field(default_factory=list)
     #: turn-synchronous phases of the last repeat: generation phases, tool(+client) phases, seconds
     sync_gen_phases_s: list[float] = field(default_factory=list)
     sync_tool_phases_s: list[float] = field(default_factory=list)
     model_agent_s: float | None = None
     model_sync_s: float | None = None
+    #: CPU of other processes on the machine during each run, % of one core
+    foreign_cpu_pct: list[float] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -144,6 +165,66 @@ class Report:
 
 def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class ForeignCpu:
+    """CPU used by every process other than this one and its children between start() and stop(), in % of
+    one core (other jobs on a shared machine make the numbers noisy).  None without psutil."""
+
+    def __init__(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            self._ps: Any = None
+            return
+        self._ps = psutil
+        self._me = psutil.Process()
+        self._t0 = 0.0
+        self._busy0 = 0.0
+        self._ours0 = 0.0
+
+    def _busy(self) -> float:
+        t = self._ps.cpu_times()
+        idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
+        return float(sum(t) - idle)
+
+    def _ours(self) -> float:
+        total = 0.0
+        for p in [self._me, *self._me.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except self._ps.Error:
+                pass
+        return total
+
+    def start(self) -> None:
+        if self._ps is not None:
+            self._t0, self._busy0, self._ours0 = time.perf_counter(), self._busy(), self._ours()
+
+    def stop(self) -> float | None:
+        if self._ps is None:
+            return None
+        wall = time.perf_counter() - self._t0
+        foreign = (self._busy() - self._busy0) - (self._ours() - self._ours0)
+        return max(0.0, 100.0 * foreign / wall)
+
+
+#: other processes' CPU (% of one core) under which the machine counts as quiet
+QUIET_PCT = 20.0
+
+
+async def wait_quiet(max_wait_s: float) -> None:
+    """Wait (up to ``max_wait_s``) until other processes use less than QUIET_PCT of a core (1 s windows)."""
+    deadline = time.monotonic() + max_wait_s
+    while time.monotonic() < deadline:
+        meter = ForeignCpu()
+        meter.start()
+        await asyncio.sleep(1.0)
+        load = meter.stop()
+        if load is None or load < QUIET_PCT:
+            return
+        _log(f"other processes use {load:.0f}% of a core; waiting up to {deadline - time.monotonic():.0f} s")
 
 
 # -- the server child ------------------------------------------------------------------------------------
@@ -254,7 +335,8 @@ def turn_outputs(tok: Any, turns: int, tokens_per_turn: int) -> list[list[int]]:
     outs: list[list[int]] = []
     for k in range(turns):
         if k < turns - 1:
-            body = '<tool_call>\n{"name": "lookup", "arguments": {"query": "step %d"}}\n</tool_call>' % k
+            call = json.dumps({"name": "lookup", "arguments": {"query": f"step {k}"}})
+            body = f"<tool_call>\n{call}\n</tool_call>"
         else:
             body = "The answer is 42."
         ids = tok.encode(body, add_special_tokens=False)
@@ -315,6 +397,7 @@ def make_turn_sync(inner: Agent, barrier: asyncio.Barrier, phases: list[float]) 
     class TurnSync(Agent):
         async def run(self, ctx: RolloutContext, sample: Any) -> Trajectory:
             wrapped = BarrierContext(ctx.client, session_id=ctx.session_id, timeout=ctx.timeout)
+            wrapped.seed_offset = getattr(ctx, "seed_offset", 0)
             try:
                 return await inner.run(wrapped, sample)
             except BaseException:
@@ -503,11 +586,19 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
     _log("  " + ", ".join(f"b={b}: {1e3 * s:.2f} ms" for b, s in cal.items()))
     step = interpolate(cal)
 
-    async with RolloutClient(servers=addrs) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {
+            # sticky: a session never moves (the affinity test always passes); default: ClientConfig's
+            # affinity_margin / affinity_slack, which move a session when its server looks busier
+            "sticky": await stack.enter_async_context(RolloutClient(servers=addrs, affinity_slack=1 << 30)),
+            "default": await stack.enter_async_context(RolloutClient(servers=addrs)),
+        }
         clock.set(0.001, 0.0, 0, 0)
-        _check(await run_agents(client, agent, _samples(16, 4), 4), 16, args.turns)  # warm every path
+        for c in clients.values():
+            _check(await run_agents(c, agent, _samples(16, 4), 4), 16, args.turns)  # warm every path
 
         for case in args.cases:
+            client = clients[case.affinity]
             n = case.n
             capacity = args.servers * args.max_batch
             waves = math.ceil(n / capacity)
@@ -523,26 +614,45 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
             samples = _samples(n, args.group)
             for rep in range(args.repeats):
                 for mode in ("agent", "sync") if rep % 2 == 0 else ("sync", "agent"):
-                    clock.set(tool_s, case.sigma, n * (args.turns - 1), seed=rep)
-                    phases: list[float] = []
-                    runner = agent if mode == "agent" else make_turn_sync(agent, asyncio.Barrier(n), phases)
-                    cpu0 = time.process_time()
-                    t0 = time.perf_counter()
-                    trajs = await run_agents(client, runner, samples, args.group)
-                    wall = time.perf_counter() - t0
-                    cpu = time.process_time() - cpu0
+                    attempts = 1 + (args.retries if args.wait_quiet > 0 else 0)
+                    for attempt in range(attempts):
+                        if args.wait_quiet > 0:
+                            await wait_quiet(args.wait_quiet)
+                        clock.set(tool_s, case.sigma, n * (args.turns - 1), seed=rep)
+                        phases: list[float] = []
+                        runner = agent if mode == "agent" else make_turn_sync(agent, asyncio.Barrier(n), phases)
+                        done0 = [s.completed for s in client.servers]
+                        meter = ForeignCpu()
+                        meter.start()
+                        cpu0 = time.process_time()
+                        t0 = time.perf_counter()
+                        trajs = await run_agents(client, runner, samples, args.group)
+                        wall = time.perf_counter() - t0
+                        cpu = time.process_time() - cpu0
+                        foreign = meter.stop()
+                        if foreign is None or foreign <= QUIET_PCT or attempt == attempts - 1:
+                            break
+                        _log(f"other processes used {foreign:.0f}% of a core during that run; measuring it again")
+                    if foreign is not None:
+                        cell.foreign_cpu_pct.append(foreign)
                     _check(trajs, n, args.turns)
+                    per_server = [s.completed - d0 for s, d0 in zip(client.servers, done0, strict=True)]
                     if mode == "agent":
                         cell.agent_s.append(wall)
                         cell.agent_cpu_s.append(cpu)
+                        cell.agent_requests_per_server = per_server
                     else:
                         cell.sync_s.append(wall)
                         cell.sync_cpu_s.append(cpu)
+                        cell.sync_requests_per_server = per_server
                         marks = [t0, *phases[1:], t0 + wall]  # phases[0]: all lined up for turn 1 (= t0)
-                        spans = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+                        spans = [b - a for a, b in itertools.pairwise(marks)]
                         cell.sync_gen_phases_s = spans[0::2]
                         cell.sync_tool_phases_s = spans[1:-1:2]  # the last span: after the final turn
-                    _log(f"{case.label:34s} T={1e3 * tool_s:6.0f} ms  {mode:5s} {wall:6.3f} s  client cpu {cpu:.2f} s")
+                    _log(
+                        f"{case.label:44s} T={1e3 * tool_s:6.0f} ms  {mode:5s} {wall:6.3f} s  client cpu {cpu:.2f} s"
+                        f"  requests per server {per_server}"
+                    )
             report.cells.append(cell)
 
 
@@ -561,8 +671,8 @@ def render(report: Report, args: argparse.Namespace) -> str:
         "",
     ]
     hdr = (
-        f"{'case':<34}{'W s':>7}{'T s':>7}{'agent loop s':>14}{'turn-sync s':>13}{'ratio':>8}"
-        f"{'model: agent':>14}{'sync':>7}{'ratio':>7}{'sync gen/tool phases s':>24}{'client cpu a/s':>16}"
+        f"{'case':<44}{'W s':>6}{'T s':>7}{'agent loop s':>13}{'turn-sync s':>12}{'ratio':>7}"
+        f"{'model: agent':>13}{'sync':>6}{'ratio':>6}{'sync gen/tool s':>17}{'req/server a|s':>18}{'cpu s a/s':>12}"
     )
     lines += [hdr, "-" * len(hdr)]
     for c in report.cells:
@@ -570,41 +680,60 @@ def render(report: Report, args: argparse.Namespace) -> str:
         m_sync = f"{c.model_sync_s:.2f}" if c.model_sync_s is not None else "-"
         m_ratio = f"{c.model_agent_s / c.model_sync_s:.2f}" if c.model_agent_s and c.model_sync_s else "-"
         phases = f"{sum(c.sync_gen_phases_s):.2f} / {sum(c.sync_tool_phases_s):.2f}"
-        cpu = f"{statistics.mean(c.agent_cpu_s):.2f} / {statistics.mean(c.sync_cpu_s):.2f}"
+        cpu = f"{statistics.mean(c.agent_cpu_s):.2f}/{statistics.mean(c.sync_cpu_s):.2f}"
+        per_server = (
+            "/".join(map(str, c.agent_requests_per_server)) + " | " + "/".join(map(str, c.sync_requests_per_server))
+        )
         lines.append(
-            f"{c.case.label:<34}{c.turn_gen_s:>7.3f}{c.tool_s:>7.3f}{statistics.mean(c.agent_s):>14.3f}"
-            f"{statistics.mean(c.sync_s):>13.3f}{c.ratio:>8.2f}{m_agent:>14}{m_sync:>7}{m_ratio:>7}{phases:>24}{cpu:>16}"
+            f"{c.case.label:<44}{c.turn_gen_s:>6.3f}{c.tool_s:>7.3f}{statistics.mean(c.agent_s):>13.3f}"
+            f"{statistics.mean(c.sync_s):>12.3f}{c.ratio:>7.2f}{m_agent:>13}{m_sync:>6}{m_ratio:>6}{phases:>17}"
+            f"{per_server:>18}{cpu:>12}"
         )
     lines += [
         "",
         "W: the engines' time for one turn of the whole batch (cost model, calibrated steps); T: mean tool latency;",
         "ratio: agent loop / turn-synchronous (means over repeats); model: the cost-model simulation (no client",
-        "work); sync phases: summed generation phases / tool phases (tools + the client's work between turns);",
-        "client cpu: this process's CPU seconds per run, agent loop / turn-synchronous.",
-        "",
+        "work); sync gen/tool: turn-synchronous time in generation phases / in tool phases (tools + the client's",
+        "work between turns); req/server: requests each server served in one run, agent loop | turn-synchronous;",
+        "cpu: this process's CPU seconds per run, agent loop / turn-synchronous.  Sessions are sticky unless the",
+        "row says 'default affinity' (ClientConfig's affinity_margin=0.5, affinity_slack=8).",
     ]
-    fixed = [c for c in report.cells if not c.case.sigma]
+    foreign = [f for c in report.cells for f in c.foreign_cpu_pct]
+    if foreign:
+        lines.append(
+            f"other processes on the machine used {statistics.mean(foreign):.0f}% of a core on average during the runs "
+            f"(max {max(foreign):.0f}%)" + ("  << noisy: numbers may be distorted" if max(foreign) > 20 else "")
+        )
+    lines.append("")
+    fixed = [c for c in report.cells if not c.case.sigma and c.case.n == args.trajectories]
     comparable = [c for c in fixed if c.case.tool_multiple == 1.0] or fixed
     for c in comparable:
-        bound = args.turns / (2 * args.turns - 1)
         ok = c.ratio <= TARGET_RATIO
+        model = f"{c.model_agent_s / c.model_sync_s:.2f}x" if c.model_agent_s and c.model_sync_s else "-"
         lines.append(
             f"target agent loop <= {TARGET_RATIO} x turn-synchronous at T ~ W ({c.case.label}): {c.ratio:.2f}x -> "
-            f"{'met' if ok else 'NOT met'} (cost-model floor for fixed latencies: K/(2K-1) = {bound:.2f}x)"
+            f"{'met' if ok else 'NOT met'} (cost model: {model})"
         )
+    k = args.turns
+    lines.append(
+        f"with fixed tool latency and turn length the cost model never goes below 0.5x (the agent loop still needs "
+        f"K W of decoding and (K-1) T of tools on each trajectory's path; turn-synchronous is their sum); its best, "
+        f"K/(2K-1) = {k / (2 * k - 1):.2f}x, needs T ~ W and many waves"
+    )
     return "\n".join(lines)
 
 
 def _parse_case(text: str) -> Case:
-    parts = [float(x) for x in text.split(":")]
-    if len(parts) not in (2, 3):
-        raise argparse.ArgumentTypeError("a case is N:T_multiple or N:T_multiple:sigma")
-    return Case(int(parts[0]), parts[1], parts[2] if len(parts) == 3 else 0.0)
+    parts = text.split(":")
+    if len(parts) not in (2, 3, 4) or (len(parts) == 4 and parts[3] not in ("sticky", "default")):
+        raise argparse.ArgumentTypeError("a case is N:T_multiple[:sigma[:sticky|default]]")
+    sigma = float(parts[2]) if len(parts) > 2 else 0.0
+    return Case(int(parts[0]), float(parts[1]), sigma, parts[3] if len(parts) == 4 else "sticky")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="N=128, one repeat, no extra cases (about 40 s)")
+    p.add_argument("--quick", action="store_true", help="N=128, one repeat, no extra cases (about 25 s)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"write the numbers here (default {DEFAULT_JSON})")
     p.add_argument("--trajectories", "-n", type=int, default=None, help="N (full 256, quick 128)")
     p.add_argument("--group", type=int, default=8, help="trajectories per prompt (rollout_group n)")
@@ -616,13 +745,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=_parse_case,
         nargs="*",
         default=None,
-        help="more rows, N:T_multiple[:sigma] (full: 256:1:1 jittered tools, 64:1 engines not saturated)",
+        help="more rows, N:T_multiple[:sigma[:sticky|default]] (full: 256:1:0.5 jittered tools, 64:1 engines "
+        "not saturated, 256:1:0:default the client's default session affinity)",
     )
     p.add_argument("--repeats", type=int, default=None, help="runs per mode and case (full 2, quick 1)")
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--step-base-s", type=float, default=0.002)
     p.add_argument("--step-per-seq-s", type=float, default=0.00002)
     p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        help="before each run, wait up to this many seconds for other processes to use < 20%% of a core; "
+        "measure a run again (--retries) when they used more during it",
+    )
+    p.add_argument("--retries", type=int, default=2, help="with --wait-quiet: extra attempts per run")
     p.add_argument("--no-uvloop", action="store_true", help="run the client on the default asyncio loop")
     p.add_argument("--child-serve", default=None, help=argparse.SUPPRESS)
     p.add_argument("--server-id", default="s0", help=argparse.SUPPRESS)
@@ -634,7 +772,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.repeats is None:
         args.repeats = 1 if args.quick else 2
     if args.extra_cases is None:
-        args.extra_cases = [] if args.quick else [Case(args.trajectories, 1.0, 1.0), Case(64, 1.0)]
+        n = args.trajectories
+        args.extra_cases = [] if args.quick else [Case(n, 1.0, 0.5), Case(64, 1.0), Case(n, 1.0, 0.0, "default")]
     if args.trajectories % args.group:
         p.error("--trajectories must be a multiple of --group")
     if args.turns < 2:
@@ -671,6 +810,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "versions": _versions(),
         "loop": "asyncio" if args.no_uvloop else "uvloop",
         "mode": "quick" if args.quick else "full",
+        "wait_quiet_s": args.wait_quiet,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "rollout_sdk_home": os.environ.get("ROLLOUT_SDK_HOME"),
         "cost_model": {

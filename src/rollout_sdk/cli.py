@@ -69,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "demo":
+        _quiet_transformers()
         report = run_async(
             run_demo(
                 config_from_args(DemoConfig, args),
@@ -89,6 +90,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(ensure_tiny_model(args.home))
         return 0
     return 2  # pragma: no cover
+
+
+def _quiet_transformers() -> None:
+    """The demo's output is a report: no weight-loading progress bars (a CLI may set this; a library not)."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:  # transformers missing or changed: the bars are cosmetic
+        pass
 
 
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
