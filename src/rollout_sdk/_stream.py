@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ._aio import first_exception, iterate
 from .errors import ConfigError
 from .protocol import GenerateRequest, GenerateResult, SamplingParams
 
@@ -134,7 +135,7 @@ class ResultStream:
         try:
             async with asyncio.TaskGroup() as tg:
                 index = 0
-                async for prompt in _aiter(self._requests):
+                async for prompt in iterate(self._requests):
                     req = self._client._as_request(prompt, self._sampling)
                     for _ in range(self._n):
                         await self._permits.acquire()
@@ -144,7 +145,7 @@ class ResultStream:
         except asyncio.CancelledError:
             raise
         except BaseExceptionGroup as eg:
-            self._queue.put_nowait(_first(eg))
+            self._queue.put_nowait(first_exception(eg))
         except BaseException as exc:
             self._queue.put_nowait(exc)
 
@@ -177,19 +178,3 @@ def _sample_variant(req: GenerateRequest, k: int, n: int) -> GenerateRequest:
     if req.sampling.seed is not None:
         changes["sampling"] = msgspec.structs.replace(req.sampling, seed=req.sampling.seed + k)
     return msgspec.structs.replace(req, **changes) if changes else req
-
-
-async def _aiter(items: Iterable[Prompt] | AsyncIterable[Prompt]) -> Any:
-    if isinstance(items, AsyncIterable):
-        async for x in items:
-            yield x
-    else:
-        for x in items:
-            yield x
-
-
-def _first(eg: BaseExceptionGroup[BaseException]) -> BaseException:
-    exc: BaseException = eg
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc

@@ -100,7 +100,7 @@ def _quiet_transformers() -> None:
     try:
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     except Exception:  # transformers missing or changed: the bars are cosmetic
         pass
 

@@ -48,6 +48,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._aio import first_exception, iterate
 from .agents.loop import Agent, RewardFn, RolloutContext, _reward
 from .agents.trajectory import Trajectory
 from .errors import ConfigError, StalenessError
@@ -302,7 +303,7 @@ class RolloutStream:
     async def _produce(self) -> None:
         try:
             async with asyncio.TaskGroup() as tg:
-                it = _aiter(self.source)
+                it = iterate(self.source)
                 index = 0
                 while True:
                     await self._gen_gate.wait()
@@ -325,10 +326,7 @@ class RolloutStream:
         except asyncio.CancelledError:
             raise
         except BaseExceptionGroup as eg:
-            exc: BaseException = eg
-            while isinstance(exc, BaseExceptionGroup):
-                exc = exc.exceptions[0]
-            self._done.put_nowait(exc)
+            self._done.put_nowait(first_exception(eg))
         except BaseException as exc:
             self._done.put_nowait(exc)
 
@@ -391,12 +389,3 @@ class RolloutStream:
                 if s.in_flight > 0:
                     self._busy[s.server_id] += 1
                 self._in_flight_sum += s.in_flight
-
-
-async def _aiter(items: Iterable[Any] | AsyncIterable[Any]) -> Any:
-    if isinstance(items, AsyncIterable):
-        async for x in items:
-            yield x
-    else:
-        for x in items:
-            yield x

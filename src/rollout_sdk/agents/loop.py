@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from .._aio import first_exception
 from ..errors import ConfigError, RolloutError, StalenessError
 from ..partial import Continuation
 from ..protocol import GenerateRequest, GenerateResult, SamplingParams
@@ -347,10 +348,7 @@ async def rollout_group(
         async with asyncio.TaskGroup() as tg:  # one failure cancels its siblings instead of orphaning them
             tasks = [tg.create_task(one(k)) for k in range(n)]
     except BaseExceptionGroup as eg:
-        exc: BaseException = eg
-        while isinstance(exc, BaseExceptionGroup):
-            exc = exc.exceptions[0]
-        raise exc from None
+        raise first_exception(eg) from None
     return [t.result() for t in tasks]
 
 

@@ -595,11 +595,7 @@ class SglangEngine(Engine):
                     None,
                 )
             )
-            if not ok:
-                # SGLang loads bucket by bucket: after the first one, the model is part old, part new
-                raise WeightUpdateError(
-                    f"SGLang failed bucket {i + 1}/{len(buckets)}: {msg}", applied=False if i == 0 else None
-                )
+            _check_bucket(ok, msg, i, len(buckets))
         await self._finish_update(version, flush_cache)
 
     async def update_weights_from_ipc(
@@ -625,10 +621,7 @@ class SglangEngine(Engine):
                     None,
                 )
             )
-            if not ok:
-                raise WeightUpdateError(
-                    f"SGLang failed bucket {i + 1}/{len(buckets)}: {msg}", applied=False if i == 0 else None
-                )
+            _check_bucket(ok, msg, i, len(buckets))
         await self._finish_update(version, flush_cache)
 
     async def _finish_update(self, version: int | None, flush_cache: bool) -> None:
@@ -647,6 +640,12 @@ class SglangEngine(Engine):
             if not ok:
                 raise WeightUpdateError(f"SGLang could not leave weight group {group_name!r}: {msg}")
         self._groups.discard(group_name)
+
+
+def _check_bucket(ok: bool, msg: str, i: int, n: int) -> None:
+    """SGLang loads bucket by bucket: a failure after the first leaves the model part old, part new."""
+    if not ok:
+        raise WeightUpdateError(f"SGLang failed bucket {i + 1}/{n}: {msg}", applied=False if i == 0 else None)
 
 
 def _set_sglang_version(tm: Any, version: int) -> None:
