@@ -37,7 +37,9 @@ so one step costs 2.02 ms alone and 3.28 ms with a full batch, a full server dec
 request of L tokens takes at least L * 2.02 ms.  The slow server has ``step_base_s = 4 ms``.
 
 The fake engine sleeps with ``asyncio.sleep``, whose timers (uvloop / libuv) have millisecond
-resolution, so the executed step times are not exactly the nominal ones.  The script therefore first
+resolution, so the executed step times are not exactly the nominal ones (measured on the 2-core machine:
+~2.15 ms for batches up to 24 and ~3.15 ms from 32 on; the slow server ~4.15 / ~5.2 ms: the sleep is
+rounded to whole milliseconds, plus ~0.15 ms of loop overhead).  The script therefore first
 *calibrates*: on one server at a time it times ``b`` requests of two lengths for several batch sizes ``b``
 and takes the per-step time from the difference (fixed overheads cancel).  A discrete-event simulation of
 the same cost model with those calibrated step times then predicts each run's makespan ("model"), and
@@ -46,8 +48,10 @@ gives a lower bound no placement can beat::
     makespan >= max( L_max * step(1),  total tokens / sum over servers of (max_batch / step(max_batch)) )
 
 (a request's tokens are sequential; a server decodes at most max_batch tokens per step).  Measured and
-model agree closely (the table shows both), which is the evidence that running 4-5 server processes and
-the client on a 2-core machine does not distort the numbers.
+model agree within a few percent (the table shows both; measured is ~2-8% higher: the client's own time to
+send and receive the batch), which is the evidence that running 5 server processes and the client on a
+2-core machine does not distort the numbers.  The exception is (d) on the skewed workload with a slow
+server, where which server the few longest requests land on depends on completion timing.
 
 Why the placement barely matters on the skewed workload: with 512 requests over 4 servers of 64 rows, a
 server holds two batches' worth, so its work (~2 x mean length steps at full batch) is far below the
@@ -68,11 +72,13 @@ How
 ---
 Servers start once (4 equal + 1 slow) and are reused; for each workload, server set and seed every scheme
 runs once on the same lengths (scheme order rotated per seed), with fresh clients opened before the clock
-starts.  Client CPU is recorded per run.  Results are checked: every request returns exactly its length.
+starts.  Client CPU and the CPU other processes used during each run are recorded (``--wait-quiet`` waits
+for a quiet machine and repeats a disturbed run).  Results are checked: every request returns exactly its
+length.
 
 Run::
 
-    python bench/load_balance.py            # full: 3 seeds, both workloads, ~2.5 minutes
+    python bench/load_balance.py            # full: 3 seeds, both workloads, ~2.3 minutes
     python bench/load_balance.py --quick    # 1 seed, ~40 s
     python bench/load_balance.py --seeds 0 1 2 3 4 5 --workloads skewed   # tighter means
     python bench/load_balance.py --wait-quiet 120   # on a shared machine: runs wait for / repeat on quiet

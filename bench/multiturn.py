@@ -50,9 +50,10 @@ barrier (a sum of maxima, against the agent loop's maximum of sums); the ``tools
 
 Two effects beyond the cost model show up in the measurement and are reported:
 
-* the client's own work per turn (chat-template rendering of the tool results, parsing, tokenising; about
-  0.3-0.5 ms per trajectory-turn here) is on the critical path between the phases of the
-  turn-synchronous loop, but overlaps the engines in the agent loop;
+* the client's own work per turn (chat-template rendering of the tool results, parsing, tokenising;
+  ~0.6-0.9 ms of client CPU per trajectory-turn here) is on the critical path between the phases of the
+  turn-synchronous loop (~0.15 s per phase for 256 trajectories), but overlaps the engines in the agent
+  loop, so measured ratios come out a little below the model's;
 * with the client's *default* session affinity, a whole batch of turns arriving at once moves sessions
   between servers on transient in-flight counts (``affinity_slack=8``), and the per-server session counts
   drift apart turn after turn; the turn-synchronous loop then has a server with more than its share (an

@@ -6,7 +6,10 @@ Session affinity and back-pressure are the scheduler's job, not the policy's.
 * :class:`LeastLoad` — the fewest requests in flight now (this client's, plus what other clients hold
   there as of the last heartbeat), ties broken by outstanding tokens, then by a fixed per-client order of
   the servers.  Because the count drops when a request completes, a slow server holds its requests longer
-  and so receives fewer: its share follows its speed (Little's law), not a lifetime tally.  The fixed
+  and so receives fewer: its share follows its speed (Little's law), not a lifetime tally — as long as
+  placements keep happening: with work arriving continuously, or with requests waiting in the client
+  (``max_in_flight_per_server`` near the engine's batch size).  A burst that fits under the cap at once is
+  placed at once, evenly by count (bench/load_balance.py measures both).  The fixed
   order keeps a lightly loaded client on the same warm server (bench/dispatch.py: rotating over idle
   servers cost ~30% at concurrency 1) while its random start spreads several clients apart.
 * :class:`RoundRobin` — the next server in a fixed rotation; the baseline a benchmark compares against.

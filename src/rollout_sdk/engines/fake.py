@@ -233,6 +233,8 @@ class FakeEngine(Engine):
 
     async def _step_loop(self) -> None:
         c = self.config
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
         while True:
             await self._resumed.wait()
             self._running = [r for r in self._running if not r.done]
@@ -245,7 +247,10 @@ class FakeEngine(Engine):
                 if not self._waiting:
                     await self._wake.wait()
                 continue
-            await asyncio.sleep(c.step_base_s + c.step_per_seq_s * len(self._running))
+            # sleep to a running deadline: the loop's timer rounds each sleep to a millisecond, so a
+            # per-step sleep would drift from the model; this keeps the average step exact
+            deadline = max(deadline, loop.time()) + c.step_base_s + c.step_per_seq_s * len(self._running)
+            await asyncio.sleep(deadline - loop.time())
             if self._paused:
                 continue
             for r in self._running:
