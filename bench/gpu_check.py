@@ -37,19 +37,48 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 SHAPES = {  # Qwen2.5 shapes
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_window_layers=21),
-    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, max_window_layers=28),
+    "0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_window_layers=21,
+    ),
+    "7b": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_window_layers=28,
+    ),
 }
 
 
 def model_dir(shape: str) -> str:
     d = tempfile.mkdtemp(prefix=f"qwen2-{shape}-")
-    cfg = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6,
-               rope_theta=1000000.0, max_position_embeddings=32768, sliding_window=32768, use_sliding_window=False,
-               attention_dropout=0.0, initializer_range=0.02, bos_token_id=151643, eos_token_id=151645,
-               use_cache=True, torch_dtype="bfloat16", **SHAPES[shape])
+    cfg = dict(
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        sliding_window=32768,
+        use_sliding_window=False,
+        attention_dropout=0.0,
+        initializer_range=0.02,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        use_cache=True,
+        torch_dtype="bfloat16",
+        **SHAPES[shape],
+    )
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     return d
@@ -74,6 +103,10 @@ def hf_named(shape: str, device: str) -> list[tuple[str, Any]]:
     return out
 
 
+def _to_cpu(named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    return [(n, t.cpu()) for n, t in named]
+
+
 def free_gib() -> float:
     import torch
 
@@ -87,12 +120,24 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
     from rollout_sdk import EngineServer, GenerateRequest, RolloutClient, SamplingParams, ServerConfig
     from rollout_sdk.engines.sglang import SglangEngine, SglangEngineConfig
 
-    res: dict[str, Any] = {"shape": a.shape, "tp": a.tp, "requests": a.requests, "in_len": a.in_len,
-                           "out_len": a.out_len, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    res: dict[str, Any] = {
+        "shape": a.shape,
+        "tp": a.tp,
+        "requests": a.requests,
+        "in_len": a.in_len,
+        "out_len": a.out_len,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     cfg = SglangEngineConfig(
-        model_path=model_dir(a.shape), tp_size=a.tp, load_format="dummy", attention_backend=a.attn,
-        sampling_backend=a.sampling, mem_fraction_static=a.mem_fraction, cuda_graph_max_bs=512,
-        random_seed=0, extra={"disable_prefill_cuda_graph": True},
+        model_path=model_dir(a.shape),
+        tp_size=a.tp,
+        load_format="dummy",
+        attention_backend=a.attn,
+        sampling_backend=a.sampling,
+        mem_fraction_static=a.mem_fraction,
+        cuda_graph_max_bs=512,
+        random_seed=0,
+        extra={"disable_prefill_cuda_graph": True},
     )
     engine = SglangEngine(cfg)
     server = EngineServer(engine, ServerConfig(server_id=f"{a.shape}-tp{a.tp}", drain_timeout_s=5))
@@ -110,8 +155,9 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
 
             async def raw_pass(ps: list[list[int]]) -> tuple[list[Any], float]:
                 t = time.perf_counter()
-                outs = await asyncio.gather(*(raw_engine.async_generate(
-                    input_ids=p, sampling_params=sp_raw, return_logprob=True) for p in ps))
+                outs = await asyncio.gather(
+                    *(raw_engine.async_generate(input_ids=p, sampling_params=sp_raw, return_logprob=True) for p in ps)
+                )
                 return outs, time.perf_counter() - t
 
             async def sdk_pass(ps: list[list[int]]) -> tuple[list[Any], float]:
@@ -127,13 +173,25 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                 sdk_outs, sdk_dt = await sdk_pass(prompts)
                 raw_tok = sum(len(o["output_ids"]) for o in raw_outs)
                 sdk_tok = sum(len(r.output_ids) for r in sdk_outs)
-                rows.append({"rep": rep, "raw_s": round(raw_dt, 2), "raw_tok_s": round(raw_tok / raw_dt),
-                             "sdk_s": round(sdk_dt, 2), "sdk_tok_s": round(sdk_tok / sdk_dt),
-                             "ratio": round((sdk_tok / sdk_dt) / (raw_tok / raw_dt), 3)})
+                rows.append(
+                    {
+                        "rep": rep,
+                        "raw_s": round(raw_dt, 2),
+                        "raw_tok_s": round(raw_tok / raw_dt),
+                        "sdk_s": round(sdk_dt, 2),
+                        "sdk_tok_s": round(sdk_tok / sdk_dt),
+                        "ratio": round((sdk_tok / sdk_dt) / (raw_tok / raw_dt), 3),
+                    }
+                )
                 print(f"[check] throughput {rows[-1]}", flush=True)
             res["throughput"] = rows
-            ok = all(len(r.output_ids) == a.out_len and r.logprobs is not None and len(r.logprobs) == a.out_len
-                     and all(math.isfinite(x) for x in r.logprobs) for r in sdk_outs)
+            ok = all(
+                len(r.output_ids) == a.out_len
+                and r.logprobs is not None
+                and len(r.logprobs) == a.out_len
+                and all(math.isfinite(x) for x in r.logprobs)
+                for r in sdk_outs
+            )
             res["all_answered"] = len(sdk_outs) == a.requests and ok
 
             # -- abort ---------------------------------------------------------------------------
@@ -153,11 +211,15 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             await client.pause("abort")
             partial = await asyncio.gather(*tasks)
             res["pause_abort_s"] = round(time.perf_counter() - t, 3)
-            res["pause_abort_partial"] = all(r.finish_reason == "abort" and 0 < len(r.output_ids) < 8000
-                                             for r in partial)
+            res["pause_abort_partial"] = all(
+                r.finish_reason == "abort" and 0 < len(r.output_ids) < 8000 for r in partial
+            )
             await client.resume()
-            print(f"[check] abort 64: {res['abort_64_s']}s; pause(abort): {res['pause_abort_s']}s "
-                  f"partial={res['pause_abort_partial']}", flush=True)
+            print(
+                f"[check] abort 64: {res['abort_64_s']}s; pause(abort): {res['pause_abort_s']}s "
+                f"partial={res['pause_abort_partial']}",
+                flush=True,
+            )
 
             # -- weights -------------------------------------------------------------------------
             probe_sp = SamplingParams(temperature=0.0, max_new_tokens=8)
@@ -174,7 +236,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             w: dict[str, Any] = {}
             if a.weights_backend != "none":
                 dev = a.trainer_device if a.weights_backend == "nccl" else "cpu"
-                named_src = named if dev != "cpu" else await asyncio.to_thread(lambda: [(n, t.cpu()) for n, t in named])
+                named_src = named if dev != "cpu" else await asyncio.to_thread(_to_cpu, named)
                 t = time.perf_counter()
                 await client.init_weight_sync(backend=a.weights_backend, device=dev if dev != "cpu" else None)
                 w["dist_init_s"] = round(time.perf_counter() - t, 2)
@@ -221,27 +283,39 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(res: dict[str, Any]) -> str:
-    lines = [f"GPU check: {res['shape']} tp={res['tp']} ({res['requests']} req x {res['in_len']} in x "
-             f"{res['out_len']} out), {res['date']}",
-             f"  engine start                 {res['start_s']} s"]
+    lines = [
+        f"GPU check: {res['shape']} tp={res['tp']} ({res['requests']} req x {res['in_len']} in x "
+        f"{res['out_len']} out), {res['date']}",
+        f"  engine start                 {res['start_s']} s",
+    ]
     for r in res["throughput"]:
-        lines.append(f"  throughput rep {r['rep']}: raw {r['raw_tok_s']} tok/s ({r['raw_s']} s)  "
-                     f"sdk {r['sdk_tok_s']} tok/s ({r['sdk_s']} s)  sdk/raw {r['ratio']}")
-    lines += [f"  all answered, lengths+logprobs ok  {res['all_answered']}",
-              f"  cancel 64 in flight -> idle  {res['abort_64_s']} s",
-              f"  pause(abort) -> partials     {res['pause_abort_s']} s  ok={res['pause_abort_partial']}"]
+        lines.append(
+            f"  throughput rep {r['rep']}: raw {r['raw_tok_s']} tok/s ({r['raw_s']} s)  "
+            f"sdk {r['sdk_tok_s']} tok/s ({r['sdk_s']} s)  sdk/raw {r['ratio']}"
+        )
+    lines += [
+        f"  all answered, lengths+logprobs ok  {res['all_answered']}",
+        f"  cancel 64 in flight -> idle  {res['abort_64_s']} s",
+        f"  pause(abort) -> partials     {res['pause_abort_s']} s  ok={res['pause_abort_partial']}",
+    ]
     w = res.get("weights", {})
     if "dist_update_s" in w:
-        lines.append(f"  weights distributed          {res['weights_gib']} GiB in {w['dist_update_s']} s "
-                     f"({w['dist_gbps']} GB/s), applied={w['dist_applied']}")
+        lines.append(
+            f"  weights distributed          {res['weights_gib']} GiB in {w['dist_update_s']} s "
+            f"({w['dist_gbps']} GB/s), applied={w['dist_applied']}"
+        )
     if "ipc_update_s" in w:
-        lines.append(f"  weights colocated (IPC)      {res['weights_gib']} GiB in {w['ipc_update_s']} s "
-                     f"({w['ipc_gbps']} GB/s), applied={w['ipc_applied']}")
+        lines.append(
+            f"  weights colocated (IPC)      {res['weights_gib']} GiB in {w['ipc_update_s']} s "
+            f"({w['ipc_gbps']} GB/s), applied={w['ipc_applied']}"
+        )
     m = res.get("memory", {})
     if m:
-        lines.append(f"  release/resume memory        {m['release_s']} s / {m['resume_s']} s; free GiB "
-                     f"{m['free_before_gib']} -> {m['free_released_gib']} -> {m['free_resumed_gib']}; "
-                     f"same greedy after wake={m['same_greedy_after_wake']}")
+        lines.append(
+            f"  release/resume memory        {m['release_s']} s / {m['resume_s']} s; free GiB "
+            f"{m['free_before_gib']} -> {m['free_released_gib']} -> {m['free_resumed_gib']}; "
+            f"same greedy after wake={m['same_greedy_after_wake']}"
+        )
     lines.append(f"  weight version in results    {res.get('weight_version_reported')}")
     return "\n".join(lines)
 

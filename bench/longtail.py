@@ -24,6 +24,7 @@ measurement of a GPU): each decode step advances every running request by one to
 
     python bench/longtail.py            # ~1 minute
     python bench/longtail.py --quick
+    python bench/longtail.py --addresses tcp://h:p ... --median 256 --cap 4096   # against SGLang servers
 """
 
 from __future__ import annotations
@@ -41,16 +42,30 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams  # noqa: E402
+from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
 
 
 def start_servers(n: int, a: argparse.Namespace) -> tuple[list[subprocess.Popen[str]], list[str]]:
     procs, addrs = [], []
     for _ in range(n):
         p = subprocess.Popen(
-            [sys.executable, "-m", "rollout_sdk", "serve", "--engine", "fake", "--fake-step-base-s", str(a.step_base),
-             "--fake-step-per-seq-s", str(a.step_per_seq), "--fake-max-batch", str(a.max_batch)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                "-m",
+                "rollout_sdk",
+                "serve",
+                "--engine",
+                "fake",
+                "--fake-step-base-s",
+                str(a.step_base),
+                "--fake-step-per-seq-s",
+                str(a.step_per_seq),
+                "--fake-max-batch",
+                str(a.max_batch),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         procs.append(p)
         assert p.stdout is not None
@@ -77,7 +92,10 @@ async def run_mode(mode: str, addrs: list[str], a: argparse.Namespace) -> dict[s
     makespans, busy, tokens = [], [], 0
     async with RolloutClient(servers=addrs) as client:
         stream = client.rollouts(
-            source, batch_groups=a.batch, mode=mode, over_provision=a.over_provision,
+            source,
+            batch_groups=a.batch,
+            mode=mode,
+            over_provision=a.over_provision,
             max_staleness=None if mode == "sync" else 1,
         )
         async with stream:
@@ -103,7 +121,10 @@ async def run_mode(mode: str, addrs: list[str], a: argparse.Namespace) -> dict[s
 
 
 async def main_async(a: argparse.Namespace) -> dict[str, Any]:
-    procs, addrs = start_servers(a.servers, a)
+    if a.addresses:  # running servers (e.g. SGLang ones from launch/serve.sh): no fake servers started
+        procs, addrs = [], list(a.addresses)
+    else:
+        procs, addrs = start_servers(a.servers, a)
     try:
         results = [await run_mode(m, addrs, a) for m in ("sync", "async", "partial")]
     finally:
@@ -138,7 +159,15 @@ def main() -> None:
     ap.add_argument("--train-s", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "longtail.json"))
+    ap.add_argument(
+        "--addresses",
+        nargs="*",
+        default=None,
+        help="use these running servers instead of fake ones (the GPU variant: SGLang servers)",
+    )
+    ap.add_argument(
+        "--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "longtail.json")
+    )
     a = ap.parse_args()
     if a.quick:
         a.steps, a.batch = 4, 32
@@ -149,16 +178,22 @@ def main() -> None:
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)
     c = res["config"]
-    print(f"\nlong-tail rollout: {c['servers']} fake servers (step {c['step_base'] * 1e3:.1f} ms + "
-          f"{c['step_per_seq'] * 1e6:.0f} us/seq, max batch {c['max_batch']}), batch {c['batch']}, {c['steps']} steps, "
-          f"lengths lognormal(median {c['median']}, sigma {c['sigma']}, cap {c['cap']}), train {c['train_s']} s/step")
+    print(
+        f"\nlong-tail rollout: {c['servers']} fake servers (step {c['step_base'] * 1e3:.1f} ms + "
+        f"{c['step_per_seq'] * 1e6:.0f} us/seq, max batch {c['max_batch']}), batch {c['batch']}, {c['steps']} steps, "
+        f"lengths lognormal(median {c['median']}, sigma {c['sigma']}, cap {c['cap']}), train {c['train_s']} s/step"
+    )
     print(f"{'mode':<8} {'makespan s':>11} {'p90 s':>7} {'vs sync':>8} {'busy':>6} {'total s':>8} {'tok/s':>8}")
     for r in res["results"]:
-        print(f"{r['mode']:<8} {r['makespan_mean_s']:>11.3f} {r['makespan_p90_s']:>7.3f} {r['makespan_vs_sync']:>8.2f} "
-              f"{r['busy_fraction']:>6.2f} {r['total_s']:>8.2f} {r['tokens_per_s']:>8.0f}")
+        print(
+            f"{r['mode']:<8} {r['makespan_mean_s']:>11.3f} {r['makespan_p90_s']:>7.3f} {r['makespan_vs_sync']:>8.2f} "
+            f"{r['busy_fraction']:>6.2f} {r['total_s']:>8.2f} {r['tokens_per_s']:>8.0f}"
+        )
     part = next(r for r in res["results"] if r["mode"] == "partial")
-    print(f"target carry-over makespan <= 0.5 x batch-gather: {part['makespan_vs_sync']:.2f} -> "
-          f"{'met' if part['makespan_vs_sync'] <= 0.5 else 'NOT met'}")
+    print(
+        f"target carry-over makespan <= 0.5 x batch-gather: {part['makespan_vs_sync']:.2f} -> "
+        f"{'met' if part['makespan_vs_sync'] <= 0.5 else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":
