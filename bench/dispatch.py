@@ -60,24 +60,23 @@ import json
 import os
 import platform
 import selectors
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from _machine import QUIET_PCT, log, sigterm_as_interrupt
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "bench" / "results" / "dispatch.json"
 VOCAB = 151936
 TARGET_RATIO = 5.0
 TARGET_P50_MS = 0.5
-#: other processes' CPU (% of one core) under which the machine counts as quiet
-QUIET_PCT = 20.0
 
 
 # -- results -------------------------------------------------------------------------------------------
@@ -207,7 +206,7 @@ async def wait_quiet(max_wait_s: float, threshold_pct: float = QUIET_PCT) -> flo
     deadline = time.monotonic() + max_wait_s
     load = await foreign_load()
     while load is not None and load > threshold_pct and time.monotonic() < deadline:
-        _log(f"other processes use {load:.0f}% of a core; waiting up to {deadline - time.monotonic():.0f} s")
+        log(f"other processes use {load:.0f}% of a core; waiting up to {deadline - time.monotonic():.0f} s")
         await asyncio.sleep(3.0)
         load = await foreign_load()
     return load
@@ -365,17 +364,13 @@ async def closed_loop(
     )
 
 
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 def _log_cell(c: Cell) -> None:
     cpu = ""
     if c.client_cpu_pct is not None:
         cpu = (
             f"  cpu: client {c.client_cpu_pct:.0f}% children {c.children_cpu_pct:.0f}% foreign {c.foreign_cpu_pct:.0f}%"
         )
-    _log(
+    log(
         f"{c.system:11s} servers={c.servers} c={c.concurrency:<3d} {c.req_per_s:9.0f} req/s  "
         f"p50 {c.p50_ms:7.3f} ms  p99 {c.p99_ms:7.3f} ms{cpu}"
     )
@@ -398,7 +393,7 @@ async def measure(run_once: Callable[[], Awaitable[Cell]], args: argparse.Namesp
         _log_cell(cell)
         if cell.foreign_cpu_pct is None or cell.foreign_cpu_pct <= QUIET_PCT or i == attempts - 1:
             break
-        _log(f"other processes used {cell.foreign_cpu_pct:.0f}% of a core during that cell; measuring it again")
+        log(f"other processes used {cell.foreign_cpu_pct:.0f}% of a core during that cell; measuring it again")
     return cell
 
 
@@ -664,9 +659,9 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) 
         ):
             tracemalloc.start()
             try:
-                _log(f"client memory: {args.mem_inflight:,} requests in flight")
+                log(f"client memory: {args.mem_inflight:,} requests in flight")
                 report.memory["in_flight"] = await bench_memory_inflight(stalled[0][1], args)
-                _log(f"client memory: completed requests up to {args.mem_checkpoints[-1]:,}")
+                log(f"client memory: completed requests up to {args.mem_checkpoints[-1]:,}")
                 report.memory["completed"] = await bench_memory_completed(instant[0][1], args)
             finally:
                 tracemalloc.stop()
@@ -677,7 +672,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) 
 
     import ray
 
-    _log("starting ray")
+    log("starting ray")
     t0 = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     report.meta["ray_init_s"] = round(time.perf_counter() - t0, 2)
@@ -829,20 +824,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process this script started."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     report = Report()
@@ -869,7 +850,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
     }
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="dispatch-bench-") as logdir, _sigterm_as_interrupt():
+    with tempfile.TemporaryDirectory(prefix="dispatch-bench-") as logdir, sigterm_as_interrupt():
         procs = ServerProcs(Path(logdir), no_history=args.no_fake_history)
         try:
             if args.no_uvloop:

@@ -102,16 +102,17 @@ import os
 import platform
 import random
 import selectors
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from _machine import QUIET_PCT, ForeignCpu, log, sigterm_as_interrupt, wait_quiet
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "bench" / "results" / "load_balance.json"
@@ -204,70 +205,6 @@ class Report:
     bounds: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-class ForeignCpu:
-    """CPU used by every process other than this one and its children between start() and stop(), in % of
-    one core (other jobs on a shared machine make the numbers noisy).  None without psutil."""
-
-    def __init__(self) -> None:
-        try:
-            import psutil
-        except ImportError:
-            self._ps: Any = None
-            return
-        self._ps = psutil
-        self._me = psutil.Process()
-        self._t0 = 0.0
-        self._busy0 = 0.0
-        self._ours0 = 0.0
-
-    def _busy(self) -> float:
-        t = self._ps.cpu_times()
-        idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
-        return float(sum(t) - idle)
-
-    def _ours(self) -> float:
-        total = 0.0
-        for p in [self._me, *self._me.children(recursive=True)]:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except self._ps.Error:
-                pass
-        return total
-
-    def start(self) -> None:
-        if self._ps is not None:
-            self._t0, self._busy0, self._ours0 = time.perf_counter(), self._busy(), self._ours()
-
-    def stop(self) -> float | None:
-        if self._ps is None:
-            return None
-        wall = time.perf_counter() - self._t0
-        foreign = (self._busy() - self._busy0) - (self._ours() - self._ours0)
-        return max(0.0, 100.0 * foreign / wall)
-
-
-#: other processes' CPU (% of one core) under which the machine counts as quiet
-QUIET_PCT = 20.0
-
-
-async def wait_quiet(max_wait_s: float) -> None:
-    """Wait (up to ``max_wait_s``) until other processes use less than QUIET_PCT of a core (1 s windows)."""
-    deadline = time.monotonic() + max_wait_s
-    while time.monotonic() < deadline:
-        meter = ForeignCpu()
-        meter.start()
-        await asyncio.sleep(1.0)
-        load = meter.stop()
-        if load is None or load < QUIET_PCT:
-            return
-        _log(f"other processes use {load:.0f}% of a core; waiting up to {deadline - time.monotonic():.0f} s")
-
-
 # -- processes -------------------------------------------------------------------------------------------
 
 
@@ -318,20 +255,6 @@ class ServerProcs:
             if p.stdout is not None:
                 p.stdout.close()
         self.procs.clear()
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process this script started."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 # -- the cost model, simulated -----------------------------------------------------------------------------
@@ -558,14 +481,14 @@ def _nominal(cost: CostModel, slow: bool) -> dict[int, float]:
 async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) -> None:
     cost = CostModel(args.step_base_s, args.step_per_seq_s, args.max_batch, args.slow_factor)
     d = args.servers
-    _log(f"starting {d} equal servers and 1 slow one")
+    log(f"starting {d} equal servers and 1 slow one")
     fast = [await asyncio.to_thread(procs.spawn, f"s{i}", *cost.server_args(False)) for i in range(d)]
     slow = await asyncio.to_thread(procs.spawn, "slow", *cost.server_args(True))
     server_sets = {f"{d} equal": fast, f"{d - 1} + 1 slow": [*fast[: d - 1], slow]}
     if args.no_hetero:
         server_sets.pop(f"{d - 1} + 1 slow")
 
-    _log("calibrating the executed step time per batch size")
+    log("calibrating the executed step time per batch size")
     fast_cal = await calibrate(fast[0], cost, args.cal_tokens[0], args.cal_tokens[1])
     slow_cal = await calibrate(slow, cost, args.cal_tokens[0], args.cal_tokens[1])
     report.calibration = {
@@ -576,7 +499,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) 
         "nominal_slow_step_s": _nominal(cost, True),
     }
     for name, cal in (("equal", fast_cal), ("slow", slow_cal)):
-        _log(f"  {name}: " + ", ".join(f"b={b}: {1e3 * s:.2f} ms" for b, s in cal.items()))
+        log(f"  {name}: " + ", ".join(f"b={b}: {1e3 * s:.2f} ms" for b, s in cal.items()))
     step_fast, step_slow = interpolate(fast_cal), interpolate(slow_cal)
 
     # warm every server and code path once
@@ -605,7 +528,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) 
                         foreign = meter.stop()
                         if foreign is None or foreign <= QUIET_PCT or attempt == attempts - 1:
                             break
-                        _log(f"other processes used {foreign:.0f}% of a core during that run; measuring it again")
+                        log(f"other processes used {foreign:.0f}% of a core during that run; measuring it again")
                     ids = [f"s{i}" for i in range(d)] if addrs is fast else [*(f"s{i}" for i in range(d - 1)), "slow"]
                     toks = dict.fromkeys(ids, 0)
                     reqs = dict.fromkeys(ids, 0)
@@ -639,7 +562,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) 
                     run.last_server = lr.server_id
                     run.last_start_delay_s = finish[k] - (lr.timings.total_s - lr.timings.queue_s)
                     report.runs.append(run)
-                    _log(
+                    log(
                         f"{key:28s} seed={seed} {SCHEME_LABEL[scheme]:34s} makespan {makespan:6.3f} s "
                         f"(model {run.model_s:6.3f}, bound {lb:6.3f})  tokens/server {run.tokens_per_server}  "
                         f"longest ({run.longest_tokens} tok) on {run.longest_server}, waited "
@@ -836,7 +759,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "target": f"makespan <= {TARGET_RATIO} x static split",
     }
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="load-balance-bench-") as logdir, _sigterm_as_interrupt():
+    with tempfile.TemporaryDirectory(prefix="load-balance-bench-") as logdir, sigterm_as_interrupt():
         procs = ServerProcs(Path(logdir))
         try:
             if args.no_uvloop:

@@ -93,10 +93,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from _machine import QUIET_PCT, ForeignCpu, log, sigterm_as_interrupt, wait_quiet
 
 if TYPE_CHECKING:
     from rollout_sdk import RolloutClient
@@ -162,70 +164,6 @@ class Report:
     meta: dict[str, Any] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
     cells: list[Cell] = field(default_factory=list)
-
-
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-class ForeignCpu:
-    """CPU used by every process other than this one and its children between start() and stop(), in % of
-    one core (other jobs on a shared machine make the numbers noisy).  None without psutil."""
-
-    def __init__(self) -> None:
-        try:
-            import psutil
-        except ImportError:
-            self._ps: Any = None
-            return
-        self._ps = psutil
-        self._me = psutil.Process()
-        self._t0 = 0.0
-        self._busy0 = 0.0
-        self._ours0 = 0.0
-
-    def _busy(self) -> float:
-        t = self._ps.cpu_times()
-        idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
-        return float(sum(t) - idle)
-
-    def _ours(self) -> float:
-        total = 0.0
-        for p in [self._me, *self._me.children(recursive=True)]:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except self._ps.Error:
-                pass
-        return total
-
-    def start(self) -> None:
-        if self._ps is not None:
-            self._t0, self._busy0, self._ours0 = time.perf_counter(), self._busy(), self._ours()
-
-    def stop(self) -> float | None:
-        if self._ps is None:
-            return None
-        wall = time.perf_counter() - self._t0
-        foreign = (self._busy() - self._busy0) - (self._ours() - self._ours0)
-        return max(0.0, 100.0 * foreign / wall)
-
-
-#: other processes' CPU (% of one core) under which the machine counts as quiet
-QUIET_PCT = 20.0
-
-
-async def wait_quiet(max_wait_s: float) -> None:
-    """Wait (up to ``max_wait_s``) until other processes use less than QUIET_PCT of a core (1 s windows)."""
-    deadline = time.monotonic() + max_wait_s
-    while time.monotonic() < deadline:
-        meter = ForeignCpu()
-        meter.start()
-        await asyncio.sleep(1.0)
-        load = meter.stop()
-        if load is None or load < QUIET_PCT:
-            return
-        _log(f"other processes use {load:.0f}% of a core; waiting up to {deadline - time.monotonic():.0f} s")
 
 
 # -- the server child ------------------------------------------------------------------------------------
@@ -311,20 +249,6 @@ class ServerProcs:
             if p.stdout is not None:
                 p.stdout.close()
         self.procs.clear()
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process this script started."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 # -- the script the model follows ------------------------------------------------------------------------
@@ -548,7 +472,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
     from rollout_sdk.agents import AgentConfig, ToolAgent
     from rollout_sdk.models import load_tokenizer
 
-    _log("loading the tokenizer")
+    log("loading the tokenizer")
     tok = await asyncio.to_thread(load_tokenizer)
     marker = tok.encode("<|im_start|>assistant", add_special_tokens=False)
     assert len(marker) == 2 and marker[0] == IM_START, marker
@@ -565,7 +489,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
             }
         )
     )
-    _log(f"starting {args.servers} scripted fake servers")
+    log(f"starting {args.servers} scripted fake servers")
     addrs = [await asyncio.to_thread(procs.spawn, spec, f"s{i}") for i in range(args.servers)]
 
     clock = ToolClock()
@@ -578,13 +502,13 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
     )
     agent = ToolAgent(tok, registry, config)
     async with RolloutClient(servers=[addrs[0]]) as one:
-        _log("calibrating the executed step time")
+        log("calibrating the executed step time")
         cal = await calibrate(one, args.tokens_per_turn, sorted({1, args.max_batch // 2, args.max_batch}))
     report.calibration = {
         "step_s": cal,
         "nominal_step_s": {b: args.step_base_s + args.step_per_seq_s * b for b in cal},
     }
-    _log("  " + ", ".join(f"b={b}: {1e3 * s:.2f} ms" for b, s in cal.items()))
+    log("  " + ", ".join(f"b={b}: {1e3 * s:.2f} ms" for b, s in cal.items()))
     step = interpolate(cal)
 
     async with contextlib.AsyncExitStack() as stack:
@@ -633,7 +557,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
                         foreign = meter.stop()
                         if foreign is None or foreign <= QUIET_PCT or attempt == attempts - 1:
                             break
-                        _log(f"other processes used {foreign:.0f}% of a core during that run; measuring it again")
+                        log(f"other processes used {foreign:.0f}% of a core during that run; measuring it again")
                     if foreign is not None:
                         cell.foreign_cpu_pct.append(foreign)
                     _check(trajs, n, args.turns)
@@ -650,7 +574,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
                         spans = [b - a for a, b in itertools.pairwise(marks)]
                         cell.sync_gen_phases_s = spans[0::2]
                         cell.sync_tool_phases_s = spans[1:-1:2]  # the last span: after the final turn
-                    _log(
+                    log(
                         f"{case.label:44s} T={1e3 * tool_s:6.0f} ms  {mode:5s} {wall:6.3f} s  client cpu {cpu:.2f} s"
                         f"  requests per server {per_server}"
                     )
@@ -829,7 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "target": f"agent loop <= {TARGET_RATIO} x turn-synchronous when T ~ a turn's generation time",
     }
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="multiturn-bench-") as workdir, _sigterm_as_interrupt():
+    with tempfile.TemporaryDirectory(prefix="multiturn-bench-") as workdir, sigterm_as_interrupt():
         procs = ServerProcs(Path(workdir))
         try:
             if args.no_uvloop:

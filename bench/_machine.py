@@ -1,0 +1,96 @@
+"""What the CPU benchmark scripts share: logging, the quiet-machine check, clean exits.
+
+Imported as ``_machine`` by the scripts in bench/ (run as ``python bench/<script>.py``, so bench/ is on
+``sys.path``).  Other sessions' jobs on a shared machine make timings noisy: ``ForeignCpu`` measures
+them over a run and ``wait_quiet`` waits for them to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["QUIET_PCT", "ForeignCpu", "log", "sigterm_as_interrupt", "wait_quiet"]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class ForeignCpu:
+    """CPU used by every process other than this one and its children between start() and stop(), in % of
+    one core (other jobs on a shared machine make the numbers noisy).  None without psutil."""
+
+    def __init__(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            self._ps: Any = None
+            return
+        self._ps = psutil
+        self._me = psutil.Process()
+        self._t0 = 0.0
+        self._busy0 = 0.0
+        self._ours0 = 0.0
+
+    def _busy(self) -> float:
+        t = self._ps.cpu_times()
+        idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
+        return float(sum(t) - idle)
+
+    def _ours(self) -> float:
+        total = 0.0
+        for p in [self._me, *self._me.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except self._ps.Error:
+                pass
+        return total
+
+    def start(self) -> None:
+        if self._ps is not None:
+            self._t0, self._busy0, self._ours0 = time.perf_counter(), self._busy(), self._ours()
+
+    def stop(self) -> float | None:
+        if self._ps is None:
+            return None
+        wall = time.perf_counter() - self._t0
+        foreign = (self._busy() - self._busy0) - (self._ours() - self._ours0)
+        return max(0.0, 100.0 * foreign / wall)
+
+
+#: other processes' CPU (% of one core) under which the machine counts as quiet
+QUIET_PCT = 20.0
+
+
+async def wait_quiet(max_wait_s: float) -> None:
+    """Wait (up to ``max_wait_s``) until other processes use less than QUIET_PCT of a core (1 s windows)."""
+    deadline = time.monotonic() + max_wait_s
+    while time.monotonic() < deadline:
+        meter = ForeignCpu()
+        meter.start()
+        await asyncio.sleep(1.0)
+        load = meter.stop()
+        if load is None or load < QUIET_PCT:
+            return
+        log(f"other processes use {load:.0f}% of a core; waiting up to {deadline - time.monotonic():.0f} s")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process this script started."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
