@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["first_exception", "iterate"]
+__all__ = ["cancel_and_wait", "first_exception", "iterate"]
 
 T = TypeVar("T")
 
@@ -25,3 +26,14 @@ def first_exception(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a task this object owns and wait until it has finished unwinding."""
+    if task is None or task.done():
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ._aio import first_exception, iterate
+from ._aio import cancel_and_wait, first_exception, iterate
 from .errors import ConfigError
 from .protocol import GenerateRequest, GenerateResult, SamplingParams
 
@@ -117,12 +117,7 @@ class ResultStream:
         """Cancel every request still running for this stream."""
         self._finished = True
         task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
 
     async def collect(self) -> list[Group]:
         """All groups, in input order."""

@@ -48,7 +48,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._aio import first_exception, iterate
+from ._aio import cancel_and_wait, first_exception, iterate
 from .agents.loop import Agent, RewardFn, RolloutContext, _reward
 from .agents.trajectory import Trajectory
 from .errors import ConfigError, StalenessError
@@ -291,12 +291,7 @@ class RolloutStream:
         for ctx in self._preempted:
             ctx.resume()
         for task in (self._task, self._sampler):
-            if task is not None and not task.done():
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
+            await cancel_and_wait(task)
 
     # -- producer side -----------------------------------------------------------------------------
 

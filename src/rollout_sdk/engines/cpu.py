@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._aio import cancel_and_wait
 from ..errors import (
     ConfigError,
     EngineBusyError,
@@ -239,12 +240,7 @@ class CpuEngine(Engine):
 
     async def close(self) -> None:
         task, self._loop_task = self._loop_task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
         for s in list(self._reqs.values()):
             self._finish(s, "abort")
         if self._executor is not None:

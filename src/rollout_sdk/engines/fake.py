@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._aio import cancel_and_wait
 from ..errors import (
     EngineDeadError,
     EngineStartupError,
@@ -117,12 +118,7 @@ class FakeEngine(Engine):
 
     async def close(self) -> None:
         task, self._loop_task = self._loop_task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
         for r in list(self._reqs.values()):
             self._finish(r, "abort")
 

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .._aio import cancel_and_wait
 from ..errors import (
     ConfigError,
     EngineBusyError,
@@ -280,13 +281,8 @@ class SglangEngine(Engine):
             self._thread = None
 
     async def close(self) -> None:
-        if self._load_task is not None:
-            self._load_task.cancel()
-            try:
-                await self._load_task
-            except asyncio.CancelledError:
-                pass
-            self._load_task = None
+        task, self._load_task = self._load_task, None
+        await cancel_and_wait(task)
         for flight in list(self._flights.values()):
             flight.task.cancel()
         if self._engine is not None:
