@@ -114,6 +114,7 @@ class ServerConnection:
 
     @property
     def num_pending(self) -> int:
+        """Requests sent to this server still waiting for their reply."""
         return len(self._pending)
 
     # -- requests ----------------------------------------------------------------------------------

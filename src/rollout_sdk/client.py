@@ -195,7 +195,6 @@ class RolloutClient:
         self._broken: BaseException | None = None
         self._rid_prefix = uuid.uuid4().hex[:10]
         self._rid_counter = itertools.count()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._weight_sync: WeightSync | None = None
         #: the last weight version pushed through this client
         self.weight_version = 0
@@ -214,7 +213,6 @@ class RolloutClient:
         if self._state != "unopened":
             raise ClientStateError(f"a RolloutClient opens once (this one is {self._state})")
         self._state = "opening"
-        self._loop = asyncio.get_running_loop()
         try:
             await self._open()
         except BaseException:

@@ -107,7 +107,6 @@ class _Group:
     index: int
     sample: Any
     ctxs: list[RolloutContext] = field(default_factory=list)
-    started_version: int = 0
 
 
 class RolloutStream:
@@ -326,7 +325,7 @@ class RolloutStream:
             self._done.put_nowait(exc)
 
     def _start_group(self, tg: asyncio.TaskGroup, idx: int, sample: Any) -> None:
-        group = _Group(idx, sample, started_version=self.client.weight_version)
+        group = _Group(idx, sample)
         self._running[idx] = group
         tg.create_task(self._run_group(group))
 

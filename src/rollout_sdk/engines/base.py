@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -186,6 +186,3 @@ class Engine(abc.ABC):
 
     async def destroy_weight_group(self, group_name: str) -> None:
         raise self._unsupported("destroy_weight_group")
-
-    def info_extra(self) -> dict[str, Any]:
-        return {}

@@ -34,7 +34,6 @@ from ..errors import (
     EngineDeadError,
     EngineStartupError,
     InvalidRequestError,
-    UnsupportedOperationError,
     WeightUpdateError,
 )
 from ..protocol import EngineLimits, GenerateRequest, GenerateResult, PauseMode, Timings
@@ -105,7 +104,6 @@ class FakeEngine(Engine):
         self._resumed.set()
         self._paused = False
         self._loop_task: asyncio.Task[None] | None = None
-        self._started = False
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -114,7 +112,6 @@ class FakeEngine(Engine):
             raise EngineStartupError(self.config.fail_start)
         if not self.config.instant:
             self._loop_task = asyncio.create_task(self._step_loop(), name="fake-engine-steps")
-        self._started = True
 
     async def close(self) -> None:
         task, self._loop_task = self._loop_task, None
@@ -310,6 +307,3 @@ class FakeEngine(Engine):
         self.weights.update(staged)
         if version is not None:
             self._weight_version = version
-
-    async def init_weight_group(self, **kwargs: object) -> None:
-        raise UnsupportedOperationError("the fake engine joins no process group")
