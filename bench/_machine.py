@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -94,3 +95,18 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def stop_processes(procs: list[Any], timeout: float = 15.0) -> None:
+    """SIGTERM every process still running (servers drain and exit), then SIGKILL any left after ``timeout``."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+        if p.stdout is not None:
+            p.stdout.close()

@@ -18,7 +18,10 @@ For one dummy-weight Qwen2.5-shaped model it measures, in order:
    and colocated CUDA IPC, full-model time and bytes; each proven by zeroing ``model.norm.weight`` (greedy
    output becomes token 0) and restoring it;
 6. sleep/wake: release_memory / resume_memory times with the free GPU memory before and after, then the
-   same greedy output as before release.
+   same greedy output as before release;
+7. (unless --no-trainer-checks) per update path: 100 requests in flight across an update with pause='hold'
+   and with no pause all complete with exact (old, new) version segments; wrong name / wrong shape / a bad
+   tensor beside a good one are refused with applied=False and the old weights keep serving.
 """
 
 from __future__ import annotations
@@ -117,7 +120,14 @@ def free_gib() -> float:
 async def run(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from rollout_sdk import EngineServer, GenerateRequest, RolloutClient, SamplingParams, ServerConfig
+    from rollout_sdk import (
+        EngineServer,
+        GenerateRequest,
+        RolloutClient,
+        SamplingParams,
+        ServerConfig,
+        WeightUpdateError,
+    )
     from rollout_sdk.engines.sglang import SglangEngine, SglangEngineConfig
 
     res: dict[str, Any] = {
@@ -166,7 +176,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                 return outs, time.perf_counter() - t
 
             await raw_pass(prompts[:64])
-            await sdk_pass(prompts[:64])
+            sdk_outs, _ = await sdk_pass(prompts[:64])
             rows = []
             for rep in range(a.repeats):
                 raw_outs, raw_dt = await raw_pass(prompts)
@@ -192,7 +202,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                 and all(math.isfinite(x) for x in r.logprobs)
                 for r in sdk_outs
             )
-            res["all_answered"] = len(sdk_outs) == a.requests and ok
+            res["all_answered"] = len(sdk_outs) == (a.requests if a.repeats else 64) and ok
 
             # -- abort ---------------------------------------------------------------------------
             long_sp = SamplingParams(max_new_tokens=8000, ignore_eos=True)
@@ -248,16 +258,39 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                 w["dist_zero_norm_greedy"] = await greedy()
                 await client.update_weights([("model.norm.weight", norm.to(dev))], version=3)
                 w["dist_applied"] = w["dist_zero_norm_greedy"] == [0] * 8 and (await greedy()) != [0] * 8
+                if a.trainer_checks:
+                    res["trainer_distributed"] = await trainer_checks(
+                        client, prompts, norm.to(dev), "distributed", greedy
+                    )
                 await client.close_weight_sync()
                 print(f"[check] distributed weights {w}", flush=True)
-            if a.ipc:
-                st = await client.update_weights(named, version=4, method="ipc", bucket_bytes=a.bucket_mb << 20)
+            if a.ipc and a.tp > 1:  # refused up front (one handle per TP rank would be needed)
+                try:
+                    await client.update_weights(named[:1], version=client.weight_version + 1, method="ipc")
+                    w["ipc_tp_refused"] = "accepted"
+                except WeightUpdateError as exc:
+                    w["ipc_tp_refused"] = {"applied": exc.applied, "message": str(exc)}
+                w["ipc_tp_engine_alive"] = (await greedy()) is not None and client.servers[0].alive
+                print(f"[check] ipc with tp={a.tp}: {w['ipc_tp_refused']} alive={w['ipc_tp_engine_alive']}", flush=True)
+            elif a.ipc:
+                if str(norm.device) != "cuda:0":  # colocated: the trainer's tensors on the engine's GPU
+                    named = [(n, t.to("cuda:0")) for n, t in named]
+                    norm = next(t for n, t in named if n == "model.norm.weight")
+                st = await client.update_weights(
+                    named, version=client.weight_version + 1, method="ipc", bucket_bytes=a.bucket_mb << 20
+                )
                 w["ipc_update_s"] = round(st["seconds"], 2)
                 w["ipc_gbps"] = round(st["bytes"] / st["seconds"] / 1e9, 2)
-                await client.update_weights([("model.norm.weight", torch.zeros_like(norm))], version=5, method="ipc")
+                await client.update_weights(
+                    [("model.norm.weight", torch.zeros_like(norm))], version=client.weight_version + 1, method="ipc"
+                )
                 w["ipc_zero_norm_greedy"] = await greedy()
-                await client.update_weights([("model.norm.weight", norm)], version=6, method="ipc")
+                await client.update_weights(
+                    [("model.norm.weight", norm)], version=client.weight_version + 1, method="ipc"
+                )
                 w["ipc_applied"] = w["ipc_zero_norm_greedy"] == [0] * 8 and (await greedy()) != [0] * 8
+                if a.trainer_checks:
+                    res["trainer_ipc"] = await trainer_checks(client, prompts, norm, "ipc", greedy)
                 print(f"[check] ipc weights {w}", flush=True)
             res["weights"] = w
             after_update = await greedy()
@@ -276,10 +309,91 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             m["resume_s"] = round(time.perf_counter() - t, 2)
             m["free_resumed_gib"] = round(free_gib(), 1)
             m["same_greedy_after_wake"] = (await greedy()) == after_update
+            # the colocated step: hold in-flight requests, free the GPU for training, wake, continue them
+            held_sp = SamplingParams(max_new_tokens=512, ignore_eos=True)
+            held = [asyncio.ensure_future(client.generate(p[:64], sampling=held_sp)) for p in prompts[:32]]
+            await asyncio.sleep(0.5)
+            await client.pause("hold")
+            await client.release_memory()
+            m["free_released_while_held_gib"] = round(free_gib(), 1)
+            await client.resume_memory()
+            await client.resume()
+            done = await asyncio.gather(*held)
+            m["held_across_release_complete"] = sum(len(r.output_ids) == 512 for r in done)
             res["memory"] = m
             print(f"[check] memory {m}", flush=True)
             res["weight_version_reported"] = (await client.generate(probe, sampling=probe_sp)).weight_version
     return res
+
+
+async def trainer_checks(client: Any, prompts: list[list[int]], norm: Any, method: str, greedy: Any) -> dict[str, Any]:
+    """Issue 7's checks on SGLang: updates under 100 in-flight requests (held, and unpaused) lose none and
+    tag exact version segments; refused updates (wrong name, wrong shape, a bad tensor beside a good one)
+    raise WeightUpdateError(applied=False) and the old weights keep serving; a good update still applies."""
+    import torch
+
+    from rollout_sdk import SamplingParams, WeightUpdateError
+
+    out: dict[str, Any] = {}
+    n, length = 100, 1024
+    sp = SamplingParams(max_new_tokens=length, temperature=1.0, ignore_eos=True)
+    version = client.weight_version
+    for pause in ("hold", None):
+        old = client.weight_version
+        version += 1
+        tasks = [asyncio.ensure_future(client.generate(p[:128], sampling=sp)) for p in prompts[:n]]
+        await asyncio.sleep(1.0)
+        t = time.perf_counter()
+        await client.update_weights([("model.norm.weight", norm)], version=version, method=method, pause=pause)
+        upd = time.perf_counter() - t
+        res = await asyncio.gather(*tasks)
+        full = sum(
+            len(r.output_ids) == length and r.finish_reason == "length" and len(r.logprobs or []) == length for r in res
+        )
+        spans = sum(
+            len(r.version_segments) == 2
+            and r.version_segments[0][0] == old
+            and r.version_segments[1][0] == version
+            and sum(k for _, k in r.version_segments) == length
+            for r in res
+        )
+        key = f"update_{pause or 'unpaused'}"
+        out[key] = {"requests": n, "complete": full, "span_both_versions": spans, "update_s": round(upd, 3)}
+        out[key]["ok"] = full == n and spans == n
+        print(f"[check] {method} {key}: {out[key]}", flush=True)
+
+    before = await greedy()
+    hidden = norm.shape[0]
+    bad = {
+        "wrong_name": [("model.layers.0.mlp.not_a_param.weight", torch.zeros(8, dtype=norm.dtype, device=norm.device))],
+        "wrong_shape": [("model.norm.weight", torch.zeros(hidden + 1, dtype=norm.dtype, device=norm.device))],
+        "good_beside_bad": [
+            ("model.norm.weight", torch.zeros_like(norm)),
+            ("model.layers.0.mlp.down_proj.weight", torch.zeros(3, 3, dtype=norm.dtype, device=norm.device)),
+        ],
+    }
+    for name, named in bad.items():
+        try:
+            await client.update_weights(named, version=999, method=method)
+            got: Any = "accepted"
+        except WeightUpdateError as exc:
+            got = {"applied": exc.applied, "message": str(exc)[:200]}
+        kept = (await greedy()) == before
+        out[f"refused_{name}"] = {"error": got, "old_weights_serve": kept}
+        out[f"refused_{name}"]["ok"] = isinstance(got, dict) and got["applied"] is False and kept
+        print(f"[check] {method} refused {name}: {out[f'refused_{name}']}", flush=True)
+    version += 1
+    await client.update_weights([("model.norm.weight", torch.zeros_like(norm))], version=version, method=method)
+    zero = await greedy()
+    version += 1
+    await client.update_weights([("model.norm.weight", norm)], version=version, method=method)
+    r = await client.generate(prompts[0][:32], sampling=SamplingParams(temperature=0.0, max_new_tokens=8))
+    out["good_update_after_refusals"] = zero == [0] * 8 and r.output_ids == before
+    out["version_tagged"] = r.weight_version == version and r.version_segments == [(version, 8)]
+    out["ok"] = all(v["ok"] for v in out.values() if isinstance(v, dict)) and out["good_update_after_refusals"]
+    out["ok"] = out["ok"] and out["version_tagged"]
+    print(f"[check] {method} trainer checks ok={out['ok']}", flush=True)
+    return out
 
 
 def table(res: dict[str, Any]) -> str:
@@ -309,6 +423,11 @@ def table(res: dict[str, Any]) -> str:
             f"  weights colocated (IPC)      {res['weights_gib']} GiB in {w['ipc_update_s']} s "
             f"({w['ipc_gbps']} GB/s), applied={w['ipc_applied']}"
         )
+    if "ipc_tp_refused" in w:
+        lines.append(
+            f"  weights IPC with tp={res['tp']}          refused: {w['ipc_tp_refused']}; "
+            f"engine still serving={w['ipc_tp_engine_alive']}"
+        )
     m = res.get("memory", {})
     if m:
         lines.append(
@@ -316,7 +435,29 @@ def table(res: dict[str, Any]) -> str:
             f"{m['free_before_gib']} -> {m['free_released_gib']} -> {m['free_resumed_gib']}; "
             f"same greedy after wake={m['same_greedy_after_wake']}"
         )
+        lines.append(
+            f"  hold 32 -> release -> resume: {m.get('held_across_release_complete')}/32 complete "
+            f"(free while held {m.get('free_released_while_held_gib')} GiB)"
+        )
     lines.append(f"  weight version in results    {res.get('weight_version_reported')}")
+    for method in ("distributed", "ipc"):
+        tc = res.get(f"trainer_{method}")
+        if not tc:
+            continue
+        for k in ("update_hold", "update_unpaused"):
+            v = tc[k]
+            lines.append(
+                f"  {method:11s} {k:16s} {v['complete']}/{v['requests']} complete, {v['span_both_versions']} "
+                f"with exact v_old/v_new segments, update {v['update_s']} s  ok={v['ok']}"
+            )
+        for k in ("refused_wrong_name", "refused_wrong_shape", "refused_good_beside_bad"):
+            v = tc[k]
+            applied = v["error"]["applied"] if isinstance(v["error"], dict) else v["error"]
+            lines.append(f"  {method:11s} {k:24s} applied={applied} old weights serve={v['old_weights_serve']}")
+        lines.append(
+            f"  {method:11s} good update after refusals={tc['good_update_after_refusals']} "
+            f"version tagged={tc['version_tagged']}  ALL ok={tc['ok']}"
+        )
     return "\n".join(lines)
 
 
@@ -335,6 +476,7 @@ def main() -> None:
     ap.add_argument("--trainer-device", default="cuda:0")
     ap.add_argument("--no-ipc", dest="ipc", action="store_false")
     ap.add_argument("--bucket-mb", type=int, default=512)
+    ap.add_argument("--no-trainer-checks", dest="trainer_checks", action="store_false")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import uvloop

@@ -112,7 +112,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _machine import QUIET_PCT, ForeignCpu, log, sigterm_as_interrupt, wait_quiet
+from _machine import QUIET_PCT, ForeignCpu, log, sigterm_as_interrupt, stop_processes, wait_quiet
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "bench" / "results" / "load_balance.json"
@@ -243,17 +243,7 @@ class ServerProcs:
 
     def stop(self) -> None:
         """SIGTERM every server (it drains and exits), SIGKILL after 15 s."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-            if p.stdout is not None:
-                p.stdout.close()
+        stop_processes(self.procs)
         self.procs.clear()
 
 

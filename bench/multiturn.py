@@ -98,7 +98,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from _machine import QUIET_PCT, ForeignCpu, log, sigterm_as_interrupt, wait_quiet
+from _machine import QUIET_PCT, ForeignCpu, log, sigterm_as_interrupt, stop_processes, wait_quiet
 
 if TYPE_CHECKING:
     from rollout_sdk import RolloutClient
@@ -237,17 +237,7 @@ class ServerProcs:
         raise RuntimeError(f"server {server_id} did not become ready; its log:\n{log_path.read_text()[-4000:]}")
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-            if p.stdout is not None:
-                p.stdout.close()
+        stop_processes(self.procs)
         self.procs.clear()
 
 

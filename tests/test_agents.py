@@ -66,7 +66,7 @@ def registry() -> ToolRegistry:
 def call(name: str, **args: object) -> str:
     import json
 
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
 
 
 class Script:
@@ -126,11 +126,11 @@ async def test_three_turns_two_tool_calls_align_token_for_token(fake_servers, to
 
 
 MALFORMED = [
-    ("<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1,}\n</tool_call>", "bad_json", "JSON"),
+    ('<tool_call>\n{"name": "add", "arguments": {"a": 1,}\n</tool_call>', "bad_json", "JSON"),
     ("<tool_call>\n[1, 2, 3]\n</tool_call>", "not_object", "object"),
-    ("<tool_call>\n{\"arguments\": {\"a\": 1}}\n</tool_call>", "missing_name", "name"),
-    ("<tool_call>\n{\"name\": \"add\", \"arguments\": 7}\n</tool_call>", "bad_arguments_type", "arguments"),
-    ("<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}", "unclosed_tag", "</tool_call>"),
+    ('<tool_call>\n{"arguments": {"a": 1}}\n</tool_call>', "missing_name", "name"),
+    ('<tool_call>\n{"name": "add", "arguments": 7}\n</tool_call>', "bad_arguments_type", "arguments"),
+    ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}', "unclosed_tag", "</tool_call>"),
     (call("divide", a=1, b=2), "unknown_tool", "divide"),
     (call("add", a=1, b="two"), "bad_arguments", "b"),
     (call("add", a=1), "bad_arguments", "b"),

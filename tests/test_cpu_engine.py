@@ -205,3 +205,23 @@ async def test_release_and_resume_memory(engine: CpuEngine) -> None:
     assert not queued.done()  # held while the weights are released
     await engine.resume_memory()
     assert (await asyncio.wait_for(queued, 10)).output_ids == want
+
+
+async def test_release_with_requests_held_and_continue_after_wake(engine: CpuEngine) -> None:
+    """The colocated step: hold in-flight requests, free the memory for training, wake, continue them."""
+    p = _prompts(1, seed=15)[0]
+    want = (await engine.generate(_req(p, "h0", temperature=0, max_new_tokens=200, **DIVERSE))).output_ids
+    task = asyncio.create_task(engine.generate(_req(p, "h1", temperature=0, max_new_tokens=200, **DIVERSE)))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    await engine.pause("in_place")
+    with pytest.raises(EngineBusyError, match="held in place"):
+        await engine.release_memory()  # their KV would be lost
+    await engine.pause("retract")
+    await engine.release_memory()
+    assert all(t.numel() == 0 for t in engine.model.parameters())
+    await engine.resume()
+    await asyncio.sleep(0.1)
+    assert not task.done()  # still held: the weights are gone
+    await engine.resume_memory()
+    assert (await asyncio.wait_for(task, 10)).output_ids == want

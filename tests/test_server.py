@@ -12,6 +12,7 @@ import zmq
 import zmq.asyncio
 
 from rollout_sdk import (
+    EngineBusyError,
     EngineDeadError,
     GenerateRequest,
     InvalidRequestError,
@@ -207,3 +208,22 @@ async def test_dead_engine_fails_in_flight_fast_and_new_requests_too(fake_server
         assert (reply.code, reply.rid) == ("engine_dead", "late")
     finally:
         raw.close()
+
+
+async def test_release_memory_with_requests_held_by_a_pause(cpu_server) -> None:
+    """Colocated training: in-flight requests are held, memory released, then woken and continued."""
+    async with RolloutClient(servers=[cpu_server.address]) as client:
+        sp = SamplingParams(max_new_tokens=400, ignore_eos=True)
+        tasks = [asyncio.ensure_future(client.generate([5, 6, 7, 8 + i], sampling=sp)) for i in range(4)]
+        await asyncio.sleep(0.3)
+        assert not any(t.done() for t in tasks)
+        with pytest.raises(EngineBusyError):
+            await client.release_memory()  # running requests: refused, nothing stops
+        await client.pause("hold")
+        await client.release_memory()
+        await client.resume()
+        await asyncio.sleep(0.2)
+        assert not any(t.done() for t in tasks)  # the weights are gone: still held
+        await client.resume_memory()
+        results = await asyncio.gather(*tasks)
+    assert all(len(r.output_ids) == 400 and r.finish_reason == "length" for r in results)

@@ -19,10 +19,24 @@ pytestmark = pytest.mark.slow
 def report(tmp_path_factory, sdk_home, tiny_model) -> dict:
     out = tmp_path_factory.mktemp("trainer") / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         str(ROOT / "tests" / "jobs" / "trainer_checks.py"), "--engine", "cpu", "--model", str(tiny_model),
-         "--report", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            str(ROOT / "tests" / "jobs" / "trainer_checks.py"),
+            "--engine",
+            "cpu",
+            "--model",
+            str(tiny_model),
+            "--report",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
         env=dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home)),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

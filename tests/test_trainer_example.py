@@ -14,7 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_custom_trainer_learns_and_keeps_engine_in_sync(sdk_home, tiny_model) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "custom_trainer.py"), "--steps", "5"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT, env=dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env=dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home)),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = re.findall(r"step (\d+): reward ([\d.]+)  engine/trainer logprob gap ([\d.e+-]+)", proc.stdout)

@@ -479,7 +479,8 @@ class RolloutClient:
         ``abort``: in-flight requests return now with ``finish_reason='abort'`` and their tokens so far.
         ``retract`` (alias ``hold``): they are held, their KV cache dropped, and they continue after
         :meth:`resume` (re-prefilled, so on the new weights after an update).  ``in_place``: held with their
-        KV cache as is.  New requests wait until :meth:`resume`.
+        KV cache as is (SGLang engines serve it as ``retract``, to keep version segments exact).  New
+        requests wait until :meth:`resume`.
         """
         mode = {"hold": "retract"}.get(mode, mode)
         if mode not in ("abort", "retract", "in_place"):

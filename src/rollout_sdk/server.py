@@ -432,7 +432,8 @@ class EngineServer:
         return "ok"
 
     async def _release_memory(self, tags: Sequence[str] | None, wait: bool) -> None:
-        if self._flights:
+        # held requests (a pause in 'hold' mode) may stay: the engine checks that none of them keeps memory
+        if self._flights and not self.engine.paused:
             if not wait:
                 raise EngineBusyError(
                     f"cannot release memory: {len(self._flights)} request(s) in flight "

@@ -102,8 +102,11 @@ async def checks(report: dict[str, Any], model_path: str) -> None:
         second = [(n, t + 0.01 * torch.randn(t.shape, generator=g2)) for n, t in perturbed]
         await client.update_weights(second, version=2, pause="hold", bucket_bytes=8 << 20)
         held = await asyncio.gather(*tasks, return_exceptions=True)
-        report["hold_ok"] = sum(1 for r in held if not isinstance(r, BaseException) and r.finish_reason == "length"
-                                and len(r.output_ids) == 120)
+        report["hold_ok"] = sum(
+            1
+            for r in held
+            if not isinstance(r, BaseException) and r.finish_reason == "length" and len(r.output_ids) == 120
+        )
         report["hold_errors"] = [repr(r) for r in held if isinstance(r, BaseException)][:3]
         report["hold_spanning"] = sum(
             1 for r in held if not isinstance(r, BaseException) and [v for v, _ in r.version_segments] == [1, 2]

@@ -557,8 +557,15 @@ class CpuEngine(Engine):
 
     async def release_memory(self, tags: Sequence[str] | None = None) -> None:
         tags = list(tags or ("weights", "kv_cache"))
-        if self._reqs:
+        if self._reqs and not self._paused:
             raise EngineBusyError(f"cannot release memory with {len(self._reqs)} request(s) in flight")
+        # held by pause('retract') they keep only their tokens (re-prefilled on resume); in place, their KV
+        held_kv = sum(not s.done for s in self._batch.rows)
+        if held_kv:
+            raise EngineBusyError(
+                f"cannot release memory: {held_kv} request(s) held in place keep their KV cache "
+                "(pause with mode='hold' or 'abort' first)"
+            )
         self._resumed.clear()
         self._released.update(tags)
         await self._step_idle.wait()
@@ -667,24 +674,16 @@ class CpuEngine(Engine):
         self, *, group_name: str, buckets: list[list[TensorMeta]], version: int | None, flush_cache: bool
     ) -> None:
         from ..weights import receive_buckets
+        from ..weights.manifest import check_metas, parameter_shapes
 
         group = self._groups.get(group_name)
         if group is None:
             raise WeightUpdateError(f"no weight group {group_name!r}: call init_weight_group first", applied=False)
-        params = _unique_params(self._model)
-        aliases = _tied_aliases(self._model)
-        problems = []
-        for bucket in buckets:
-            for meta in bucket:
-                key = aliases.get(meta.name, meta.name)
-                if key not in params:
-                    problems.append(f"unknown parameter {meta.name!r}")
-                elif tuple(meta.shape) != tuple(params[key].shape):
-                    problems.append(f"parameter {meta.name!r}: shape {tuple(meta.shape)} != {tuple(params[key].shape)}")
+        problems = check_metas(parameter_shapes(self._model), buckets)
         # The collective must run on every rank even when the update is refused, or the sender hangs.
         named = await asyncio.to_thread(receive_buckets, group, buckets)
         if problems:
-            raise WeightUpdateError("; ".join(problems[:5]), applied=False)
+            raise WeightUpdateError("; ".join(problems), applied=False)
         await self._in_worker(self._apply_weights, named, version)
         if version is not None:
             self._weight_version = version

@@ -2,7 +2,7 @@
 
 SGLang's ``Engine`` methods other than ``async_generate`` are synchronous wrappers that run their own event
 loop; inside ours we call its tokenizer manager's coroutines instead (``tm.generate_request``,
-``tm.pause_generation``, ``tm.update_weights_from_distributed``, ...), as the RL frameworks do.  The
+``tm.abort_request``, ``tm.update_weights_from_distributed``, ...), as the RL frameworks do.  The
 things below cost other projects real bugs (../shared/PITFALLS.md, docs/design.md), so each is handled here:
 
 * ``sglang.Engine(...)`` blocks for minutes: it is built in a thread this engine owns and keeps alive
@@ -16,7 +16,18 @@ things below cost other projects real bugs (../shared/PITFALLS.md, docs/design.m
 * ``flush_cache=True`` inside a weight update asserts in the scheduler (killing it) unless idle: updates
   go with ``flush_cache=False`` and a separate ``flush_cache`` call whose result is checked.
 * Bumping the weight version never aborts in-flight requests (``abort_all_requests=False``).
-* ``release_memory_occupation`` asserts that the scheduler is idle: generation is paused first.
+* SGLang returns a request's tokens only when it ends, so it cannot say where in a request the weights
+  changed.  Every weight change therefore happens with nothing running inside SGLang: new requests wait at
+  this engine's gate, running ones are *checkpointed* (aborted inside SGLang, their tokens so far kept) and
+  continued after the change as ``prompt + tokens so far`` with the remaining budget.  Each part is tagged
+  with the version it ran on, so ``version_segments`` are exact; the continuation is re-prefilled on the new
+  weights (SGLang's ``retract``).  ``pause('retract')`` and ``pause('in_place')`` hold requests the same way
+  (SGLang's own ``in_place`` keeps stale KV and hides the split point); ``pause('abort')`` returns them.
+* SGLang does not refuse a bad update: an unknown name is logged and skipped, a wrong shape fails half way
+  through a bucket.  Every update is checked against the model's manifest (HF names and shapes, built from
+  its config) first; a refused distributed update still receives the broadcast (the trainer is already
+  sending) under names SGLang skips, so nothing loads and the group stays usable.
+* ``release_memory_occupation`` asserts that the scheduler is idle: requests are held at the gate first.
 * A per-request seed needs ``enable_deterministic_inference``; without it SGLang ignores the seed, so
   seeds are honoured only with ``deterministic=True`` (a warning is logged once otherwise).
 
@@ -27,13 +38,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -150,11 +162,54 @@ class SglangEngineConfig:
 
 
 class _Flight:
-    __slots__ = ("sid", "task")
+    """One request of ours: possibly several SGLang requests (parts), one per weight version."""
 
-    def __init__(self, sid: str, task: asyncio.Task[dict[str, Any]]) -> None:
-        self.sid = sid
-        self.task = task
+    __slots__ = ("held", "sid", "task", "user_aborted", "wake")
+
+    def __init__(self) -> None:
+        self.sid = ""
+        self.task: asyncio.Future[dict[str, Any]] | None = None
+        self.held = False  # checkpointed: its abort result means "continue after the gate opens"
+        self.user_aborted = False
+        self.wake: asyncio.Future[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+
+class _Parts:
+    """The parts of one request, joined: ids, logprobs and (version, tokens) segments."""
+
+    def __init__(self, logprobs: bool) -> None:
+        self.ids: list[int] = []
+        self.logprobs: list[float] | None = [] if logprobs else None
+        self.segments: list[tuple[int, int]] = []
+        self.queue_s: float | None = None
+        self.e2e_s = 0.0
+        self.count = 0
+        self.matched: int | None = None
+
+    def add(self, out: dict[str, Any], version: int) -> str:
+        meta = out.get("meta_info", {})
+        ids = list(out.get("output_ids") or [])
+        self.ids += ids
+        if self.logprobs is not None:
+            lps = [float(lp) if lp is not None else 0.0 for lp, *_ in meta.get("output_token_logprobs") or []]
+            self.logprobs += lps[: len(ids)]
+        if ids:
+            if self.segments and self.segments[-1][0] == version:
+                self.segments[-1] = (version, self.segments[-1][1] + len(ids))
+            else:
+                self.segments.append((version, len(ids)))
+        if self.queue_s is None:
+            self.queue_s = float(meta.get("queue_time") or 0.0)
+        self.e2e_s = float(meta.get("e2e_latency") or 0.0)
+        self.count += 1
+        fr = meta.get("finish_reason") or {}
+        self.matched = fr.get("matched") if isinstance(fr.get("matched"), int) else None
+        kind = fr.get("type", "abort")
+        return kind if kind in ("stop", "length", "abort") else "abort"
 
 
 class SglangEngine(Engine):
@@ -172,7 +227,10 @@ class SglangEngine(Engine):
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._flights: dict[str, _Flight] = {}
         self._paused = False
-        self._paused_for_release = False
+        # why new requests wait at the gate: "pause", "update", "release"; open when empty
+        self._holds: set[str] = set()
+        self._manifest: dict[str, tuple[int, ...]] | None = None
+        self._manifest_error: str | None = None
         self._released: set[str] = set()
         self._load = EngineLoad()
         self._load_task: asyncio.Task[None] | None = None
@@ -271,7 +329,9 @@ class SglangEngine(Engine):
         log.error("%s", err)
         self._mark_dead(err)
         for flight in list(self._flights.values()):
-            flight.task.cancel()
+            if flight.task is not None:
+                flight.task.cancel()
+            _wake(flight)
 
     async def _abandon(self) -> None:
         if self._engine is not None:
@@ -284,7 +344,10 @@ class SglangEngine(Engine):
         task, self._load_task = self._load_task, None
         await cancel_and_wait(task)
         for flight in list(self._flights.values()):
-            flight.task.cancel()
+            flight.user_aborted = True
+            if flight.task is not None:
+                flight.task.cancel()
+            _wake(flight)
         if self._engine is not None:
             await self._shutdown_engine()
         if self._thread is not None:
@@ -378,32 +441,51 @@ class SglangEngine(Engine):
             raise InvalidRequestError("rid", req.rid, "already in flight")
         from sglang.srt.managers.io_struct import GenerateReqInput
 
-        sid = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
-        obj = GenerateReqInput(
-            rid=sid,
-            input_ids=list(req.input_ids),
-            sampling_params=self._sampling(req.sampling),
-            return_logprob=req.return_logprobs,
-        )
+        base = self._sampling(req.sampling)
+        flight = self._flights[req.rid] = _Flight()
+        parts = _Parts(req.return_logprobs)
         t0 = time.perf_counter()
-        task = asyncio.ensure_future(self._one(obj))
-        flight = self._flights[req.rid] = _Flight(sid, task)
         try:
-            out = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if self._dead is not None:
-                raise EngineDeadError(str(self._dead)) from None
-            self._tm.abort_request(rid=sid)  # our caller was cancelled: make SGLang stop too
-            task.cancel()
-            raise
-        except ValueError as exc:  # SGLang's own validation (context length, parameter ranges)
-            raise InvalidRequestError("sampling", req.sampling, str(exc)) from exc
-        except Exception as exc:
-            raise RemoteError(f"SGLang failed the request: {type(exc).__name__}: {exc}") from exc
+            while True:
+                await self._wait_gate(flight)
+                if self._dead is not None:
+                    raise EngineDeadError(str(self._dead))
+                left = req.sampling.max_new_tokens - len(parts.ids)
+                if flight.user_aborted or left <= 0:
+                    return self._result(req, parts, "abort" if left > 0 else "length", t0)
+                sp = dict(base, max_new_tokens=left)
+                if "min_new_tokens" in sp:
+                    sp["min_new_tokens"] = max(0, sp["min_new_tokens"] - len(parts.ids))
+                # no await between the gate and the submit: a checkpoint sees every running part
+                flight.sid = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
+                version = self._weight_version
+                obj = GenerateReqInput(
+                    rid=flight.sid,
+                    input_ids=[*req.input_ids, *parts.ids],
+                    sampling_params=sp,
+                    return_logprob=req.return_logprobs,
+                )
+                flight.task = task = asyncio.ensure_future(self._one(obj))
+                try:
+                    out = await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if self._dead is not None:
+                        raise EngineDeadError(str(self._dead)) from None
+                    self._tm.abort_request(rid=flight.sid)  # our caller was cancelled: make SGLang stop too
+                    task.cancel()
+                    raise
+                except ValueError as exc:  # SGLang's own validation (context length, parameter ranges)
+                    raise InvalidRequestError("sampling", req.sampling, str(exc)) from exc
+                except Exception as exc:
+                    raise RemoteError(f"SGLang failed the request: {type(exc).__name__}: {exc}") from exc
+                kind = parts.add(out, version)
+                if kind == "abort" and flight.held and not flight.user_aborted:
+                    flight.held = False  # checkpointed: continue from its tokens once the gate opens
+                    continue
+                return self._result(req, parts, kind, t0)
         finally:
             if self._flights.get(req.rid) is flight:
                 del self._flights[req.rid]
-        return self._result(req, out, time.perf_counter() - t0)
 
     async def _one(self, obj: Any) -> dict[str, Any]:
         agen = self._tm.generate_request(obj, None)
@@ -413,37 +495,74 @@ class SglangEngine(Engine):
         finally:
             await agen.aclose()
 
-    def _result(self, req: GenerateRequest, out: dict[str, Any], total_s: float) -> GenerateResult:
-        meta = out.get("meta_info", {})
-        fr = meta.get("finish_reason") or {}
-        kind = fr.get("type", "abort")
-        matched = fr.get("matched") if isinstance(fr.get("matched"), int) else None
-        ids = list(out.get("output_ids") or [])
-        lps = None
-        if req.return_logprobs:
-            lps = [float(lp) if lp is not None else 0.0 for lp, *_ in meta.get("output_token_logprobs") or []]
-            lps = lps[: len(ids)]
-        queue = float(meta.get("queue_time") or 0.0)
+    def _result(self, req: GenerateRequest, parts: _Parts, kind: str, t0: float) -> GenerateResult:
+        total = time.perf_counter() - t0
         return GenerateResult(
             rid=req.rid,
-            output_ids=ids,
-            finish_reason=kind if kind in ("stop", "length", "abort") else "abort",
-            prompt_tokens=int(meta.get("prompt_tokens") or len(req.input_ids)),
-            weight_version=self._weight_version,
-            logprobs=lps,
-            matched_stop=matched,
-            version_segments=[(self._weight_version, len(ids))] if ids else [],
-            timings=Timings(queue_s=queue, ttft_s=0.0, total_s=float(meta.get("e2e_latency") or total_s)),
+            output_ids=parts.ids,
+            finish_reason=kind,  # type: ignore[arg-type]
+            prompt_tokens=len(req.input_ids),
+            weight_version=parts.segments[-1][0] if parts.segments else self._weight_version,
+            logprobs=parts.logprobs,
+            matched_stop=parts.matched,
+            version_segments=parts.segments,
+            timings=Timings(
+                queue_s=parts.queue_s or 0.0,
+                ttft_s=0.0,
+                total_s=parts.e2e_s if parts.count == 1 and parts.e2e_s else total,
+            ),
         )
 
     def abort(self, rid: str) -> None:
         flight = self._flights.get(rid)
-        if flight is not None and self._tm is not None:
+        if flight is None:
+            return
+        flight.user_aborted = True
+        if flight.running and self._tm is not None:
             self._tm.abort_request(rid=flight.sid)
+        _wake(flight)
 
-    def abort_all(self) -> None:
-        if self._tm is not None and self._flights:
-            self._tm.abort_request(abort_all=True)
+    # -- the gate: where requests wait while weights change, memory is released or the engine is paused ---
+
+    async def _wait_gate(self, flight: _Flight) -> None:
+        while self._holds and not flight.user_aborted and self._dead is None:
+            flight.wake = asyncio.get_running_loop().create_future()
+            try:
+                await flight.wake
+            finally:
+                flight.wake = None
+
+    def _hold(self, why: str) -> None:
+        self._holds.add(why)
+
+    def _release(self, why: str) -> None:
+        self._holds.discard(why)
+        if not self._holds:
+            for flight in list(self._flights.values()):
+                _wake(flight)
+
+    async def _checkpoint(self, *, hold: bool) -> None:
+        """Stop every running part inside SGLang (the gate is closed, so no new one starts).  ``hold``: each
+        continues from its tokens when the gate opens; otherwise each returns its partial tokens."""
+        while True:
+            running = [f for f in self._flights.values() if f.running]
+            if not running:
+                return
+            for f in running:
+                f.held = hold and not f.user_aborted
+                self._tm.abort_request(rid=f.sid)
+            # an abort can miss a part SGLang has not registered yet: abort again until all have ended
+            await self._tm_call(asyncio.wait([f.task for f in running if f.task is not None], timeout=0.5))
+
+    @contextlib.asynccontextmanager
+    async def _quiesced(self) -> AsyncIterator[None]:
+        """Nothing runs inside SGLang within: running parts are checkpointed and continue afterwards."""
+        self._hold("update")
+        try:
+            await self._checkpoint(hold=True)
+            yield
+        finally:
+            self._release("update")
 
     # -- pause / memory ----------------------------------------------------------------------------
 
@@ -452,19 +571,15 @@ class SglangEngine(Engine):
         return self._paused
 
     async def pause(self, mode: PauseMode = "abort") -> None:
-        from sglang.srt.managers.io_struct import PauseGenerationReqInput
-
         self._require_alive()
-        await self._tm_call(self._tm.pause_generation(PauseGenerationReqInput(mode=mode)))
+        self._hold("pause")
         self._paused = True
+        await self._checkpoint(hold=mode != "abort")
 
     async def resume(self) -> None:
-        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
-
         self._require_alive()
-        if not self._paused_for_release:
-            await self._tm_call(self._tm.continue_generation(ContinueGenerationReqInput()))
         self._paused = False
+        self._release("pause")
 
     async def flush_cache(self) -> None:
         self._require_alive()
@@ -473,18 +588,18 @@ class SglangEngine(Engine):
             raise EngineBusyError(f"SGLang could not flush its cache: {getattr(out, 'message', out)}")
 
     async def release_memory(self, tags: Sequence[str] | None = None) -> None:
-        from sglang.srt.managers.io_struct import PauseGenerationReqInput, ReleaseMemoryOccupationReqInput
+        from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
 
         self._require_alive()
         if not self.config.enable_memory_saver:
             raise UnsupportedOperationError("release_memory needs SglangEngineConfig(enable_memory_saver=True)")
-        if self._flights:
-            raise EngineBusyError(f"cannot release memory with {len(self._flights)} request(s) in flight")
+        self._hold("release")  # new requests wait while memory is gone (SGLang asserts it is idle)
+        running = sum(f.running for f in self._flights.values())
+        if running:
+            if not self._released:
+                self._release("release")
+            raise EngineBusyError(f"cannot release memory with {running} request(s) running (pause first)")
         tags = list(tags or ("weights", "kv_cache"))
-        if not self._paused_for_release:
-            # new requests must wait in SGLang while memory is gone (SGLang asserts it is idle)
-            await self._tm_call(self._tm.pause_generation(PauseGenerationReqInput(mode="in_place")))
-            self._paused_for_release = True
         todo = [t for t in tags if t not in self._released]
         if "weights" in todo:
             todo.append("cuda_graph")  # SGLang keeps graphs apart; they go with the weights
@@ -493,7 +608,7 @@ class SglangEngine(Engine):
             self._released.update(todo)
 
     async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
-        from sglang.srt.managers.io_struct import ContinueGenerationReqInput, ResumeMemoryOccupationReqInput
+        from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
 
         self._require_alive()
         wanted = set(tags or ("weights", "kv_cache"))
@@ -503,10 +618,8 @@ class SglangEngine(Engine):
         if todo:  # resuming a tag that was not released is fatal in SGLang: only what we released
             await self._tm_call(self._tm.resume_memory_occupation(ResumeMemoryOccupationReqInput(tags=todo), None))
             self._released.difference_update(todo)
-        if not self._released and self._paused_for_release:
-            self._paused_for_release = False
-            if not self._paused:
-                await self._tm_call(self._tm.continue_generation(ContinueGenerationReqInput()))
+        if not self._released:
+            self._release("release")
 
     async def _tm_call(self, coro: Awaitable[T]) -> T:
         """Await a tokenizer-manager control call, failing at once if the engine dies meanwhile: SGLang's
@@ -568,14 +681,40 @@ class SglangEngine(Engine):
             raise WeightUpdateError(f"SGLang could not join weight group {group_name!r}: {msg}", applied=False)
         self._groups.add(group_name)
 
+    async def _problems(self, buckets: list[list[TensorMeta]]) -> list[str]:
+        """What the model's manifest refuses in this update (empty if the manifest cannot be built)."""
+        if self._manifest is None and self._manifest_error is None:
+            from ..weights.manifest import hf_parameter_shapes
+
+            try:
+                self._manifest = await asyncio.to_thread(hf_parameter_shapes, self.config.model_path)
+            except Exception as exc:  # an architecture transformers does not know: SGLang checks alone
+                self._manifest_error = f"{type(exc).__name__}: {exc}"
+                log.warning("no weight manifest for %s, updates are not pre-checked: %s", self.config.model_path, exc)
+        if self._manifest is None:
+            return []
+        from ..weights.manifest import check_metas
+
+        return check_metas(self._manifest, buckets)
+
     async def update_weights_distributed(
         self, *, group_name: str, buckets: list[list[TensorMeta]], version: int | None, flush_cache: bool
     ) -> None:
-        from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
-
         self._require_alive()
         if group_name not in self._groups:
             raise WeightUpdateError(f"no weight group {group_name!r}: call init_weight_group first", applied=False)
+        problems = await self._problems(buckets)
+        if problems:
+            # the trainer is broadcasting already: receive every bucket under names SGLang skips, load nothing
+            await self._receive_distributed(group_name, _discarded(buckets))
+            raise WeightUpdateError("; ".join(problems), applied=False)
+        async with self._quiesced():
+            await self._receive_distributed(group_name, buckets)
+            await self._finish_update(version, flush_cache)
+
+    async def _receive_distributed(self, group_name: str, buckets: list[list[TensorMeta]]) -> None:
+        from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
+
         for i, bucket in enumerate(buckets):
             ok, msg = await self._tm_call(
                 self._tm.update_weights_from_distributed(
@@ -592,7 +731,6 @@ class SglangEngine(Engine):
                 )
             )
             _check_bucket(ok, msg, i, len(buckets))
-        await self._finish_update(version, flush_cache)
 
     async def update_weights_from_ipc(
         self, *, handles: list[bytes], buckets: list[list[TensorMeta]], version: int | None, flush_cache: bool
@@ -602,26 +740,38 @@ class SglangEngine(Engine):
         from ..weights.ipc import sglang_bucket_payload
 
         self._require_alive()
+        if self.config.tp_size > 1:
+            # each TP rank must map a bucket on its own GPU; one handle (one GPU) for all ranks kills the
+            # scheduler with a CUDA error (seen on the H200s)
+            raise WeightUpdateError(
+                f"colocated (IPC) updates need one CUDA handle per TP rank and this engine has "
+                f"tp_size={self.config.tp_size}: use method='distributed'",
+                applied=False,
+            )
         if len(handles) != len(buckets):
             raise WeightUpdateError(f"{len(handles)} handles for {len(buckets)} buckets", applied=False)
-        for i, (handle, bucket) in enumerate(zip(handles, buckets, strict=True)):
-            payload = sglang_bucket_payload(handle, bucket)
-            ok, msg = await self._tm_call(
-                self._tm.update_weights_from_tensor(
-                    UpdateWeightsFromTensorReqInput(
-                        serialized_named_tensors=[payload] * self.config.tp_size,
-                        load_format="flattened_bucket",
-                        flush_cache=False,
-                        abort_all_requests=False,
-                    ),
-                    None,
+        problems = await self._problems(buckets)
+        if problems:
+            raise WeightUpdateError("; ".join(problems), applied=False)
+        async with self._quiesced():
+            for i, (handle, bucket) in enumerate(zip(handles, buckets, strict=True)):
+                payload = sglang_bucket_payload(handle, bucket)
+                ok, msg = await self._tm_call(
+                    self._tm.update_weights_from_tensor(
+                        UpdateWeightsFromTensorReqInput(
+                            serialized_named_tensors=[payload] * self.config.tp_size,
+                            load_format="flattened_bucket",
+                            flush_cache=False,
+                            abort_all_requests=False,
+                        ),
+                        None,
+                    )
                 )
-            )
-            _check_bucket(ok, msg, i, len(buckets))
-        await self._finish_update(version, flush_cache)
+                _check_bucket(ok, msg, i, len(buckets))
+            await self._finish_update(version, flush_cache)
 
     async def _finish_update(self, version: int | None, flush_cache: bool) -> None:
-        if flush_cache and not self._flights:
+        if flush_cache:  # quiesced: nothing runs, so SGLang can drop KV computed with the old weights
             await self.flush_cache()
         if version is not None:
             await self.set_weight_version(version)
@@ -639,9 +789,24 @@ class SglangEngine(Engine):
 
 
 def _check_bucket(ok: bool, msg: str, i: int, n: int) -> None:
-    """SGLang loads bucket by bucket: a failure after the first leaves the model part old, part new."""
+    """A bucket that passed the manifest check and still failed may have loaded in part (SGLang loads tensor
+    by tensor and says so): the engine is then half updated."""
     if not ok:
-        raise WeightUpdateError(f"SGLang failed bucket {i + 1}/{n}: {msg}", applied=False if i == 0 else None)
+        raise WeightUpdateError(f"SGLang failed bucket {i + 1}/{n}: {msg}", applied=None)
+
+
+def _discarded(buckets: list[list[TensorMeta]]) -> list[list[TensorMeta]]:
+    """The same buckets (dtypes, shapes: the same bytes on the wire) under names no model has: SGLang's
+    ``load_weights`` logs and skips unknown names, so receiving them loads nothing."""
+    return [
+        [TensorMeta(name=f"rollout_sdk_discarded_{i}_{k}", dtype=m.dtype, shape=m.shape) for k, m in enumerate(b)]
+        for i, b in enumerate(buckets)
+    ]
+
+
+def _wake(flight: _Flight) -> None:
+    if flight.wake is not None and not flight.wake.done():
+        flight.wake.set_result(None)
 
 
 def _set_sglang_version(tm: Any, version: int) -> None:
