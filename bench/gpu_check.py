@@ -253,6 +253,12 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                 st = await client.update_weights(named_src, version=1, bucket_bytes=a.bucket_mb << 20)
                 w["dist_update_s"] = round(st["seconds"], 2)
                 w["dist_gbps"] = round(st["bytes"] / st["seconds"] / 1e9, 2)
+                for mb in a.bucket_sweep:  # the same full update with other bucket sizes
+                    st = await client.update_weights(
+                        named_src, version=client.weight_version + 1, bucket_bytes=mb << 20
+                    )
+                    w.setdefault("dist_sweep", {})[mb] = {"s": round(st["seconds"], 3), "buckets": int(st["buckets"])}
+                    print(f"[check] distributed bucket {mb} MiB: {w['dist_sweep'][mb]}", flush=True)
                 zero = [("model.norm.weight", torch.zeros_like(norm).to(dev))]
                 await client.update_weights(zero, version=2)
                 w["dist_zero_norm_greedy"] = await greedy()
@@ -281,6 +287,12 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                 )
                 w["ipc_update_s"] = round(st["seconds"], 2)
                 w["ipc_gbps"] = round(st["bytes"] / st["seconds"] / 1e9, 2)
+                for mb in a.bucket_sweep:
+                    st = await client.update_weights(
+                        named, version=client.weight_version + 1, method="ipc", bucket_bytes=mb << 20
+                    )
+                    w.setdefault("ipc_sweep", {})[mb] = round(st["seconds"], 3)
+                    print(f"[check] ipc bucket {mb} MiB: {w['ipc_sweep'][mb]} s", flush=True)
                 await client.update_weights(
                     [("model.norm.weight", torch.zeros_like(norm))], version=client.weight_version + 1, method="ipc"
                 )
@@ -477,6 +489,7 @@ def main() -> None:
     ap.add_argument("--no-ipc", dest="ipc", action="store_false")
     ap.add_argument("--bucket-mb", type=int, default=512)
     ap.add_argument("--no-trainer-checks", dest="trainer_checks", action="store_false")
+    ap.add_argument("--bucket-sweep", type=int, nargs="*", default=[], help="also time full updates at these MiB")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import uvloop
