@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import selectors
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["QUIET_PCT", "ForeignCpu", "log", "sigterm_as_interrupt", "wait_quiet"]
+__all__ = ["QUIET_PCT", "ForeignCpu", "ServerProcs", "log", "sigterm_as_interrupt", "stop_processes", "wait_quiet"]
 
 
 def log(msg: str) -> None:
@@ -110,3 +113,46 @@ def stop_processes(procs: list[Any], timeout: float = 15.0) -> None:
             p.wait(timeout=10)
         if p.stdout is not None:
             p.stdout.close()
+
+
+class ServerProcs:
+    """Server processes a benchmark starts (each ``argv`` prints ``READY <address>`` once serving, stderr to
+    ``<logdir>/<name>.log``); :meth:`stop` terminates them, then kills what is left."""
+
+    def __init__(self, logdir: Path, cwd: Path) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self._logdir = logdir
+        self._cwd = cwd
+
+    def spawn(self, name: str, argv: Sequence[str], timeout: float = 60.0) -> tuple[subprocess.Popen[str], str]:
+        log_path = self._logdir / f"{name}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                list(argv),
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                cwd=self._cwd,
+            )
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:  # read stdout until READY (a handshake, not a sleep)
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    continue
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith("READY "):
+                    return proc, line.split()[1]
+        raise RuntimeError(f"server {name} did not become ready; its log:\n{log_path.read_text()[-4000:]}")
+
+    def stop(self, procs: Sequence[subprocess.Popen[str]] | None = None) -> None:
+        """Stop ``procs`` (default: all): SIGTERM (a server drains and exits), SIGKILL after 15 s."""
+        targets = list(self.procs if procs is None else procs)
+        stop_processes(targets)
+        for p in targets:
+            self.procs.remove(p)

@@ -59,7 +59,6 @@ import importlib.util
 import json
 import os
 import platform
-import selectors
 import subprocess
 import sys
 import tempfile
@@ -70,7 +69,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _machine import QUIET_PCT, log, sigterm_as_interrupt
+from _machine import QUIET_PCT, ServerProcs, log, sigterm_as_interrupt
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "bench" / "results" / "dispatch.json"
@@ -234,63 +233,18 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-class ServerProcs:
-    """``python -m rollout_sdk serve --engine fake`` processes; :meth:`stop` terminates, then kills."""
+class FakeServers(ServerProcs):
+    """``python -m rollout_sdk serve --engine fake`` processes, named in start order."""
 
     def __init__(self, logdir: Path, *, no_history: bool = False) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-        self._logdir = logdir
+        super().__init__(logdir, ROOT)
         self._no_history = no_history
         self._count = 0
 
-    def spawn(self, *args: str, timeout: float = 60.0) -> tuple[subprocess.Popen[str], str]:
-        log_path = self._logdir / f"server-{self._count}.log"
-        self._count += 1
+    def fake(self, *args: str) -> tuple[subprocess.Popen[str], str]:
         entry = ["-c", _NO_HISTORY_WRAPPER] if self._no_history else ["-m", "rollout_sdk"]
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, *entry, "serve", "--engine", "fake", *args],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                cwd=ROOT,
-            )
-        self.procs.append(proc)
-        return proc, self._wait_ready(proc, log_path, timeout)
-
-    @staticmethod
-    def _wait_ready(proc: subprocess.Popen[str], log_path: Path, timeout: float) -> str:
-        """Read the server's stdout until its ``READY tcp://...`` line (a handshake, not a sleep)."""
-        assert proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    continue
-                line = proc.stdout.readline()
-                if not line:
-                    break
-                if line.startswith("READY "):
-                    return line.split()[1]
-        raise RuntimeError(f"fake server did not become ready; its log:\n{log_path.read_text()[-4000:]}")
-
-    def stop(self, procs: Sequence[subprocess.Popen[str]] | None = None) -> None:
-        """Stop ``procs`` (default: all): SIGTERM (the server drains and exits), SIGKILL after 15 s."""
-        targets = list(self.procs if procs is None else procs)
-        for p in targets:
-            if p.poll() is None:
-                p.terminate()
-        for p in targets:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-            if p.stdout is not None:
-                p.stdout.close()
-            self.procs.remove(p)
+        self._count += 1
+        return self.spawn(f"server-{self._count - 1}", [sys.executable, *entry, "serve", "--engine", "fake", *args])
 
     @contextlib.asynccontextmanager
     async def fleet(self, n: int, *args: str) -> AsyncIterator[list[tuple[subprocess.Popen[str], str]]]:
@@ -298,7 +252,7 @@ class ServerProcs:
         started: list[tuple[subprocess.Popen[str], str]] = []
         try:
             while len(started) < n:
-                started.append(await asyncio.to_thread(self.spawn, *args))
+                started.append(await asyncio.to_thread(self.fake, *args))
             yield started
         finally:
             await asyncio.to_thread(self.stop, [p for p, _ in started])
@@ -397,7 +351,7 @@ async def measure(run_once: Callable[[], Awaitable[Cell]], args: argparse.Namesp
     return cell
 
 
-async def bench_sdk(procs: ServerProcs, args: argparse.Namespace, report: Report) -> None:
+async def bench_sdk(procs: FakeServers, args: argparse.Namespace, report: Report) -> None:
     from rollout_sdk import RolloutClient, SamplingParams
 
     prompt = _prompt(args.prompt_tokens)
@@ -647,7 +601,7 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) -> None:
+async def run_all(args: argparse.Namespace, report: Report, procs: FakeServers) -> None:
     report.meta["foreign_cpu_pct_at_start"] = await foreign_load()
     # rollout-sdk first, so that Ray's background processes do not share the cores with it
     await bench_sdk(procs, args, report)
@@ -851,7 +805,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dispatch-bench-") as logdir, sigterm_as_interrupt():
-        procs = ServerProcs(Path(logdir), no_history=args.no_fake_history)
+        procs = FakeServers(Path(logdir), no_history=args.no_fake_history)
         try:
             if args.no_uvloop:
                 asyncio.run(run_all(args, report, procs))

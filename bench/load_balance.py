@@ -101,9 +101,7 @@ import math
 import os
 import platform
 import random
-import selectors
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -112,7 +110,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _machine import QUIET_PCT, ForeignCpu, log, sigterm_as_interrupt, stop_processes, wait_quiet
+from _machine import QUIET_PCT, ForeignCpu, ServerProcs, log, sigterm_as_interrupt, wait_quiet
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "bench" / "results" / "load_balance.json"
@@ -208,43 +206,10 @@ class Report:
 # -- processes -------------------------------------------------------------------------------------------
 
 
-class ServerProcs:
-    """``python -m rollout_sdk serve --engine fake`` processes; :meth:`stop` terminates, then kills."""
-
-    def __init__(self, logdir: Path) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-        self._logdir = logdir
-
-    def spawn(self, server_id: str, *args: str, timeout: float = 60.0) -> str:
-        log_path = self._logdir / f"{server_id}.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "rollout_sdk", "serve", "--engine", "fake", "--server-id", server_id, *args],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                cwd=ROOT,
-            )
-        self.procs.append(proc)
-        assert proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as sel:  # read stdout until READY (a handshake, not a sleep)
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    continue
-                line = proc.stdout.readline()
-                if not line:
-                    break
-                if line.startswith("READY "):
-                    return line.split()[1]
-        raise RuntimeError(f"fake server {server_id} did not become ready; its log:\n{log_path.read_text()[-4000:]}")
-
-    def stop(self) -> None:
-        """SIGTERM every server (it drains and exits), SIGKILL after 15 s."""
-        stop_processes(self.procs)
-        self.procs.clear()
+def fake_server(procs: ServerProcs, server_id: str, *args: str) -> str:
+    """Start ``python -m rollout_sdk serve --engine fake``; its address."""
+    argv = [sys.executable, "-m", "rollout_sdk", "serve", "--engine", "fake", "--server-id", server_id, *args]
+    return procs.spawn(server_id, argv)[1]
 
 
 # -- the cost model, simulated -----------------------------------------------------------------------------
@@ -472,8 +437,8 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) 
     cost = CostModel(args.step_base_s, args.step_per_seq_s, args.max_batch, args.slow_factor)
     d = args.servers
     log(f"starting {d} equal servers and 1 slow one")
-    fast = [await asyncio.to_thread(procs.spawn, f"s{i}", *cost.server_args(False)) for i in range(d)]
-    slow = await asyncio.to_thread(procs.spawn, "slow", *cost.server_args(True))
+    fast = [await asyncio.to_thread(fake_server, procs, f"s{i}", *cost.server_args(False)) for i in range(d)]
+    slow = await asyncio.to_thread(fake_server, procs, "slow", *cost.server_args(True))
     server_sets = {f"{d} equal": fast, f"{d - 1} + 1 slow": [*fast[: d - 1], slow]}
     if args.no_hetero:
         server_sets.pop(f"{d - 1} + 1 slow")
@@ -750,7 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="load-balance-bench-") as logdir, sigterm_as_interrupt():
-        procs = ServerProcs(Path(logdir))
+        procs = ServerProcs(Path(logdir), ROOT)
         try:
             if args.no_uvloop:
                 asyncio.run(run_all(args, report, procs))

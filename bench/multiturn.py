@@ -86,10 +86,8 @@ import math
 import os
 import platform
 import random
-import selectors
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -98,7 +96,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from _machine import QUIET_PCT, ForeignCpu, log, sigterm_as_interrupt, stop_processes, wait_quiet
+from _machine import QUIET_PCT, ForeignCpu, ServerProcs, log, sigterm_as_interrupt, wait_quiet
 
 if TYPE_CHECKING:
     from rollout_sdk import RolloutClient
@@ -203,42 +201,10 @@ async def _child_main(spec: dict[str, Any], server_id: str) -> int:
     return 0
 
 
-class ServerProcs:
-    """Child server processes; :meth:`stop` terminates, then kills."""
-
-    def __init__(self, logdir: Path) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-        self._logdir = logdir
-
-    def spawn(self, spec: Path, server_id: str, timeout: float = 60.0) -> str:
-        log_path = self._logdir / f"{server_id}.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--child-serve", str(spec), "--server-id", server_id],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                cwd=ROOT,
-            )
-        self.procs.append(proc)
-        assert proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as sel:  # read stdout until READY (a handshake, not a sleep)
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    continue
-                line = proc.stdout.readline()
-                if not line:
-                    break
-                if line.startswith("READY "):
-                    return line.split()[1]
-        raise RuntimeError(f"server {server_id} did not become ready; its log:\n{log_path.read_text()[-4000:]}")
-
-    def stop(self) -> None:
-        stop_processes(self.procs)
-        self.procs.clear()
+def child_server(procs: ServerProcs, spec: Path, server_id: str) -> str:
+    """Start this script as a server (``--child-serve``, the scripted fake engine); its address."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child-serve", str(spec), "--server-id", server_id]
+    return procs.spawn(server_id, argv)[1]
 
 
 # -- the script the model follows ------------------------------------------------------------------------
@@ -480,7 +446,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
         )
     )
     log(f"starting {args.servers} scripted fake servers")
-    addrs = [await asyncio.to_thread(procs.spawn, spec, f"s{i}") for i in range(args.servers)]
+    addrs = [await asyncio.to_thread(child_server, procs, spec, f"s{i}") for i in range(args.servers)]
 
     clock = ToolClock()
     registry = make_registry(clock)
@@ -744,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="multiturn-bench-") as workdir, sigterm_as_interrupt():
-        procs = ServerProcs(Path(workdir))
+        procs = ServerProcs(Path(workdir), ROOT)
         try:
             if args.no_uvloop:
                 asyncio.run(run_all(args, report, procs, Path(workdir)))
