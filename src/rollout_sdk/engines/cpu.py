@@ -619,23 +619,21 @@ class CpuEngine(Engine):
     def _apply_weights(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> None:
         import torch
 
+        from ..weights import Bucket
+        from ..weights.manifest import check_metas, parameter_shapes
+
+        problems = check_metas(parameter_shapes(self._model), [Bucket(named).metas])
+        if problems:
+            raise WeightUpdateError("; ".join(problems), applied=False)
         params = _unique_params(self._model)
         aliases = _tied_aliases(self._model)
         staged: list[tuple[torch.Tensor, torch.Tensor]] = []
         for name, tensor in named:
-            key = aliases.get(name, name)
-            if key not in params:
-                raise WeightUpdateError(f"unknown parameter {name!r}", applied=False)
-            p = params[key]
-            if tuple(tensor.shape) != tuple(p.shape):
-                raise WeightUpdateError(
-                    f"parameter {name!r}: shape {tuple(tensor.shape)} does not match {tuple(p.shape)}", applied=False
-                )
             if not tensor.dtype.is_floating_point:
                 raise WeightUpdateError(
                     f"parameter {name!r}: dtype {tensor.dtype} is not floating point", applied=False
                 )
-            staged.append((p, tensor))
+            staged.append((params[aliases.get(name, name)], tensor))
         with torch.no_grad():
             for p, tensor in staged:
                 p.copy_(tensor)

@@ -229,8 +229,8 @@ class SglangEngine(Engine):
         self._paused = False
         # why new requests wait at the gate: "pause", "update", "release"; open when empty
         self._holds: set[str] = set()
-        self._manifest: dict[str, tuple[int, ...]] | None = None
-        self._manifest_error: str | None = None
+        self._manifest: dict[str, tuple[int, ...]] | None = None  # built at the first update
+        self._manifest_tried = False
         self._released: set[str] = set()
         self._load = EngineLoad()
         self._load_task: asyncio.Task[None] | None = None
@@ -683,13 +683,13 @@ class SglangEngine(Engine):
 
     async def _problems(self, buckets: list[list[TensorMeta]]) -> list[str]:
         """What the model's manifest refuses in this update (empty if the manifest cannot be built)."""
-        if self._manifest is None and self._manifest_error is None:
+        if self._manifest is None and not self._manifest_tried:
             from ..weights.manifest import hf_parameter_shapes
 
+            self._manifest_tried = True
             try:
                 self._manifest = await asyncio.to_thread(hf_parameter_shapes, self.config.model_path)
             except Exception as exc:  # an architecture transformers does not know: SGLang checks alone
-                self._manifest_error = f"{type(exc).__name__}: {exc}"
                 log.warning("no weight manifest for %s, updates are not pre-checked: %s", self.config.model_path, exc)
         if self._manifest is None:
             return []
