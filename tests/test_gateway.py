@@ -1,0 +1,275 @@
+"""The OpenAI-compatible gateway, driven by the real ``openai`` package (and aiohttp for raw HTTP)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from gateway_agents import openai_tool_agent
+from gateway_agents.openai_tool_agent import TOOLS, run_agent
+from rollout_sdk import RolloutClient
+from rollout_sdk.agents import ChatTemplate, Trajectory
+from rollout_sdk.engines.fake import FakeEngineConfig
+from rollout_sdk.gateway import Gateway
+from rollout_sdk.protocol import GenerateRequest, GenerateResult
+
+IM_END = 151645
+QWEN = FakeEngineConfig(eos_token_ids=(IM_END,))
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model: Path) -> Any:
+    from rollout_sdk.models import load_tokenizer
+
+    return load_tokenizer(str(tiny_model))
+
+
+def call(name: str, **args: object) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+
+
+class Script:
+    """Answer the k-th assistant turn of a conversation with ``turns[k]``, as exact tokens."""
+
+    def __init__(self, tok: Any, turns: list[str]) -> None:
+        self.tok = tok
+        self.outputs = [[*tok.encode(t, add_special_tokens=False), IM_END] for t in turns]
+
+    def __call__(self, req: GenerateRequest) -> list[int]:
+        k = self.tok.decode(req.input_ids).count("<|im_start|>assistant") - 1
+        return self.outputs[min(k, len(self.outputs) - 1)]
+
+
+class RecordingClient(RolloutClient):
+    """A RolloutClient that keeps every request the gateway sent and what the engine returned."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.calls: list[tuple[GenerateRequest, GenerateResult]] = []
+
+    async def generate(self, request: Any, /, **kw: Any) -> GenerateResult:
+        result = await super().generate(request, **kw)
+        self.calls.append((request, result))
+        return result
+
+
+@contextlib.asynccontextmanager
+async def gateway_on(
+    fake_servers: Any, tok: Any, responder: Callable[..., Any] | None = None, **options: Any
+) -> AsyncIterator[tuple[Gateway, RecordingClient]]:
+    servers = await fake_servers(1, QWEN, responder=responder)
+    client = RecordingClient(servers=[s.address for s in servers])
+    async with client, Gateway(client, tokenizer=tok, **options) as gw:
+        yield gw, client
+
+
+def template_form(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The agent's messages as the chat template takes them (tool-call arguments as objects)."""
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if v is not None}
+        m.setdefault("content", "")
+        if m.get("tool_calls"):
+            m["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                for c in m["tool_calls"]
+            ]
+        out.append(m)
+    return out
+
+
+def model_runs(traj: Trajectory) -> list[list[int]]:
+    pairs = zip(traj.response_ids, traj.loss_mask, strict=True)
+    return [[t for t, _ in g] for m, g in itertools.groupby(pairs, key=lambda p: p[1]) if m]
+
+
+async def collect(gw: Gateway, n: int) -> list[Trajectory]:
+    out = []
+    async for t in gw.trajectories():
+        out.append(t)
+        if len(out) == n:
+            break
+    return out
+
+
+def check_alignment(traj: Trajectory, calls: list[tuple[GenerateRequest, GenerateResult]]) -> None:
+    """Model tokens are the engine's, in order; mask and logprobs line up token for token."""
+    assert len(traj.response_ids) == len(traj.loss_mask) == len(traj.logprobs)
+    assert model_runs(traj) == [r.output_ids for _, r in calls]
+    model_lps = [lp for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m]
+    assert model_lps == [lp for _, r in calls for lp in (r.logprobs or [])]
+    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if not m)
+    assert traj.prompt_ids == calls[0][0].input_ids
+    for (req, res), (nxt, _) in itertools.pairwise(calls):
+        assert nxt.input_ids[: len(req.input_ids) + len(res.output_ids)] == req.input_ids + res.output_ids
+    last_req, last_res = calls[-1]
+    assert traj.ids == last_req.input_ids + last_res.output_ids
+    assert sum(n for _, n in traj.weight_versions) == sum(traj.loss_mask)
+
+
+def test_the_agent_imports_nothing_from_rollout_sdk() -> None:
+    tree = ast.parse(Path(openai_tool_agent.__file__).read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [n for n in names if n.startswith("rollout_sdk")]
+    assert "openai" in names
+
+
+# -- exact tokens through a black-box tool agent ------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_tool_agent_turns_are_exact_tokens_of_the_template(fake_servers, tok, stream: bool) -> None:
+    script = Script(tok, [call("add", a=2, b=3), call("mul", a=5, b=4), "The answer is 20."])
+    async with gateway_on(fake_servers, tok, script) as (gw, client):
+        s = gw.session()
+        run = await run_agent(s.base_url, "ignored", gw.model_name, "What is (2+3)*4?", stream=stream)
+        replies, messages = run["replies"], run["messages"]
+        assert [r["finish_reason"] for r in replies] == ["tool_calls", "tool_calls", "stop"]
+        first = replies[0]["message"]["tool_calls"][0]
+        assert first["function"]["name"] == "add" and json.loads(first["function"]["arguments"]) == {"a": 2, "b": 3}
+        assert isinstance(first["function"]["arguments"], str)  # OpenAI's wire format: a JSON string
+        assert [m["content"] for m in messages if m["role"] == "tool"] == ["5", "20"]
+        assert replies[-1]["message"]["content"] == "The answer is 20."
+        # the prompt of every turn is exactly the template's rendering of what the agent sent
+        chat = ChatTemplate(tok, tools=TOOLS)
+        assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        assert len(client.calls) == 3
+        for (req, _), i in zip(client.calls, assistant_at, strict=True):
+            assert req.input_ids == chat.prompt_ids(template_form(messages[:i]))
+            assert req.session_id == s.id
+        # the logprobs the agent saw are the engine's
+        for reply, (_, res) in zip(replies, client.calls, strict=True):
+            assert [c.logprob for c in reply["logprobs"]] == res.logprobs
+        gw.reward(s.id, 1.0)
+        [traj] = await collect(gw, 1)
+    check_alignment(traj, client.calls)
+    assert traj.reward == 1.0 and traj.id == s.id
+    assert [[c.name for c in t.tool_calls] for t in traj.turns] == [["add"], ["mul"], []]
+    assert chat.check_drift(traj.messages, traj.ids).ok
+    assert traj.metrics["branches"] == 1.0
+
+
+async def test_a_malformed_call_comes_back_as_content_and_is_recorded(fake_servers, tok) -> None:
+    bad = '<tool_call>\n{"name": "add", "arguments": {"a": 1,}\n</tool_call>'
+    script = Script(tok, [f"Let me add.{bad}", "Sorry, 3."])
+    async with gateway_on(fake_servers, tok, script) as (gw, client):
+        s = gw.session()
+        run = await run_agent(s.base_url, "x", gw.model_name, "1+2?", follow_ups=["and?"])
+        first = run["replies"][0]
+        assert first["finish_reason"] == "stop" and "tool_calls" not in first["message"]
+        assert first["message"]["content"] == f"Let me add.\n{bad}"
+        gw.finish(s.id)
+        [traj] = await collect(gw, 1)
+    assert traj.turns[0].parse_errors and traj.turns[0].parse_errors[0].startswith("bad_json")
+    assert traj.metrics["branches"] == 1.0  # the re-sent content matched what was served
+    check_alignment(traj, client.calls)
+
+
+async def test_edited_history_branches_and_both_branches_are_recorded(fake_servers, tok) -> None:
+    script = Script(tok, [call("add", a=2, b=3), call("mul", a=5, b=4), "20."])
+    async with gateway_on(fake_servers, tok, script) as (gw, client):
+        s = gw.session()
+        run = await run_agent(s.base_url, "x", gw.model_name, "What is (2+3)*4?")
+        messages = run["messages"]
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        # the agent rewrites its second reply (the mul call) and continues from there
+        edited = json.loads(json.dumps(messages[:5]))
+        edited[4]["tool_calls"][0]["function"]["arguments"] = json.dumps({"a": 5, "b": 40})
+        edited.append({"role": "tool", "tool_call_id": edited[4]["tool_calls"][0]["id"], "content": "200"})
+        r = await oa.chat.completions.create(model=gw.model_name, messages=edited, tools=TOOLS)
+        assert r.choices[0].message.content == "20."
+        await oa.close()
+        gw.finish(s.id, reward=0.5)
+        trajs = await collect(gw, 2)
+    main, branch = trajs
+    assert (main.id, branch.id) == (f"{s.id}.b0", f"{s.id}.b1")
+    assert len(main.turns) == 3 and len(branch.turns) == 2
+    assert main.reward == branch.reward == 0.5
+    check_alignment(main, client.calls[:3])
+    check_alignment(branch, [client.calls[0], client.calls[3]])
+    assert branch.metrics["shared_prefix_turns"] == 1.0
+    # the edited reply is context now (mask 0), rendered by the template; the model's first turn is kept
+    chat = ChatTemplate(tok, tools=TOOLS)
+    assert client.calls[3][0].input_ids == chat.prompt_ids(template_form(edited))
+    assert '"b": 40' in tok.decode(branch.response_ids[len(model_runs(branch)[0]) :])
+
+
+async def test_n_choices_are_sibling_branches_with_distinct_seeds(fake_servers, tok) -> None:
+    async with gateway_on(fake_servers, tok, Script(tok, ["a", "b"])) as (gw, client):
+        s = gw.session()
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        r = await oa.chat.completions.create(
+            model=gw.model_name, messages=[{"role": "user", "content": "hi"}], n=3, seed=7
+        )
+        await oa.close()
+        assert len(r.choices) == 3 and r.usage is not None and r.usage.completion_tokens == 6
+        assert sorted(req.sampling.seed for req, _ in client.calls) == [7, 8, 9]
+        gw.finish(s.id)
+        trajs = await collect(gw, 3)
+    assert [t.metrics["branches"] for t in trajs] == [3.0, 3.0, 3.0]
+
+
+# -- the embedded CPU engine (the real tiny model, random weights) ---------------------------------------
+
+
+async def test_cpu_engine_multi_turn_agent_exact_ids_and_a_branch(tiny_model, tok) -> None:
+    from rollout_sdk import CpuEngineConfig
+
+    client = RecordingClient(engine=CpuEngineConfig(model_path=str(tiny_model)))
+    async with client, Gateway(client) as gw:
+        a, b = gw.session(), gw.session()
+        runs = await asyncio.gather(
+            run_agent(
+                a.base_url, "x", gw.model_name, "2+2?", follow_ups=["Again?", "Once more?"], max_tokens=12, seed=1
+            ),
+            run_agent(
+                b.shared_base_url,
+                b.api_key,
+                gw.model_name,
+                "3*3?",
+                follow_ups=["Why?"],
+                max_tokens=12,
+                seed=2,
+                stream=True,
+            ),
+        )
+        calls_a = [c for c in client.calls if c[0].session_id == a.id]
+        calls_b = [c for c in client.calls if c[0].session_id == b.id]
+        assert len(calls_a) == len(runs[0]["replies"]) >= 3 and len(calls_b) == len(runs[1]["replies"]) >= 2
+        chat = ChatTemplate(tok, tools=TOOLS)
+        for run, calls in ((runs[0], calls_a), (runs[1], calls_b)):
+            messages = run["messages"]
+            assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+            assert calls[0][0].input_ids == chat.prompt_ids(template_form(messages[: assistant_at[0]]))
+            for (req, res), i, reply in zip(calls, assistant_at, run["replies"], strict=True):
+                # the text of every prompt is the template's rendering of the conversation the agent sent,
+                # while its model regions are the engine's own ids (checked in check_alignment)
+                assert tok.decode(req.input_ids) == chat.render(template_form(messages[:i]), add_generation_prompt=True)
+                assert [c.logprob for c in reply["logprobs"]] == res.logprobs
+        # edit the first reply of session a: the session branches from its root
+        edited = json.loads(json.dumps(runs[0]["messages"][:4]))
+        edited[2]["content"] = "I edited this."
+        oa = openai.AsyncOpenAI(base_url=a.base_url, api_key="x", max_retries=0)
+        await oa.chat.completions.create(model=gw.model_name, messages=edited, max_tokens=8, seed=5)
+        await oa.close()
+        gw.finish(a.id, reward=1.0)
+        gw.finish(b.id, reward=0.0)
+        trajs = await collect(gw, 3)
+    by_id = {t.id: t for t in trajs}
+    check_alignment(by_id[f"{a.id}.b0"], calls_a)
+    check_alignment(by_id[b.id], calls_b)
+    branch = by_id[f"{a.id}.b1"]
+    [(req, res)] = [c for c in client.calls if c[0].session_id == a.id][len(calls_a) :]
+    check_alignment(branch, [(req, res)])
+    assert req.input_ids == ChatTemplate(tok).prompt_ids(edited)  # that call sent no tools
+    assert all(lp < 0 for t in trajs for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m)
