@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -19,7 +20,7 @@ from gateway_agents.openai_tool_agent import TOOLS, run_agent
 from rollout_sdk import RolloutClient
 from rollout_sdk.agents import ChatTemplate, Trajectory
 from rollout_sdk.engines.fake import FakeEngineConfig
-from rollout_sdk.gateway import Gateway
+from rollout_sdk.gateway import Gateway, read_trajectories
 from rollout_sdk.protocol import GenerateRequest, GenerateResult
 
 IM_END = 151645
@@ -273,3 +274,276 @@ async def test_cpu_engine_multi_turn_agent_exact_ids_and_a_branch(tiny_model, to
     check_alignment(branch, [(req, res)])
     assert req.input_ids == ChatTemplate(tok).prompt_ids(edited)  # that call sent no tools
     assert all(lp < 0 for t in trajs for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m)
+
+
+# -- a real agent framework ------------------------------------------------------------------------------
+
+
+async def test_openai_agents_sdk_drives_a_rollout_end_to_end(fake_servers, tok) -> None:
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    script = Script(tok, [call("add", a=20, b=22), "The sum is 42."])
+    async with gateway_on(fake_servers, tok, script) as (gw, client):
+        s = gw.session()
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        agent = agents.Agent(
+            name="calc",
+            instructions="Add numbers with the tool.",
+            tools=[add],
+            model=agents.OpenAIChatCompletionsModel(model=gw.model_name, openai_client=oa),
+        )
+        result = await agents.Runner.run(agent, "What is 20+22?")
+        await oa.close()
+        assert result.final_output == "The sum is 42."
+        gw.reward(s.id, 1.0)
+        [traj] = await collect(gw, 1)
+    assert len(client.calls) == 2
+    check_alignment(traj, client.calls)
+    assert [[c.name for c in t.tool_calls] for t in traj.turns] == [["add"], []]
+    assert "<tool_response>\n42\n</tool_response>" in tok.decode(traj.response_ids)
+    assert traj.metrics["branches"] == 1.0 and traj.reward == 1.0
+
+
+# -- sampling, stop strings, completions -------------------------------------------------------------
+
+
+async def test_sampling_fields_reach_the_engine(fake_servers, tok) -> None:
+    async with gateway_on(fake_servers, tok, Script(tok, ["one two three"])) as (gw, client):
+        s = gw.session()
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        msgs = [{"role": "user", "content": "count"}]
+        await oa.chat.completions.create(
+            model=gw.model_name,
+            messages=msgs,
+            temperature=0.5,
+            top_p=0.9,
+            max_completion_tokens=7,
+            seed=11,
+            frequency_penalty=0.25,
+            presence_penalty=-0.5,
+            extra_body={"top_k": 5, "min_p": 0.1},
+        )
+        await oa.chat.completions.create(model=gw.model_name, messages=msgs, max_tokens=3, temperature=0)
+        await oa.close()
+    (first, _), (second, _) = client.calls
+    sp = first.sampling
+    assert (sp.temperature, sp.top_p, sp.max_new_tokens, sp.seed, sp.top_k, sp.min_p) == (0.5, 0.9, 7, 11, 5, 0.1)
+    assert (sp.frequency_penalty, sp.presence_penalty) == (0.25, -0.5)
+    assert second.sampling.max_new_tokens == 3 and second.sampling.greedy
+    assert first.return_logprobs  # the trainer gets logprobs whether the agent asked or not
+
+
+async def test_stop_strings_cut_the_turn_at_the_token_that_completes_them(fake_servers, tok) -> None:
+    async with gateway_on(fake_servers, tok, Script(tok, ["alpha beta END gamma delta"])) as (gw, client):
+        s = gw.session()
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        r = await oa.chat.completions.create(
+            model=gw.model_name, messages=[{"role": "user", "content": "go"}], stop=["END"]
+        )
+        await oa.close()
+        assert r.choices[0].message.content == "alpha beta " and r.choices[0].finish_reason == "stop"
+        gw.finish(s.id)
+        [traj] = await collect(gw, 1)
+    [(_, res)] = client.calls
+    kept = model_runs(traj)[0]
+    assert kept == res.output_ids[: len(kept)] and tok.decode(kept).endswith("END")
+    assert traj.logprobs == (res.logprobs or [])[: len(kept)]
+
+
+async def test_text_completions_reuse_the_served_ids(fake_servers, tok) -> None:
+    async with gateway_on(fake_servers, tok) as (gw, client):
+        s = gw.session()
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        r1 = await oa.completions.create(model=gw.model_name, prompt="Once upon", max_tokens=4, logprobs=1)
+        text = r1.choices[0].text
+        assert r1.choices[0].logprobs is not None and len(r1.choices[0].logprobs.token_logprobs or []) == 4
+        await oa.completions.create(model=gw.model_name, prompt="Once upon" + text + " then", max_tokens=2)
+        ids = client.calls[1][0].input_ids + client.calls[1][1].output_ids  # token-id prompts continue too
+        await oa.completions.create(model=gw.model_name, prompt=[*ids, 42], max_tokens=2)
+        await oa.close()
+        gw.finish(s.id)
+        [traj] = await collect(gw, 1)
+    (q1, a1), (q2, _), (q3, _) = client.calls
+    assert q2.input_ids[: len(q1.input_ids) + 4] == q1.input_ids + a1.output_ids  # never re-tokenized
+    assert q2.input_ids[len(q1.input_ids) + 4 :] == tok.encode(" then", add_special_tokens=False)
+    assert q3.input_ids == [*ids, 42]
+    assert len(traj.turns) == 3 and traj.metrics["branches"] == 1.0
+    check_alignment(traj, client.calls)
+
+
+# -- rewards, trajectories, JSONL --------------------------------------------------------------------------
+
+
+async def test_reward_endpoint_and_jsonl(fake_servers, tok, tmp_path: Path) -> None:
+    path = tmp_path / "trajs.jsonl"
+    async with gateway_on(fake_servers, tok, Script(tok, ["hello"]), trajectories_jsonl=str(path)) as (gw, _):
+        root = gw.url.removesuffix("/v1")
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{root}/v1/sessions", json={"metadata": {"sample": 3}}) as r:
+                assert r.status == 201
+                created = await r.json()
+            oa = openai.AsyncOpenAI(base_url=gw.url, api_key=created["api_key"], max_retries=0)
+            await oa.chat.completions.create(model=gw.model_name, messages=[{"role": "user", "content": "hi"}])
+            await oa.close()
+            async with http.get(f"{root}/v1/sessions/{created['id']}") as r:
+                assert (await r.json())["turns"] == 1
+            async with http.post(f"{root}/v1/sessions/{created['id']}/reward", json={"reward": 2.5}) as r:
+                assert r.status == 200 and (await r.json())["finished"] is True
+            async with http.post(f"{root}/v1/sessions/{created['id']}/reward", json={"reward": "high"}) as r:
+                assert r.status == 400 and (await r.json())["error"]["param"] == "reward"
+        with pytest.raises(Exception, match="trajectories_jsonl"):
+            await anext(gw.trajectories())
+    [traj] = read_trajectories(path)  # the gateway drains its writer on close
+    assert traj.id == created["id"] and traj.reward == 2.5 and sum(traj.loss_mask) == len(tok.encode("hello")) + 1
+
+
+async def test_closing_finishes_open_sessions_and_ends_the_iterator(fake_servers, tok) -> None:
+    async with gateway_on(fake_servers, tok, Script(tok, ["x"])) as (gw, _):
+        s = gw.session()
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        await oa.chat.completions.create(model=gw.model_name, messages=[{"role": "user", "content": "hi"}])
+        await oa.close()
+        it = gw.trajectories()
+    trajs = [t async for t in it]
+    assert [t.id for t in trajs] == [s.id]
+
+
+# -- bad input -----------------------------------------------------------------------------------------
+
+
+async def test_bad_input_gets_openai_shaped_4xx_and_the_gateway_keeps_serving(fake_servers, tok) -> None:
+    async with gateway_on(fake_servers, tok, Script(tok, ["ok"]), max_n=4, max_body_bytes=64 * 1024) as (gw, client):
+        s = gw.session()
+        url = f"{s.base_url}/chat/completions"
+        good = {"model": gw.model_name, "messages": [{"role": "user", "content": "hi"}]}
+        cases: list[tuple[Any, int, str | None, str | None]] = [
+            (b"{not json", 400, None, "invalid_json"),
+            (b"[1, 2]", 400, None, "invalid_json"),
+            ({**good, "model": "gpt-9"}, 404, "model", "model_not_found"),
+            ({"model": gw.model_name}, 400, "messages", "missing_required_parameter"),
+            ({**good, "messages": []}, 400, "messages", None),
+            ({**good, "n": 5}, 400, "n", None),
+            ({**good, "n": "two"}, 400, "n", None),
+            ({**good, "temperature": -1}, 400, "temperature", None),
+            ({**good, "top_p": 0}, 400, "top_p", None),
+            ({**good, "max_tokens": 0}, 400, "max_tokens", None),
+            ({**good, "max_tokens": 10**9}, 400, "messages", "context_length_exceeded"),
+            ({**good, "seed": -3}, 400, "seed", None),
+            ({**good, "stop": [""]}, 400, "stop[0]", None),
+            ({**good, "logit_bias": {"1": 5}}, 400, "logit_bias", "unsupported_parameter"),
+            ({**good, "top_logprobs": 3, "logprobs": True}, 400, "top_logprobs", "unsupported_parameter"),
+            ({**good, "frobnicate": 1}, 400, "frobnicate", "unsupported_parameter"),
+            ({**good, "tool_choice": "required", "tools": TOOLS}, 400, "tool_choice", "unsupported_parameter"),
+            ({**good, "tools": [{"type": "retrieval"}]}, 400, "tools[0].type", "unsupported_parameter"),
+            ({**good, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", None),
+            (
+                {**good, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+                400,
+                "messages[0].content[0]",
+                None,
+            ),
+            (
+                {
+                    **good,
+                    "messages": [
+                        {
+                            "role": "assistant",
+                            "content": "",
+                            "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}],
+                        }
+                    ],
+                },
+                400,
+                "messages[0].tool_calls[0].function.arguments",
+                None,
+            ),
+            ({**good, "response_format": {"type": "json_object"}}, 400, "response_format", None),
+            (b"x" * (65 * 1024), 413, None, "request_too_large"),
+        ]
+        async with aiohttp.ClientSession() as http:
+            for body, status, param, code in cases:
+                kw: dict[str, Any] = {"data": body} if isinstance(body, bytes) else {"json": body}
+                async with http.post(url, **kw) as r:
+                    err = (await r.json())["error"]
+                    assert (r.status, err["param"], r.content_type) == (status, param, "application/json"), (body, err)
+                    assert code is None or err["code"] == code, (body, err)
+                    assert err["message"] and err["type"]
+            async with http.post(f"{gw.url}/chat/completions", json=good) as r:  # no session key at all
+                assert r.status == 401
+            async with http.get(f"{gw.url}/nope") as r:
+                assert r.status == 404 and (await r.json())["error"]["code"] == "not_found"
+            async with http.get(f"{gw.url}/models") as r:
+                assert [m["id"] for m in (await r.json())["data"]] == [gw.model_name]
+            async with http.post(url, json=good) as r:  # still serving
+                assert r.status == 200 and (await r.json())["choices"][0]["message"]["content"] == "ok"
+            gw.finish(s.id)
+            async with http.post(url, json=good) as r:
+                assert r.status == 409 and (await r.json())["error"]["code"] == "session_finished"
+            async with http.get(f"{gw.url.removesuffix('/v1')}/health") as r:
+                assert (await r.json())["status"] == "ok"
+        oa = openai.AsyncOpenAI(base_url=gw.url, api_key="new-session", max_retries=0)
+        with pytest.raises(openai.NotFoundError):
+            await oa.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
+        with pytest.raises(openai.BadRequestError, match="n must be"):
+            await oa.chat.completions.create(model=gw.model_name, messages=[{"role": "user", "content": "x"}], n=99)
+        await oa.close()
+    assert len(client.calls) == 1  # no bad request reached the engine
+
+
+async def test_session_bound_is_a_429_until_the_trainer_collects(fake_servers, tok) -> None:
+    async with gateway_on(fake_servers, tok, Script(tok, ["ok"]), max_sessions=2) as (gw, _):
+        a, _b = gw.session(), gw.session()
+        msgs = [{"role": "user", "content": "x"}]
+        oa = openai.AsyncOpenAI(base_url=a.base_url, api_key="x", max_retries=0)
+        await oa.chat.completions.create(model=gw.model_name, messages=msgs)
+        third = openai.AsyncOpenAI(base_url=gw.url, api_key="third", max_retries=0)
+        with pytest.raises(openai.RateLimitError):
+            await third.chat.completions.create(model=gw.model_name, messages=msgs)
+        gw.finish(a.id)
+        with pytest.raises(openai.RateLimitError):  # finished but not collected: still counted
+            await third.chat.completions.create(model=gw.model_name, messages=msgs)
+        assert [t.id for t in await collect(gw, 1)] == [a.id]
+        await third.chat.completions.create(model=gw.model_name, messages=msgs)
+        with pytest.raises(openai.ConflictError):  # a collected session's id stays refused
+            await oa.chat.completions.create(model=gw.model_name, messages=msgs)
+        await oa.close()
+        await third.close()
+
+
+async def test_500_concurrent_sessions_on_cpu_fakes(fake_servers, tok) -> None:
+    script = Script(tok, [call("add", a=1, b=2), "3"])
+    async with gateway_on(fake_servers, tok, script) as (gw, client):
+        handles = [gw.session() for _ in range(500)]
+        # one process plays 500 agents: the clients' own work slows connects past openai's 5 s default
+        shared = openai.AsyncOpenAI(base_url=gw.url, api_key="unused", max_retries=0, timeout=300)
+
+        async def one(h: Any) -> None:
+            oa = shared.with_options(api_key=h.api_key)
+            msgs: list[dict[str, Any]] = [{"role": "user", "content": f"1+2? ({h.id})"}]
+            r = await oa.chat.completions.create(model=gw.model_name, messages=msgs, tools=TOOLS)
+            m = r.choices[0].message
+            assert m.tool_calls
+            msgs += [
+                m.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "3"},
+            ]
+            r = await oa.chat.completions.create(model=gw.model_name, messages=msgs, tools=TOOLS)
+            assert r.choices[0].message.content == "3"
+            gw.reward(h.id, 1.0)
+
+        await asyncio.gather(*(one(h) for h in handles))
+        await shared.close()
+        trajs = await collect(gw, 500)
+    assert sorted(t.id for t in trajs) == sorted(h.id for h in handles)
+    by_session: dict[str, list[tuple[GenerateRequest, GenerateResult]]] = {}
+    for req, res in client.calls:
+        by_session.setdefault(req.session_id or "", []).append((req, res))
+    for t in trajs:
+        assert len(t.turns) == 2 and t.metrics["branches"] == 1.0
+        check_alignment(t, by_session[t.id])
