@@ -547,3 +547,63 @@ async def test_500_concurrent_sessions_on_cpu_fakes(fake_servers, tok) -> None:
     for t in trajs:
         assert len(t.turns) == 2 and t.metrics["branches"] == 1.0
         check_alignment(t, by_session[t.id])
+
+
+async def test_a_client_that_disconnects_aborts_its_generation_and_records_nothing(fake_servers, tok) -> None:
+    gate = asyncio.Event()
+    servers = await fake_servers(1, QWEN, responder=Script(tok, ["late"]), gate=gate)
+    engine = servers[0].engine
+    async with RolloutClient(servers=[servers[0].address]) as client, Gateway(client, tokenizer=tok) as gw:
+        s = gw.session()
+        body = {"model": gw.model_name, "messages": [{"role": "user", "content": "hi"}]}
+        async with aiohttp.ClientSession() as http:
+            task = asyncio.create_task(http.post(f"{s.base_url}/chat/completions", json=body))
+            await wait_for(lambda: len(engine.requests_seen) == 1)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await wait_for(lambda: len(engine.aborted_rids) == 1)
+        assert gw.get_session(s.id).num_turns == 0
+        gate.set()
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        r = await oa.chat.completions.create(**body)
+        await oa.close()
+        assert r.choices[0].message.content == "late" and gw.get_session(s.id).num_turns == 1
+
+
+async def wait_for(cond: Callable[[], bool], timeout: float = 60) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.01)
+
+
+def test_cli_gateway_prints_ready_and_stops_on_sigterm(spawn_server, sdk_home: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    from conftest import ROOT, _wait_ready
+
+    server = spawn_server("--engine", "fake")
+    addr_file = tmp_path / "gw.url"
+    env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollout_sdk", "gateway", "--servers", server.address, "--address-file", str(addr_file),
+         "--model-name", "policy"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+    )
+    try:
+        url = _wait_ready(proc, 120)
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        assert addr_file.read_text() == url
+        with urllib.request.urlopen(f"{url}/models", timeout=30) as r:
+            assert json.loads(r.read())["data"][0]["id"] == "policy"
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
