@@ -2,21 +2,21 @@
 
 ::
 
-    handler (event loop)                        tokenizer thread (one; owns the tokenizer)
-    ────────────────────                        ──────────────────────────────────────────
+    handler (event loop)                        tokenizer thread (one)
+    ────────────────────                        ──────────────────────
     check fields, normalise messages
     match the session (hash lookups, no await)
-    ─────────────── render / glue ───────────▶  chat template + encode of the new messages only
-    ◀────────────── context ids ──────────────
+    render / glue of the new messages ──────▶  (only past OFFLOAD_CHARS characters: a thread hop costs
+    ◀────────────── context ids ────────────    more than a small render under the GIL; bench/gateway.py)
     n x client.generate (session affinity; an aborted generation — a trainer's pause — is continued
                          from its tokens, up to max_resumes times)
-    ─────────────── decode / parse ──────────▶  stop strings, decode, tool-call parser
-    ◀────────────── replies ──────────────────
+    decode, stop strings, tool-call parser ─▶  (same rule)
     record the turns (no await), answer
 
-The tokenizer is used from one thread only (fast tokenizers are not safe to share across threads), and the
-event loop never runs a template or a tokenizer.  Model output ids are never decoded and re-encoded into
-the history: a later turn appends the template's glue after the exact ids the engine returned.
+The tokenizer is only ever called with its default truncation and padding, so the loop thread and the
+tokenizer thread never change its state under each other.  Model output ids are never decoded and
+re-encoded into the history: a later turn appends the template's glue after the exact ids the engine
+returned.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ __all__ = ["Choice", "Outcome", "TurnService"]
 
 T = TypeVar("T")
 _TEMPLATES = 64
+#: work on more characters than this leaves the event loop for the tokenizer thread
+OFFLOAD_CHARS = 16_384
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +109,11 @@ class TurnService:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _off_loop(self, fn: Callable[[], T]) -> T:
+    async def _cpu(self, fn: Callable[[], T], size: int) -> T:
+        """Run tokenizer / template work: inline when small (a thread hop costs more than ~0.5 ms of work
+        under the GIL: bench/gateway.py), on the tokenizer thread when ``size`` (characters) is large."""
+        if size < OFFLOAD_CHARS:
+            return fn()
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     # -- shared pieces -----------------------------------------------------------------------------
@@ -248,7 +254,7 @@ class TurnService:
             return template.glue_ids(parent.messages, new, parent.text)
 
         try:
-            context, rewrites = await self._off_loop(render)
+            context, rewrites = await self._cpu(render, _chars(parent.messages if parent else []) + _chars(messages))
         except TemplateError as exc:
             raise bad_request("messages", f"the chat template cannot extend this conversation: {exc}") from None
         except Exception as exc:  # jinja's own errors (e.g. a template that forbids this role order)
@@ -260,7 +266,10 @@ class TurnService:
         t0 = time.perf_counter()
         results = await self._generate_n(session, prompt, sampling, opts.n)
         elapsed = time.perf_counter() - t0
-        decoded = await self._off_loop(lambda: [self._decode(r, opts.stop, parse, opts.logprobs) for r in results])
+        decoded = await self._cpu(
+            lambda: [self._decode(r, opts.stop, parse, opts.logprobs) for r in results],
+            4 * sum(len(r.output_ids) for r in results),
+        )
         session.check_open()
         choices = []
         for k, (result, dec) in enumerate(zip(results, decoded, strict=True)):
@@ -320,7 +329,7 @@ class TurnService:
                     return list(self.tokenizer.encode(prompt_in, add_special_tokens=True))
                 return list(self.tokenizer.encode(prompt_in[len(parent.text) :], add_special_tokens=False))
 
-            context = await self._off_loop(encode)
+            context = await self._cpu(encode, len(prompt_in))
             prompt = (parent.ids() if parent is not None else []) + context
         elif (
             isinstance(prompt_in, list)
@@ -338,7 +347,10 @@ class TurnService:
         t0 = time.perf_counter()
         results = await self._generate_n(session, prompt, sampling, opts.n)
         elapsed = time.perf_counter() - t0
-        decoded = await self._off_loop(lambda: [self._decode(r, opts.stop, False, opts.logprobs) for r in results])
+        decoded = await self._cpu(
+            lambda: [self._decode(r, opts.stop, False, opts.logprobs) for r in results],
+            4 * sum(len(r.output_ids) for r in results),
+        )
         session.check_open()
         prefix_text = prompt_in if isinstance(prompt_in, str) else ""
         choices = []
@@ -369,6 +381,10 @@ class TurnService:
                 Choice(index=k, node=node, message=None, text=dec.content, finish_reason=finish, logprobs=lps)
             )
         return self._outcome(session, opts, len(prompt), choices, "cmpl")
+
+
+def _chars(messages: list[dict[str, Any]]) -> int:
+    return sum(len(m.get("content") or "") + 64 for m in messages)
 
 
 def _eos_ids(tokenizer: Any) -> set[int]:
