@@ -589,9 +589,23 @@ def test_cli_gateway_prints_ready_and_stops_on_sigterm(spawn_server, sdk_home: P
     addr_file = tmp_path / "gw.url"
     env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rollout_sdk", "gateway", "--servers", server.address, "--address-file", str(addr_file),
-         "--model-name", "policy"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "rollout_sdk",
+            "gateway",
+            "--servers",
+            server.address,
+            "--address-file",
+            str(addr_file),
+            "--model-name",
+            "policy",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
     )
     try:
         url = _wait_ready(proc, 120)
@@ -607,3 +621,28 @@ def test_cli_gateway_prints_ready_and_stops_on_sigterm(spawn_server, sdk_home: P
             proc.wait(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_the_gateway_trainer_example_runs_a_step_on_policy(sdk_home: Path, tiny_model: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "gateway_trainer.py"), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("SUMMARY ")]
+    summary = json.loads(line.removeprefix("SUMMARY "))
+    assert summary["trajectories"] == 6 and summary["turns"] == 2
+    assert summary["logprob_gap"] < 1e-4  # the trainer's logprobs of the captured tokens are the engine's
+    assert summary["weight_version"] == 1  # step 1's rollouts ran on the weights pushed after step 0
