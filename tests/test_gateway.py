@@ -646,3 +646,88 @@ def test_the_gateway_trainer_example_runs_a_step_on_policy(sdk_home: Path, tiny_
     assert summary["trajectories"] == 6 and summary["turns"] == 2
     assert summary["logprob_gap"] < 1e-4  # the trainer's logprobs of the captured tokens are the engine's
     assert summary["weight_version"] == 1  # step 1's rollouts ran on the weights pushed after step 0
+
+
+async def test_a_trainer_pause_mid_turn_is_continued_across_a_weight_update(fake_servers, tok) -> None:
+    """pause(abort) returns the turn's tokens so far; the gateway continues it after resume, on v5."""
+    words = " ".join(f"w{i}" for i in range(30))
+    target = [*tok.encode(words, add_special_tokens=False), IM_END]
+    first: list[int] = []
+
+    def responder(req: GenerateRequest) -> list[int]:  # a continuation's prompt ends with the tokens so far
+        first.append(first[0] if first else len(req.input_ids))
+        return target[len(req.input_ids) - first[0] :]
+
+    servers = await fake_servers(1, FakeEngineConfig(eos_token_ids=(IM_END,), step_base_s=0.005), responder=responder)
+    engine = servers[0].engine
+    async with RolloutClient(servers=[servers[0].address]) as client, Gateway(client, tokenizer=tok) as gw:
+        s = gw.session()
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        task = asyncio.create_task(
+            oa.chat.completions.create(
+                model=gw.model_name, messages=[{"role": "user", "content": "count"}], max_tokens=200
+            )
+        )
+        await wait_for(lambda: any(len(r.out) >= 3 for r in engine._reqs.values()))
+        await client.pause("abort")
+        await client.set_weight_version(5)
+        await client.resume()
+        r = await task
+        await oa.close()
+        assert r.choices[0].message.content == words
+        gw.finish(s.id)
+        [traj] = await collect(gw, 1)
+    assert model_runs(traj) == [target]  # one turn, the engine's exact tokens, across the abort
+    (v0, n0), (v1, n1) = traj.weight_versions
+    assert (v0, v1) == (0, 5) and n0 >= 3 and n0 + n1 == len(target)
+    assert len(engine.aborted_rids) == 1
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_re_serialised_tool_arguments_match_what_was_served(indent: int | None) -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from rollout_sdk.gateway.sessions import prefix_keys
+    from rollout_sdk.gateway.tools import canonical, template_messages
+
+    scalars = st.one_of(st.integers(-(10**6), 10**6), st.text(max_size=8), st.booleans(), st.none())
+    args_st = st.dictionaries(
+        st.text(min_size=1, max_size=6), st.one_of(scalars, st.lists(scalars, max_size=3)), max_size=4
+    )
+
+    @settings(max_examples=60, deadline=None)
+    @given(args_st, st.text(max_size=20))
+    def prop(args: dict[str, Any], content: str) -> None:
+        served = {
+            "role": "assistant",
+            "content": content,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": json.dumps(args)}}
+            ],
+        }
+        items = list(args.items())[::-1]  # the client re-serialises: other key order and whitespace
+        resent = {
+            "role": "assistant",
+            "content": content or None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": json.dumps(dict(items), indent=indent, separators=None)},
+                }
+            ],
+        }
+        user = {"role": "user", "content": "q"}
+        a = [canonical(m) for m in template_messages([user, served], max_messages=8)]
+        b = [canonical(m) for m in template_messages([user, resent], max_messages=8)]
+        assert prefix_keys("k", a) == prefix_keys("k", b)
+        if args:  # a changed argument value is a different conversation
+            changed = dict(args, **{next(iter(args)): "something else entirely"})
+            if changed != args:
+                resent["tool_calls"][0]["function"]["arguments"] = json.dumps(changed)
+                c = [canonical(m) for m in template_messages([user, resent], max_messages=8)]
+                assert prefix_keys("k", c)[-1] != prefix_keys("k", a)[-1]
+                assert prefix_keys("k", c)[1] == prefix_keys("k", a)[1]
+
+    prop()
