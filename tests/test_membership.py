@@ -222,3 +222,67 @@ async def test_restarted_servers_serve_only_after_the_weights_reach_them(cpu_ser
         counts = collections.Counter(s.incarnation for s in client.stats().retired)
         assert old_inc in counts
         del again
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_random_kills_and_restarts_for_60s_under_load(spawn_server) -> None:
+    """Chaos: for 60 s, SIGKILL a random server and restart it (same port or a new one) while workers
+    keep requests in flight.  Every request ends exactly once: a full result, or a typed error; none hangs
+    (every call has a timeout, and none may hit it)."""
+    import random
+
+    from rollout_sdk.errors import RequestTimeoutError, RolloutError
+
+    rng = random.Random(17)
+    args = ("--engine", "fake", "--fake-step-base-s", "0.002", "--fake-max-batch", "64")
+    procs = [await asyncio.to_thread(spawn_server, *args) for _ in range(3)]
+    outcomes: collections.Counter[str] = collections.Counter()
+    stop = asyncio.Event()
+    async with RolloutClient(servers=[p.address for p in procs], heartbeat_interval_s=0.2, retries=2) as client:
+
+        async def worker(w: int) -> None:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    r = await client.generate(_req((w * 97 + i) % 1000, n=16), timeout=60)
+                except RequestTimeoutError:
+                    outcomes["hung"] += 1
+                except RolloutError as exc:
+                    outcomes[type(exc).__name__] += 1
+                    if not client.stats().servers or not any(s.alive for s in client.stats().servers):
+                        await until(lambda: any(s.admitted and s.alive for s in client.stats().servers), "a server")
+                else:
+                    assert r.finish_reason == "length" and len(r.output_ids) == 16
+                    outcomes["ok"] += 1
+
+        async def chaos() -> None:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 60
+            while loop.time() < end:
+                await until(lambda: outcomes["ok"] >= 50 + 20 * kills[0], "progress between kills")
+                victim = rng.randrange(len(procs))
+                old = procs[victim]
+                old.kill()
+                kills[0] += 1
+                if rng.random() < 0.5:
+                    port = old.address.rsplit(":", 1)[1]
+                    procs[victim] = await asyncio.to_thread(spawn_server, *args, "--port", port)
+                    await until(lambda a=old.address: any(c.address == a and c.alive for c in client.servers), "rejoin")
+                else:
+                    procs[victim] = await asyncio.to_thread(spawn_server, *args)
+                    await client.add_server(procs[victim].address)
+                    await client.remove_server(old.address, drain=False)
+            stop.set()
+
+        kills = [0]
+        async with asyncio.TaskGroup() as tg:
+            for w in range(16):
+                tg.create_task(worker(w))
+            tg.create_task(chaos())
+        st = client.stats()
+    assert outcomes["hung"] == 0, outcomes
+    assert kills[0] >= 3 and outcomes["ok"] > 50 * kills[0], (kills, outcomes)
+    assert set(outcomes) <= {"ok", "ServerUnavailableError", "EngineDeadError", "NoServersError", "PoisonRequestError"}
+    assert len(st.retired) >= kills[0]  # every killed process left the fleet as its own member
