@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -46,6 +47,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("rollout_sdk.launch")
 
 ROOT = "rollout_sdk"
 
@@ -166,7 +169,8 @@ class StoreDiscovery:
         self.records: list[ServerRecord] = []
         self._keys: StoreKeys | None = None
         self._seen = 0
-        self._watch_store: Any = None
+        self._watch_stop = threading.Event()
+        self._watch_thread_handle: threading.Thread | None = None
 
     async def open(self, timeout: float) -> list[str]:
         self.records = await in_daemon_thread(lambda: self._discover(timeout))
@@ -206,22 +210,52 @@ class StoreDiscovery:
         return records
 
     async def watch(self) -> AsyncIterator[str]:
-        """Yield the address of every server that registers after :meth:`open` (restarts included)."""
-        while True:
-            record = await in_daemon_thread(self._next_member)
-            if record is not None:
-                self.records.append(record)
-                yield record.address
+        """Yield the address of every server that registers after :meth:`open` (restarts included).
 
-    def _next_member(self) -> ServerRecord | None:
+        One watcher thread waits on the next ``{p}/member/<k>`` key, ``watch_wait_s`` at a time, and hands
+        records over through a bounded queue; :meth:`close` stops it and joins it (a thread left inside a
+        store call when the interpreter exits aborts the process).
+        """
         assert self._keys is not None, "open() first"
-        if self._watch_store is None:
-            self._watch_store = connect_store(self.store_address)
-        key = self._keys.member(self._seen + 1)
-        if wait_keys(self._watch_store, [key], self.watch_wait_s):
-            return None
-        self._seen += 1
-        return msgspec.msgpack.decode(self._watch_store.get(key), type=ServerRecord)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[ServerRecord] = asyncio.Queue(maxsize=1024)
+        self._watch_stop.clear()
+        thread = threading.Thread(target=self._watch_thread, args=(loop, queue), name="rollout-sdk-watch", daemon=True)
+        self._watch_thread_handle = thread
+        thread.start()
+        while True:
+            record = await queue.get()
+            self.records.append(record)
+            yield record.address
+
+    def _watch_thread(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[ServerRecord]) -> None:
+        assert self._keys is not None
+        store = None
+        try:
+            store = connect_store(self.store_address)
+            while not self._watch_stop.is_set():
+                key = self._keys.member(self._seen + 1)
+                if wait_keys(store, [key], self.watch_wait_s):
+                    continue
+                record = msgspec.msgpack.decode(store.get(key), type=ServerRecord)
+                self._seen += 1
+                while not self._watch_stop.is_set():
+                    try:
+                        asyncio.run_coroutine_threadsafe(queue.put(record), loop).result(self.watch_wait_s)
+                        break
+                    except TimeoutError:
+                        continue  # the queue is full: the client is not keeping up; keep the record
+                    except RuntimeError:
+                        return  # the loop is closed
+        except Exception as exc:  # the store went away (job ended): nothing more will register
+            if not self._watch_stop.is_set():
+                log.warning("store watch at %s stopped: %s", self.store_address, exc)
+        finally:
+            del store
 
     async def close(self) -> None:
-        return None
+        """Stop the watcher thread, if any (waits at most one ``watch_wait_s`` round for it)."""
+        self._watch_stop.set()
+        thread, self._watch_thread_handle = self._watch_thread_handle, None
+        if thread is not None:
+            await asyncio.to_thread(thread.join, self.watch_wait_s + 10.0)
