@@ -392,7 +392,8 @@ async def test_reward_endpoint_and_jsonl(fake_servers, tok, tmp_path: Path) -> N
             await oa.chat.completions.create(model=gw.model_name, messages=[{"role": "user", "content": "hi"}])
             await oa.close()
             async with http.get(f"{root}/v1/sessions/{created['id']}") as r:
-                assert (await r.json())["turns"] == 1
+                info = await r.json()
+                assert info["turns"] == 1 and info["metadata"] == {"sample": 3}
             async with http.post(f"{root}/v1/sessions/{created['id']}/reward", json={"reward": 2.5}) as r:
                 assert r.status == 200 and (await r.json())["finished"] is True
             async with http.post(f"{root}/v1/sessions/{created['id']}/reward", json={"reward": "high"}) as r:

@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from .. import Continuation  # the package root re-exports it wherever the rollouts layer keeps it
 from ..agents import ChatTemplate, ParsedTurn, TemplateError, ToolCallParser, ToolCallRecord, Turn, get_parser
-from ..partial import Continuation
 from ..protocol import GenerateRequest, GenerateResult, SamplingParams
 from .errors import GatewayError, bad_request, unsupported
 from .sampling import RequestOptions, parse_options

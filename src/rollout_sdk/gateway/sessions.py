@@ -134,6 +134,7 @@ class SessionStats:
     branches: int
     in_flight: int
     reward: float | None
+    metadata: dict[str, Any]
 
 
 class Session:
@@ -219,6 +220,7 @@ class Session:
             branches=len(self.leaves()),
             in_flight=self.in_flight,
             reward=self.reward,
+            metadata=self.metadata,
         )
 
     def trajectories(self) -> list[Trajectory]:
