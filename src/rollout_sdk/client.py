@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from . import _transport
+from ._aio import await_unless, ended_with
 from ._connection import ServerConnection
 from ._control import WeightSync, broadcast_control, update_weights_ipc
 from ._stream import Prompt, ResultStream
@@ -237,12 +238,9 @@ class RolloutClient:
             )
             self._scheduler.add(conn)
         ready = asyncio.Event()
-        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(ready), name="rollout-client")
-        waiter = asyncio.ensure_future(ready.wait())
-        await asyncio.wait([waiter, self._supervisor], return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if self._supervisor.done():
-            self._supervisor.result()
+        sup = self._supervisor = asyncio.get_running_loop().create_task(self._supervise(ready), name="rollout-client")
+        stopped = ClientStateError("the client's supervisor stopped before it was ready")
+        await await_unless(ready.wait(), sup, error=lambda: ended_with(sup, stopped))
         await asyncio.gather(*(c.handshake(cfg.connect_timeout_s) for c in self._scheduler.servers))
 
     async def _supervise(self, ready: asyncio.Event) -> None:

@@ -46,6 +46,7 @@ from typing import Any
 import msgspec
 
 from . import _transport
+from ._aio import await_unless, ended_with
 from .engines.base import Engine
 from .errors import (
     EngineBusyError,
@@ -196,13 +197,10 @@ class EngineServer:
             if not ready.done():
                 ready.set_result(addr)
 
-        self._runner = loop.create_task(self.serve(on_ready=_ready), name=f"{self.server_id}-serve")
-        both: list[asyncio.Future[Any]] = [ready, self._runner]
-        done, _ = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-        if self._runner in done and not ready.done():
-            ready.cancel()
-            self._runner.result()  # raises the start-up error
-            raise RemoteError("server stopped before it was ready")
+        runner = self._runner = loop.create_task(self.serve(on_ready=_ready), name=f"{self.server_id}-serve")
+        await await_unless(
+            ready, runner, error=lambda: ended_with(runner, RemoteError("server stopped before it was ready"))
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -405,26 +403,11 @@ class EngineServer:
             case SetWeightVersion(version=v):
                 await engine.set_weight_version(v)
             case InitWeightGroup():
-                await engine.init_weight_group(
-                    master_address=msg.master_address,
-                    master_port=msg.master_port,
-                    rank_offset=msg.rank_offset,
-                    world_size=msg.world_size,
-                    group_name=msg.group_name,
-                    backend=msg.backend,
-                    timeout_s=msg.timeout_s,
-                )
+                await engine.init_weight_group(msg)
             case UpdateWeightsDistributed():
-                await engine.update_weights_distributed(
-                    group_name=msg.group_name,
-                    buckets=msg.buckets,
-                    version=msg.version,
-                    flush_cache=msg.flush_cache,
-                )
+                await engine.update_weights_distributed(msg)
             case UpdateWeightsFromIpc():
-                await engine.update_weights_from_ipc(
-                    handles=msg.handles, buckets=msg.buckets, version=msg.version, flush_cache=msg.flush_cache
-                )
+                await engine.update_weights_from_ipc(msg)
             case DestroyWeightGroup(group_name=name):
                 await engine.destroy_weight_group(name)
             case _:  # pragma: no cover - the decoder only admits the types above

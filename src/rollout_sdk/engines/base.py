@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ..errors import UnsupportedOperationError
-from ..protocol import EngineLimits, GenerateRequest, GenerateResult, PauseMode, TensorMeta
+from ..protocol import (
+    EngineLimits,
+    GenerateRequest,
+    GenerateResult,
+    InitWeightGroup,
+    PauseMode,
+    UpdateWeightsDistributed,
+    UpdateWeightsFromIpc,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -161,27 +169,16 @@ class Engine(abc.ABC):
         """Load tensors already in this process (all-or-nothing)."""
         raise self._unsupported("update_weights")
 
-    async def init_weight_group(
-        self,
-        *,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str,
-        backend: str,
-        timeout_s: float,
-    ) -> None:
+    async def init_weight_group(self, msg: InitWeightGroup) -> None:
+        """Join the trainer's weight-update process group (the wire message, as received)."""
         raise self._unsupported("init_weight_group")
 
-    async def update_weights_distributed(
-        self, *, group_name: str, buckets: list[list[TensorMeta]], version: int | None, flush_cache: bool
-    ) -> None:
+    async def update_weights_distributed(self, msg: UpdateWeightsDistributed) -> None:
+        """Receive ``msg.buckets`` by broadcast from the group's rank 0 and load them."""
         raise self._unsupported("update_weights_distributed")
 
-    async def update_weights_from_ipc(
-        self, *, handles: list[bytes], buckets: list[list[TensorMeta]], version: int | None, flush_cache: bool
-    ) -> None:
+    async def update_weights_from_ipc(self, msg: UpdateWeightsFromIpc) -> None:
+        """Load buckets shared by CUDA IPC handles (colocated trainer)."""
         raise self._unsupported("update_weights_from_ipc")
 
     async def destroy_weight_group(self, group_name: str) -> None:

@@ -27,9 +27,8 @@ import collections
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from .._aio import cancel_and_wait
+from .._aio import await_unless, cancel_and_wait
 from ..errors import (
     EngineDeadError,
     EngineStartupError,
@@ -156,11 +155,7 @@ class FakeEngine(Engine):
         r = _Req(req, self._target(req), fut)
         self._reqs[req.rid] = r
         if self.gate is not None and not self.gate.is_set():
-            gate_task: asyncio.Future[Any] = asyncio.ensure_future(self.gate.wait())
-            try:
-                await asyncio.wait([gate_task, fut], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                gate_task.cancel()
+            await await_unless(self.gate.wait(), fut)  # the gate, unless the request ends meanwhile (abort)
             if fut.done():
                 return fut.result()
         if self.config.instant:
