@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import WeightUpdateError
-from ...protocol import EngineLimits
+from ...protocol import PENALTY_RANGE, EngineLimits
 from .batch import Batch, prefill_inputs
 from .config import CpuEngineConfig
 from .sequence import Sequence
@@ -250,10 +250,12 @@ def _apply_penalties(row: torch.Tensor, s: Sequence, vocab: int) -> None:
 
     sp = s.sampling
     if sp.repetition_penalty != 1.0:
+        lo, hi = PENALTY_RANGE
+        penalty = min(max(sp.repetition_penalty, lo), hi)  # beyond these a float32 logit overflows
         seen = torch.tensor(sorted(set(s.prompt) | set(s.out)), dtype=torch.long)
         seen = seen[seen < vocab]
         vals = row[seen]
-        row[seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+        row[seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
     if s.out and (sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0):
         counts = torch.bincount(torch.tensor(s.out, dtype=torch.long), minlength=vocab)[:vocab].float()
         row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).float()

@@ -38,6 +38,7 @@ from typing import Any
 from ..._aio import await_unless, cancel_and_wait
 from ...errors import EngineDeadError, EngineStartupError, InvalidRequestError, RemoteError
 from ...protocol import (
+    PENALTY_RANGE,
     EngineLimits,
     GenerateRequest,
     GenerateResult,
@@ -308,11 +309,11 @@ class SglangEngine(Engine):
             )
         out: dict[str, Any] = {
             "max_new_tokens": sp.max_new_tokens,
-            "temperature": sp.temperature,
+            "temperature": 0.0 if sp.greedy else sp.temperature,
             "top_p": sp.top_p,
             "top_k": sp.top_k if sp.top_k > 0 else -1,
             "min_p": sp.min_p,
-            "repetition_penalty": sp.repetition_penalty,
+            "repetition_penalty": min(max(sp.repetition_penalty, PENALTY_RANGE[0]), PENALTY_RANGE[1]),
             "frequency_penalty": sp.frequency_penalty,
             "presence_penalty": sp.presence_penalty,
             "ignore_eos": sp.ignore_eos,
