@@ -281,3 +281,34 @@ async def test_ipc_refused_up_front_with_tensor_parallel_engines(engine) -> None
     with pytest.raises(WeightUpdateError, match="one CUDA handle per TP rank") as info:
         await eng.update_weights_from_ipc(ipc(NORM, 1))
     assert info.value.applied is False and tm.loaded == []
+
+
+async def test_load_never_shows_more_than_runs_here(engine) -> None:
+    """SGLang's load snapshot is read once a second: one taken mid-run must not outlive the run."""
+    from types import SimpleNamespace
+
+    from rollout_sdk.engines.base import EngineLoad
+    from rollout_sdk.engines.sglang.engine import _load_from_snapshot
+
+    eng, tm = engine
+    snap = SimpleNamespace(
+        num_running_reqs=128,
+        num_waiting_reqs=7,
+        num_waiting_uncached_tokens=900,
+        num_used_tokens=50_000,
+        max_total_num_tokens=400_000,
+        max_running_requests=256,
+        token_usage=0.125,
+    )
+    eng._load = _load_from_snapshot(snap, eng.config)
+    assert (eng._load.max_running_requests, eng._load.kv_capacity_tokens) == (256, 400_000)
+    idle = eng.load()
+    assert (idle.running, idle.queued, idle.queued_tokens) == (0, 0, 0)
+    assert idle.max_running_requests == 256 and idle.kv_capacity_tokens == 400_000
+    tasks = [asyncio.ensure_future(eng.generate(req(f"r{i}", 100))) for i in range(3)]
+    await until_tokens(tm, 3)
+    busy = eng.load()
+    assert busy.running + busy.queued == 3
+    eng._load = EngineLoad(running=1, queued=0)
+    assert eng.load().running == 1  # a fresh snapshot below what runs is kept as it is
+    await asyncio.gather(*tasks)

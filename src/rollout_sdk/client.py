@@ -128,6 +128,13 @@ class ServerStatus(msgspec.Struct, frozen=True, kw_only=True):
     failed_over: int
     weight_version: int
     latency_p50_s: float | None
+    #: capacity and KV use as the engine reports them (ServerStats documents each); None: unknown / no limit
+    engine_max_running: int | None = None
+    engine_kv_capacity_tokens: int | None = None
+    engine_kv_used_tokens: int | None = None
+    engine_kv_usage: float | None = None
+    #: seconds since these engine numbers arrived (the last Pong); None before the first
+    stats_age_s: float | None = None
 
 
 class ClientStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -614,6 +621,11 @@ class RolloutClient:
                 in_flight=c.in_flight,
                 engine_running=c.stats.running if c.stats else 0,
                 engine_queued=c.stats.queued if c.stats else 0,
+                engine_max_running=c.stats.max_running_requests if c.stats else None,
+                engine_kv_capacity_tokens=c.stats.kv_capacity_tokens if c.stats else None,
+                engine_kv_used_tokens=c.stats.kv_used_tokens if c.stats else None,
+                engine_kv_usage=c.stats.kv_usage if c.stats else None,
+                stats_age_s=c.stats_age_s,
                 sent=c.sent,
                 completed=c.completed,
                 aborted=c.aborted,

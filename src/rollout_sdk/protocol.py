@@ -222,10 +222,31 @@ class Ping(msgspec.Struct, tag="ping", frozen=True):
 
 
 class ServerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Live load and counters of one server (and its engine)."""
+    """Live load, capacity and counters of one server and its engine, as of the moment it answered a Ping.
+
+    Load (what runs now):
+
+    * ``in_flight``: requests the server holds for every client (queued, running, or held by a pause);
+    * ``client_in_flight``: of those, the ones sent by the client this Pong answers, so a client computes
+      the load *others* put there (``in_flight - client_in_flight``) from one consistent snapshot;
+    * ``running`` / ``queued``: requests the engine decodes now / has accepted and not yet started;
+    * ``queued_tokens``: tokens the queued requests hold;
+    * ``kv_used_tokens``: tokens the engine's KV cache holds now; ``kv_usage``: that as a fraction of
+      ``kv_capacity_tokens`` where the engine knows it.
+
+    Capacity (what the engine can run at once; for admission control):
+
+    * ``max_running_requests``: the most requests the engine decodes at once (CPU: ``max_running``;
+      SGLang: the scheduler's effective ``max_running_requests``); None where there is no fixed limit;
+    * ``kv_capacity_tokens``: tokens the KV pool holds (SGLang: ``max_total_num_tokens``); None where the
+      cache grows on demand (CPU engine).
+
+    An idle server reports ``in_flight == running == queued == 0``.
+    """
 
     server_id: str
     in_flight: int = 0
+    client_in_flight: int = 0
     running: int = 0
     queued: int = 0
     queued_tokens: int = 0
@@ -237,6 +258,9 @@ class ServerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     paused: bool = False
     draining: bool = False
     kv_usage: float | None = None
+    kv_used_tokens: int | None = None
+    kv_capacity_tokens: int | None = None
+    max_running_requests: int | None = None
 
 
 class Pong(msgspec.Struct, tag="pong", frozen=True):

@@ -214,11 +214,14 @@ class EngineServer:
 
     # -- stats -------------------------------------------------------------------------------------
 
-    def stats(self) -> ServerStats:
+    def stats(self, client: bytes | None = None) -> ServerStats:
+        """Live stats; ``client`` (a peer's identity) fills ``client_in_flight`` with that peer's requests."""
         load = self.engine.load()
+        mine = sum(1 for who, _ in self._by_client if who == client) if client is not None else 0
         return ServerStats(
             server_id=self.server_id,
             in_flight=len(self._flights),
+            client_in_flight=mine,
             running=load.running,
             queued=load.queued,
             queued_tokens=load.queued_tokens,
@@ -230,6 +233,9 @@ class EngineServer:
             paused=self.engine.paused,
             draining=self._draining,
             kv_usage=load.kv_usage,
+            kv_used_tokens=load.kv_used_tokens,
+            kv_capacity_tokens=load.kv_capacity_tokens,
+            max_running_requests=load.max_running_requests,
         )
 
     def info(self) -> ServerInfo:
@@ -285,7 +291,7 @@ class EngineServer:
             case GenerateRequest():
                 self._start_generate(ident, msg)
             case Ping(seq=seq):
-                self._reply(ident, Pong(seq, self.stats()))
+                self._reply(ident, Pong(seq, self.stats(ident)))
             case Abort(rid=rid):
                 self._abort(ident, rid)
             case _:

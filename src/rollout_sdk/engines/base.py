@@ -43,12 +43,23 @@ NamedTensors = Sequence[tuple[str, "torch.Tensor"]]
 
 
 class EngineLoad(msgspec.Struct, frozen=True, kw_only=True):
-    """Live load: requests being decoded, requests waiting for the engine, tokens those hold or want."""
+    """Live load and capacity of an engine (carried in every Pong as :class:`~rollout_sdk.protocol.ServerStats`).
+
+    ``running``: requests being decoded; ``queued``: requests accepted and waiting for a slot;
+    ``queued_tokens``: tokens those waiting requests hold; ``max_running_requests``: the most requests the
+    engine decodes at once (None: no fixed limit); ``kv_capacity_tokens``: tokens its KV pool holds (None:
+    the cache grows on demand, as in the CPU engine); ``kv_used_tokens``: tokens the KV cache holds now;
+    ``kv_usage``: ``kv_used_tokens / kv_capacity_tokens`` where the engine knows it.  An idle engine reports
+    zero running, zero queued.
+    """
 
     running: int = 0
     queued: int = 0
     queued_tokens: int = 0
     kv_usage: float | None = None
+    max_running_requests: int | None = None
+    kv_capacity_tokens: int | None = None
+    kv_used_tokens: int | None = None
 
 
 class Engine(abc.ABC):

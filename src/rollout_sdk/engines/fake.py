@@ -261,6 +261,8 @@ class FakeEngine(Engine):
             running=running,
             queued=max(0, queued),
             queued_tokens=sum(len(r.req.input_ids) + r.req.sampling.max_new_tokens for r in self._waiting),
+            max_running_requests=None if self.config.instant else self.config.max_batch,
+            kv_used_tokens=sum(len(r.req.input_ids) + len(r.out) for r in self._running if not r.done),
         )
 
     # -- hooks -------------------------------------------------------------------------------------

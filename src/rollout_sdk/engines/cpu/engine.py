@@ -174,6 +174,8 @@ class CpuEngine(Engine):
                     continue
                 admit = self._scheduler.schedule(batch.num_live)
                 if not admit and not batch.num_live:
+                    if batch.num_rows:  # idle: free the KV cache of the rows that finished last
+                        await self._in_worker(batch.drop_done)
                     self._wake.clear()
                     if not self._scheduler.waiting:
                         await self._wake.wait()

@@ -62,9 +62,14 @@ class Scheduler:
         return admit
 
     def load(self) -> EngineLoad:
+        """Load now.  Admitted sequences count as running (and as holding KV for their tokens) from the
+        moment they leave the queue; a retracted one is queued again and holds none."""
         queued = [s for s in self.waiting if not s.done]
+        queued_tokens = sum(s.num_tokens for s in queued)
         return EngineLoad(
             running=len(self.seqs) - len(queued),
             queued=len(queued),
-            queued_tokens=sum(s.num_tokens for s in queued),
+            queued_tokens=queued_tokens,
+            max_running_requests=self.config.max_running,
+            kv_used_tokens=sum(s.num_tokens for s in self.seqs.values()) - queued_tokens,
         )

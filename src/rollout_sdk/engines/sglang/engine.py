@@ -35,6 +35,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from ..._aio import await_unless, cancel_and_wait
 from ...errors import EngineDeadError, EngineStartupError, InvalidRequestError, RemoteError
 from ...protocol import (
@@ -281,7 +283,16 @@ class SglangEngine(Engine):
         return list(self._flights)
 
     def load(self) -> EngineLoad:
-        return self._load
+        """SGLang's last load snapshot (at most a second old), with what only this engine knows: nothing of
+        ours runs inside SGLang when no part is running (the snapshot may predate the end of a run)."""
+        load = self._load
+        parts = sum(f.running for f in self._flights.values())
+        if load.running + load.queued > parts:
+            waiting = min(load.queued, parts)
+            load = msgspec.structs.replace(load, running=parts - waiting, queued=waiting)
+        if not parts:
+            load = msgspec.structs.replace(load, queued_tokens=0)
+        return load
 
     async def _refresh_load(self) -> None:
         """SGLang publishes its scheduler's load in shared memory; read it once a second."""
@@ -290,12 +301,7 @@ class SglangEngine(Engine):
                 snaps = await self._tm.get_loads()
                 if snaps:
                     s = snaps[0]
-                    self._load = EngineLoad(
-                        running=int(s.num_running_reqs),
-                        queued=int(s.num_waiting_reqs),
-                        queued_tokens=int(getattr(s, "num_waiting_uncached_tokens", 0) or 0),
-                        kv_usage=float(s.token_usage) if s.token_usage is not None else None,
-                    )
+                    self._load = _load_from_snapshot(s, self.config)
             except Exception:  # load is advisory: never let it take the engine down
                 log.debug("reading SGLang load failed", exc_info=True)
             await asyncio.sleep(1.0)
@@ -455,6 +461,25 @@ class SglangEngine(Engine):
 
     async def destroy_weight_group(self, group_name: str) -> None:
         await self._control.destroy_weight_group(group_name)
+
+
+def _load_from_snapshot(s: Any, config: SglangEngineConfig) -> EngineLoad:
+    """EngineLoad from SGLang's ``LoadSnapshot`` (sglang 0.5.16: managers/load_snapshot.py)."""
+
+    def num(name: str) -> int | None:
+        v = getattr(s, name, None)
+        return int(v) if isinstance(v, int | float) and v > 0 else None
+
+    usage = getattr(s, "token_usage", None)
+    return EngineLoad(
+        running=int(s.num_running_reqs),
+        queued=int(s.num_waiting_reqs),
+        queued_tokens=int(getattr(s, "num_waiting_uncached_tokens", 0) or 0),
+        kv_usage=float(usage) if usage is not None else None,
+        max_running_requests=num("max_running_requests") or config.max_running_requests,
+        kv_capacity_tokens=num("max_total_num_tokens"),
+        kv_used_tokens=int(getattr(s, "num_used_tokens", 0) or 0),
+    )
 
 
 def _set_sglang_version(tm: Any, version: int) -> None:
