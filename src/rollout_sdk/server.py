@@ -54,6 +54,7 @@ from .errors import (
     InvalidRequestError,
     ProtocolError,
     RemoteError,
+    RequestFailedError,
     RolloutError,
     ServerShuttingDownError,
     UnsupportedOperationError,
@@ -340,10 +341,10 @@ class EngineServer:
         except RolloutError as exc:
             self._errors += 1
             reply = error_reply(exc, rid=flight.rid)
-        except Exception as exc:
+        except Exception as exc:  # one request's failure: the engine dies only through wait_dead()
             log.exception("server %s: engine failed request %s", self.server_id, flight.rid)
             self._errors += 1
-            reply = error_reply(RemoteError(f"{type(exc).__name__}: {exc}"), rid=flight.rid)
+            reply = error_reply(RequestFailedError(f"{type(exc).__name__}: {exc}"), rid=flight.rid)
         finally:
             self._flights.pop(engine_rid, None)
             self._by_client.pop((flight.ident, flight.rid), None)

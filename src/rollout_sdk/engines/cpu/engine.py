@@ -38,7 +38,14 @@ from collections.abc import Sequence as Seq
 from typing import Any, TypeVar
 
 from ..._aio import cancel_and_wait
-from ...errors import EngineBusyError, EngineDeadError, EngineStartupError, InvalidRequestError, WeightUpdateError
+from ...errors import (
+    EngineBusyError,
+    EngineDeadError,
+    EngineStartupError,
+    InvalidRequestError,
+    RequestFailedError,
+    WeightUpdateError,
+)
 from ...protocol import (
     EngineLimits,
     FinishReason,
@@ -163,6 +170,17 @@ class CpuEngine(Engine):
         if not seq.future.done():
             seq.future.set_result(seq.result(reason, weight_version=self._weight_version, matched=matched))
 
+    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+        """This request alone failed inside the engine; the engine goes on."""
+        if seq.done:
+            return
+        log.warning("CPU engine: request %s failed on its own: %s: %s", seq.rid, type(exc).__name__, exc)
+        seq.done = True
+        self._scheduler.forget(seq)
+        if not seq.future.done():
+            err = RequestFailedError(f"the CPU engine failed this request: {type(exc).__name__}: {exc}")
+            seq.future.set_exception(err)
+
     # -- the step loop -----------------------------------------------------------------------------
 
     async def _step_loop(self) -> None:
@@ -189,7 +207,7 @@ class CpuEngine(Engine):
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            log.exception("CPU engine step failed; the engine is dead")
+            log.exception("CPU engine step failed with no request to blame; the engine is dead")
             err = EngineDeadError(f"CPU engine failed: {type(exc).__name__}: {exc}")
             self._mark_dead(err)
             for s in list(self._scheduler.seqs.values()):
@@ -199,7 +217,9 @@ class CpuEngine(Engine):
                     s.future.set_exception(err)
 
     def _record(self, out: StepOutput) -> None:
-        version, emitted = out
+        version, emitted, failed = out
+        for seq, exc in failed:
+            self._fail(seq, exc)
         now = time.perf_counter()
         for seq, tok, lp in emitted:
             if seq.done:

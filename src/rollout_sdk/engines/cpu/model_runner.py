@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...errors import WeightUpdateError
 from ...protocol import PENALTY_RANGE, EngineLimits
@@ -31,8 +31,14 @@ __all__ = ["ModelRunner", "StepOutput"]
 log = logging.getLogger("rollout_sdk.engines.cpu")
 _HEAD_CHUNK = 32
 
-#: (weight version the step ran on, [(sequence, token, logprob)])
-StepOutput = tuple[int, list[tuple[Sequence, int, float]]]
+
+class StepOutput(NamedTuple):
+    """What one step made: the weight version it ran on, one ``(sequence, token, logprob)`` per row that
+    sampled, and the rows that failed on their own (each with its error; the engine fails just those)."""
+
+    version: int
+    emitted: list[tuple[Sequence, int, float]]
+    failed: list[tuple[Sequence, BaseException]]
 
 
 class ModelRunner:
@@ -106,23 +112,69 @@ class ModelRunner:
     # -- one step ----------------------------------------------------------------------------------
 
     def step(self, admit: list[Sequence]) -> StepOutput:
+        """Decode one token for every running row, prefill ``admit``.
+
+        A failure is pinned on the request that causes it: a row whose sampling fails fails alone; a
+        batched prefill that fails is retried row by row; a batched decode that fails drops the batch's KV
+        cache (it may be half extended) and every row re-prefills as ``prompt + tokens so far``, row by row
+        if need be.  A row that fails on its own fails; the engine is broken (this raises) only when a
+        one-token canary forward fails too.
+        """
         import torch
 
         version = self.version
         b = self.batch
         emitted: list[tuple[Sequence, int, float]] = []
+        failed: list[tuple[Sequence, BaseException]] = []
         with torch.inference_mode():
             b.drop_done()
             if b.rows:
-                ids, mask, pos = b.decode_inputs()
-                last = self._forward_last(ids, mask, pos, b.cache)
-                toks, lps = self._head_and_sample(last, b.rows)
-                b.advance(mask, toks)
-                emitted.extend(zip(b.rows, toks.tolist(), lps.tolist(), strict=True))
+                try:
+                    ids, mask, pos = b.decode_inputs()
+                    last = self._forward_last(ids, mask, pos, b.cache)
+                except Exception:
+                    log.warning("CPU engine: a batched decode failed; re-prefilling its rows", exc_info=True)
+                    admit = self.retract() + admit
+                else:
+                    toks, lps, bad = self._head_and_sample(last, b.rows)
+                    b.advance(mask, toks)
+                    emitted.extend(_good(b.rows, toks, lps, bad))
+                    failed.extend(bad.items())
             if admit:
-                toks, lps = self._prefill(admit)
-                emitted.extend(zip(admit, toks.tolist(), lps.tolist(), strict=True))
-        return version, emitted
+                e, f = self._prefill_isolated(admit)
+                emitted.extend(e)
+                failed.extend(f)
+            if failed:
+                self._canary()  # raises when the engine itself is broken
+        return StepOutput(version, emitted, failed)
+
+    def _prefill_isolated(
+        self, admit: list[Sequence]
+    ) -> tuple[list[tuple[Sequence, int, float]], list[tuple[Sequence, BaseException]]]:
+        groups = [admit]
+        emitted: list[tuple[Sequence, int, float]] = []
+        failed: list[tuple[Sequence, BaseException]] = []
+        while groups:
+            group = groups.pop()
+            try:
+                toks, lps, bad = self._prefill(group)
+            except Exception as exc:
+                if len(group) == 1:
+                    failed.append((group[0], exc))
+                else:  # which row: prefill them one by one
+                    groups.extend([s] for s in reversed(group))
+                continue
+            emitted.extend(_good(group, toks, lps, bad))
+            failed.extend(bad.items())
+        return emitted, failed
+
+    def _canary(self) -> None:
+        """A one-token forward on a fresh cache: if this fails, no request is to blame."""
+        import torch
+        from transformers import DynamicCache
+
+        one = torch.zeros(1, 1, dtype=torch.long)
+        self._forward_last(one, torch.ones_like(one), one, DynamicCache(config=self.model.config))
 
     def retract(self) -> list[Sequence]:
         """Drop the KV cache of every running row; the rows re-prefill (prompt + tokens so far) later."""
@@ -130,15 +182,15 @@ class ModelRunner:
         self.batch.clear()
         return rows
 
-    def _prefill(self, admit: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prefill(self, admit: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, dict[Sequence, BaseException]]:
         from transformers import DynamicCache
 
         ids, mask, pos = prefill_inputs(admit)
         cache = DynamicCache(config=self.model.config)
         last = self._forward_last(ids, mask, pos, cache)
-        toks, lps = self._head_and_sample(last, admit)
+        toks, lps, bad = self._head_and_sample(last, admit)
         self.batch.admit(admit, cache, mask, pos[:, -1] + 1, toks)
-        return toks, lps
+        return toks, lps, bad
 
     def _forward_last(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         """Run the model over ``ids`` (extending ``cache`` in place); return each row's last hidden state,
@@ -150,14 +202,18 @@ class ModelRunner:
         logits: torch.Tensor = self.model(**kw, logits_to_keep=1).logits[:, -1, :]
         return logits
 
-    def _head_and_sample(self, hidden: torch.Tensor, rows: Seq[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _head_and_sample(
+        self, hidden: torch.Tensor, rows: Seq[Sequence]
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[Sequence, BaseException]]:
         """Logits and tokens for ``hidden`` ([n, H], last position of each row), in cache-sized chunks:
-        a [rows, 150k] float32 block stays in cache at 32 rows and spills to memory at 128."""
+        a [rows, 150k] float32 block stays in cache at 32 rows and spills to memory at 128.  A row whose
+        penalties or sampling raise is returned in the dict (its token is a placeholder, never used)."""
         import torch
 
         from .._sampling import RowSampling, sample
 
         toks, lps = [], []
+        bad: dict[Sequence, BaseException] = {}
         for lo in range(0, len(rows), _HEAD_CHUNK):
             chunk = rows[lo : lo + _HEAD_CHUNK]
             logits = self._head(hidden[lo : lo + _HEAD_CHUNK]).float()
@@ -165,15 +221,28 @@ class ModelRunner:
             specs = []
             for i, s in enumerate(chunk):
                 sp = s.sampling
-                if s.is_penalized:
-                    _apply_penalties(logits[i], s, vocab)
-                if s.stops_banned:
-                    logits[i, [t for t in s.stop_ids if t < vocab]] = float("-inf")
+                try:
+                    if s.is_penalized:
+                        _apply_penalties(logits[i], s, vocab)
+                    if s.stops_banned:
+                        logits[i, [t for t in s.stop_ids if t < vocab]] = float("-inf")
+                except Exception as exc:
+                    bad[s] = exc
+                    logits[i] = 0.0
                 specs.append(RowSampling(sp.temperature, sp.top_k, sp.top_p, sp.min_p, s.rng.random()))
-            t, lp = sample(logits, specs)
+            try:
+                t, lp = sample(logits, specs)
+            except Exception:  # which row: sample them one by one
+                t, lp = torch.zeros(len(chunk), dtype=torch.long), torch.zeros(len(chunk))
+                for i, (s, spec) in enumerate(zip(chunk, specs, strict=True)):
+                    try:
+                        ti, li = sample(logits[i : i + 1].clone(), [spec])
+                        t[i], lp[i] = ti[0], li[0]
+                    except Exception as exc:
+                        bad.setdefault(s, exc)
             toks.append(t)
             lps.append(lp)
-        return torch.cat(toks), torch.cat(lps)
+        return torch.cat(toks), torch.cat(lps), bad
 
     # -- weights and memory ------------------------------------------------------------------------
 
@@ -278,3 +347,9 @@ def _tied_aliases(model: Any) -> dict[str, str]:
     if out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight:
         aliases.setdefault("lm_head.weight", by_id[id(in_emb.weight)])
     return aliases
+
+
+def _good(
+    rows: Seq[Sequence], toks: torch.Tensor, lps: torch.Tensor, bad: dict[Sequence, BaseException]
+) -> list[tuple[Sequence, int, float]]:
+    return [(s, t, lp) for s, t, lp in zip(rows, toks.tolist(), lps.tolist(), strict=True) if s not in bad]

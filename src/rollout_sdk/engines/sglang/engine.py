@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 
 from ..._aio import await_unless, cancel_and_wait
-from ...errors import EngineDeadError, EngineStartupError, InvalidRequestError, RemoteError
+from ...errors import EngineDeadError, EngineStartupError, InvalidRequestError, RequestFailedError
 from ...protocol import (
     PENALTY_RANGE,
     EngineLimits,
@@ -378,8 +378,8 @@ class SglangEngine(Engine):
                     raise
                 except ValueError as exc:  # SGLang's own validation (context length, parameter ranges)
                     raise InvalidRequestError("sampling", req.sampling, str(exc)) from exc
-                except Exception as exc:
-                    raise RemoteError(f"SGLang failed the request: {type(exc).__name__}: {exc}") from exc
+                except Exception as exc:  # this request alone: the engine dies only by a child's death
+                    raise RequestFailedError(f"SGLang failed the request: {type(exc).__name__}: {exc}") from exc
                 kind = parts.add(out, version)
                 if kind == "abort" and flight.held and not flight.user_aborted:
                     flight.held = False  # checkpointed: continue from its tokens once the gate opens
