@@ -338,3 +338,15 @@ def test_wire_roundtrip_of_killers_is_accepted() -> None:
     for sp in KILLERS:
         msg = decode_client_message(encode(GenerateRequest(input_ids=[1], sampling=sp, rid="x")))
         assert isinstance(msg, GenerateRequest) and msg.sampling == sp
+
+
+def test_sglang_gets_the_same_safe_values() -> None:
+    """SGLang samples greedily only below 1e-6: our threshold and penalty clamp apply there too."""
+    from rollout_sdk.engines.sglang import SglangEngineConfig
+    from rollout_sdk.engines.sglang.translate import sampling_params
+
+    cfg = SglangEngineConfig(model_path="/nonexistent")
+    tiny = sampling_params(SamplingParams(temperature=5e-6, repetition_penalty=1e-300, top_k=0), cfg)
+    assert (tiny["temperature"], tiny["repetition_penalty"], tiny["top_k"]) == (0.0, 1e-6, -1)
+    huge = sampling_params(SamplingParams(temperature=0.7, repetition_penalty=1e300), cfg)
+    assert (huge["temperature"], huge["repetition_penalty"]) == (0.7, 1e6)

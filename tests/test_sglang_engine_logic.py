@@ -288,7 +288,7 @@ async def test_load_never_shows_more_than_runs_here(engine) -> None:
     from types import SimpleNamespace
 
     from rollout_sdk.engines.base import EngineLoad
-    from rollout_sdk.engines.sglang.engine import _load_from_snapshot
+    from rollout_sdk.engines.sglang.translate import load_from_snapshot
 
     eng, tm = engine
     snap = SimpleNamespace(
@@ -300,7 +300,7 @@ async def test_load_never_shows_more_than_runs_here(engine) -> None:
         max_running_requests=256,
         token_usage=0.125,
     )
-    eng._load = _load_from_snapshot(snap, eng.config)
+    eng._load = load_from_snapshot(snap, eng.config)
     assert (eng._load.max_running_requests, eng._load.kv_capacity_tokens) == (256, 400_000)
     idle = eng.load()
     assert (idle.running, idle.queued, idle.queued_tokens) == (0, 0, 0)

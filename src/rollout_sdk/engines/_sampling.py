@@ -120,7 +120,9 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSampling]) -> tuple[torch.Ten
 
 
 def _sanitize_(logits: torch.Tensor) -> None:
-    """NaN → impossible, ±inf → the largest float; a row with no possible token becomes uniform."""
+    """NaN → impossible, +inf → the largest float; a row with no possible token becomes uniform."""
+    if bool(torch.isfinite(logits.amax(dim=-1)).all()):  # amax propagates NaN: one pass in the usual case
+        return
     torch.nan_to_num_(logits, nan=float("-inf"), posinf=_FLOAT32_MAX, neginf=float("-inf"))
     dead = ~torch.isfinite(logits.max(dim=-1).values)
     if bool(dead.any()):

@@ -40,20 +40,18 @@ import msgspec
 from ..._aio import await_unless, cancel_and_wait
 from ...errors import EngineDeadError, EngineStartupError, InvalidRequestError, RequestFailedError
 from ...protocol import (
-    PENALTY_RANGE,
     EngineLimits,
     GenerateRequest,
     GenerateResult,
     InitWeightGroup,
     PauseMode,
-    SamplingParams,
-    Timings,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
 )
 from ..base import Engine, EngineLoad
 from .config import SglangEngineConfig
 from .control import Control, Flight
+from .translate import Parts, load_from_snapshot, sampling_params
 
 __all__ = ["SglangEngine"]
 
@@ -71,40 +69,6 @@ _TORCHRUN_ENV = {
     "MASTER_ADDR",
     "MASTER_PORT",
 }
-
-
-class _Parts:
-    """The parts of one request, joined: ids, logprobs and (version, tokens) segments."""
-
-    def __init__(self, logprobs: bool) -> None:
-        self.ids: list[int] = []
-        self.logprobs: list[float] | None = [] if logprobs else None
-        self.segments: list[tuple[int, int]] = []
-        self.queue_s: float | None = None
-        self.e2e_s = 0.0
-        self.count = 0
-        self.matched: int | None = None
-
-    def add(self, out: dict[str, Any], version: int) -> str:
-        meta = out.get("meta_info", {})
-        ids = list(out.get("output_ids") or [])
-        self.ids += ids
-        if self.logprobs is not None:
-            lps = [float(lp) if lp is not None else 0.0 for lp, *_ in meta.get("output_token_logprobs") or []]
-            self.logprobs += lps[: len(ids)]
-        if ids:
-            if self.segments and self.segments[-1][0] == version:
-                self.segments[-1] = (version, self.segments[-1][1] + len(ids))
-            else:
-                self.segments.append((version, len(ids)))
-        if self.queue_s is None:
-            self.queue_s = float(meta.get("queue_time") or 0.0)
-        self.e2e_s = float(meta.get("e2e_latency") or 0.0)
-        self.count += 1
-        fr = meta.get("finish_reason") or {}
-        self.matched = fr.get("matched") if isinstance(fr.get("matched"), int) else None
-        kind = fr.get("type", "abort")
-        return kind if kind in ("stop", "length", "abort") else "abort"
 
 
 class SglangEngine(Engine):
@@ -301,40 +265,12 @@ class SglangEngine(Engine):
                 snaps = await self._tm.get_loads()
                 if snaps:
                     s = snaps[0]
-                    self._load = _load_from_snapshot(s, self.config)
+                    self._load = load_from_snapshot(s, self.config)
             except Exception:  # load is advisory: never let it take the engine down
                 log.debug("reading SGLang load failed", exc_info=True)
             await asyncio.sleep(1.0)
 
     # -- generation --------------------------------------------------------------------------------
-
-    def _sampling(self, sp: SamplingParams) -> dict[str, Any]:
-        if sp.min_new_tokens and self.config.skip_tokenizer_init:
-            raise InvalidRequestError(
-                "sampling.min_new_tokens", sp.min_new_tokens, "needs an SGLang engine with skip_tokenizer_init=False"
-            )
-        out: dict[str, Any] = {
-            "max_new_tokens": sp.max_new_tokens,
-            "temperature": 0.0 if sp.greedy else sp.temperature,
-            "top_p": sp.top_p,
-            "top_k": sp.top_k if sp.top_k > 0 else -1,
-            "min_p": sp.min_p,
-            "repetition_penalty": min(max(sp.repetition_penalty, PENALTY_RANGE[0]), PENALTY_RANGE[1]),
-            "frequency_penalty": sp.frequency_penalty,
-            "presence_penalty": sp.presence_penalty,
-            "ignore_eos": sp.ignore_eos,
-        }
-        if sp.min_new_tokens:
-            out["min_new_tokens"] = sp.min_new_tokens
-        if sp.stop_token_ids:
-            out["stop_token_ids"] = list(sp.stop_token_ids)
-        if sp.seed is not None:
-            if self.config.deterministic:
-                out["sampling_seed"] = sp.seed
-            elif not self._warned_seed:
-                self._warned_seed = True
-                log.warning("per-request seeds are ignored by SGLang unless deterministic=True")
-        return out
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         if self._dead is not None:
@@ -343,9 +279,12 @@ class SglangEngine(Engine):
             raise InvalidRequestError("rid", req.rid, "already in flight")
         from sglang.srt.managers.io_struct import GenerateReqInput
 
-        base = self._sampling(req.sampling)
+        base = sampling_params(req.sampling, self.config)
+        if req.sampling.seed is not None and not self.config.deterministic and not self._warned_seed:
+            self._warned_seed = True
+            log.warning("per-request seeds are ignored by SGLang unless deterministic=True")
         flight = self._flights[req.rid] = Flight()
-        parts = _Parts(req.return_logprobs)
+        parts = Parts(req.return_logprobs)
         t0 = time.perf_counter()
         try:
             while True:
@@ -354,7 +293,7 @@ class SglangEngine(Engine):
                     raise EngineDeadError(str(self._dead))
                 left = req.sampling.max_new_tokens - len(parts.ids)
                 if flight.user_aborted or left <= 0:
-                    return self._result(req, parts, "abort" if left > 0 else "length", t0)
+                    return parts.result(req, "abort" if left > 0 else "length", t0, self._weight_version)
                 sp = dict(base, max_new_tokens=left)
                 if "min_new_tokens" in sp:
                     sp["min_new_tokens"] = max(0, sp["min_new_tokens"] - len(parts.ids))
@@ -384,7 +323,7 @@ class SglangEngine(Engine):
                 if kind == "abort" and flight.held and not flight.user_aborted:
                     flight.held = False  # checkpointed: continue from its tokens once the gate opens
                     continue
-                return self._result(req, parts, kind, t0)
+                return parts.result(req, kind, t0, self._weight_version)
         finally:
             if self._flights.get(req.rid) is flight:
                 del self._flights[req.rid]
@@ -396,24 +335,6 @@ class SglangEngine(Engine):
             return out
         finally:
             await agen.aclose()
-
-    def _result(self, req: GenerateRequest, parts: _Parts, kind: str, t0: float) -> GenerateResult:
-        total = time.perf_counter() - t0
-        return GenerateResult(
-            rid=req.rid,
-            output_ids=parts.ids,
-            finish_reason=kind,  # type: ignore[arg-type]
-            prompt_tokens=len(req.input_ids),
-            weight_version=parts.segments[-1][0] if parts.segments else self._weight_version,
-            logprobs=parts.logprobs,
-            matched_stop=parts.matched,
-            version_segments=parts.segments,
-            timings=Timings(
-                queue_s=parts.queue_s or 0.0,
-                ttft_s=0.0,
-                total_s=parts.e2e_s if parts.count == 1 and parts.e2e_s else total,
-            ),
-        )
 
     def abort(self, rid: str) -> None:
         flight = self._flights.get(rid)
@@ -461,25 +382,6 @@ class SglangEngine(Engine):
 
     async def destroy_weight_group(self, group_name: str) -> None:
         await self._control.destroy_weight_group(group_name)
-
-
-def _load_from_snapshot(s: Any, config: SglangEngineConfig) -> EngineLoad:
-    """EngineLoad from SGLang's ``LoadSnapshot`` (sglang 0.5.16: managers/load_snapshot.py)."""
-
-    def num(name: str) -> int | None:
-        v = getattr(s, name, None)
-        return int(v) if isinstance(v, int | float) and v > 0 else None
-
-    usage = getattr(s, "token_usage", None)
-    return EngineLoad(
-        running=int(s.num_running_reqs),
-        queued=int(s.num_waiting_reqs),
-        queued_tokens=int(getattr(s, "num_waiting_uncached_tokens", 0) or 0),
-        kv_usage=float(usage) if usage is not None else None,
-        max_running_requests=num("max_running_requests") or config.max_running_requests,
-        kv_capacity_tokens=num("max_total_num_tokens"),
-        kv_used_tokens=int(getattr(s, "num_used_tokens", 0) or 0),
-    )
 
 
 def _set_sglang_version(tm: Any, version: int) -> None:
