@@ -132,6 +132,8 @@ class EngineServer:
         self.engine = engine
         self.config = config or ServerConfig()
         self.server_id = self.config.server_id or f"srv-{uuid.uuid4().hex[:8]}"
+        #: this start of the server; clients treat a new incarnation at a known address as a new member
+        self.incarnation = uuid.uuid4().hex[:12]
         self.address = ""
         self._flights: dict[str, _Flight] = {}  # engine rid -> flight
         self._by_client: dict[tuple[bytes, str], str] = {}  # (ident, client rid) -> engine rid
@@ -237,6 +239,7 @@ class EngineServer:
             kv_used_tokens=load.kv_used_tokens,
             kv_capacity_tokens=load.kv_capacity_tokens,
             max_running_requests=load.max_running_requests,
+            incarnation=self.incarnation,
         )
 
     def info(self) -> ServerInfo:
@@ -250,6 +253,7 @@ class EngineServer:
             weight_version=self.engine.weight_version,
             pid=os.getpid(),
             host=self.address,
+            incarnation=self.incarnation,
         )
 
     # -- loops -------------------------------------------------------------------------------------
@@ -329,7 +333,9 @@ class EngineServer:
         reply: msgspec.Struct
         try:
             result: GenerateResult = await self.engine.generate(req)
-            reply = msgspec.structs.replace(result, rid=flight.rid, server_id=self.server_id)
+            reply = msgspec.structs.replace(
+                result, rid=flight.rid, server_id=self.server_id, incarnation=self.incarnation
+            )
             if result.finish_reason == "abort":
                 self._aborted += 1
             else:
