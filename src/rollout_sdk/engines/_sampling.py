@@ -11,7 +11,8 @@ penalties and temperature, before truncation — the same definition SGLang uses
 
 Numerics (every value SamplingParams accepts is safe here):
 
-* logits are float32; the softmax subtracts each row's maximum;
+* logits are float32; each row's maximum is subtracted before the temperature divides (so no finite logit
+  overflows into a wrong token) and again in the softmax;
 * a temperature below :data:`GREEDY_TEMPERATURE` is greedy (``logits / 1e-40`` overflows float32), one
   above :data:`MAX_TEMPERATURE` is clamped to it;
 * repetition penalties are clamped to :data:`PENALTY_RANGE` (``logit / 1e-300`` overflows);
@@ -67,9 +68,13 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSampling]) -> tuple[torch.Ten
     """
     n, vocab = logits.shape
     temps = [1.0 if r.greedy else min(r.temperature, MAX_TEMPERATURE) for r in rows]
-    if any(t != 1.0 for t in temps):
-        logits.div_(torch.tensor(temps, dtype=logits.dtype)[:, None])
     _sanitize_(logits)
+    if any(t != 1.0 for t in temps):
+        # shift each row's maximum to 0 first: dividing a large finite logit by T < 1 would overflow to
+        # -inf (or +inf) and wipe out the very token that should win; after the shift the best token stays
+        # at 0 and what overflows is only ever "impossible" (-inf)
+        logits.sub_(logits.amax(dim=-1, keepdim=True))
+        logits.div_(torch.tensor(temps, dtype=logits.dtype)[:, None])
     probs = torch.softmax(logits, dim=-1)  # the one full pass (max-subtracted)
     toks = torch.empty(n, dtype=torch.long)
     greedy = [i for i, r in enumerate(rows) if r.greedy]
