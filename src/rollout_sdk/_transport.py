@@ -12,12 +12,18 @@ non-blocking receives (bench/dispatch.py: ~6x the throughput of one awaited ``re
 concurrent requests).  Sends are non-blocking; a full high-water mark raises instead of blocking.
 
 Sockets: the server binds a ROUTER on an ephemeral port; each client connects one DEALER per server.
+
+Bounds on the wire: the ROUTER sets ``MAXMSGSIZE``, so libzmq drops (and disconnects) a peer whose frame is
+larger than the server's largest limit before a byte of it reaches Python; the server checks the smaller
+per-kind limit on the frame's length before decoding.  Each DEALER carries a fixed routing id, so a
+reconnect keeps its identity (``ROUTER_HANDOVER``): replies and aborts still reach the requests it owns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -109,12 +115,14 @@ class _Readiness:
 class RouterEndpoint:
     """The server's ROUTER socket: drain-reads ``(identity, payload)`` pairs, sends without blocking."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int, *, max_msg_bytes: int = -1) -> None:
         self._sock = ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, _HWM)
         self._sock.setsockopt(zmq.RCVHWM, _HWM)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its routing id
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)  # -1: no limit
         try:
             if port == 0:
                 self.port = self._sock.bind_to_random_port(f"tcp://{host}")
@@ -160,8 +168,10 @@ class RouterEndpoint:
         self._sock.close(linger=int(linger_s * 1000))
 
 
-def bind_router(ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int = 0) -> RouterEndpoint:
-    return RouterEndpoint(ctx, host, port)
+def bind_router(
+    ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int = 0, *, max_msg_bytes: int = -1
+) -> RouterEndpoint:
+    return RouterEndpoint(ctx, host, port, max_msg_bytes=max_msg_bytes)
 
 
 class DealerChannel:
@@ -178,6 +188,8 @@ class DealerChannel:
         self._sock.setsockopt(zmq.SNDHWM, _HWM)
         self._sock.setsockopt(zmq.RCVHWM, _HWM)
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
+        # a fixed identity across reconnects: the server keeps our requests (and our aborts reach them)
+        self._sock.setsockopt(zmq.ROUTING_ID, b"c" + os.urandom(15))
         self._sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         self._monitor = self._sock.get_monitor_socket(
