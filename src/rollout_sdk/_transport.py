@@ -115,7 +115,15 @@ class _Readiness:
 class RouterEndpoint:
     """The server's ROUTER socket: drain-reads ``(identity, payload)`` pairs, sends without blocking."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int, *, max_msg_bytes: int = -1) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        host: str,
+        port: int,
+        *,
+        max_msg_bytes: int = -1,
+        peer_timeout_s: float | None = None,
+    ) -> None:
         self._sock = ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, _HWM)
@@ -123,6 +131,13 @@ class RouterEndpoint:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its routing id
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)  # -1: no limit
+        if peer_timeout_s is not None:
+            # ZMTP heartbeats, answered by the peer's libzmq I/O thread: a peer whose process stopped is
+            # disconnected after peer_timeout_s; one whose event loop is merely blocked stays connected
+            self._sock.setsockopt(zmq.HEARTBEAT_IVL, int(min(2.0, peer_timeout_s / 4) * 1000))
+            self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(peer_timeout_s * 1000))
+        #: why the last send() returned False: "gone" (the peer is not connected) or "full" (not reading)
+        self.last_failure = ""
         try:
             if port == 0:
                 self.port = self._sock.bind_to_random_port(f"tcp://{host}")
@@ -156,6 +171,7 @@ class RouterEndpoint:
         except zmq.ZMQError as exc:
             if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 # EHOSTUNREACH: the peer disconnected; EAGAIN: it stopped reading (a million replies queued)
+                self.last_failure = "gone" if exc.errno == zmq.EHOSTUNREACH else "full"
                 return False
             raise
         finally:
@@ -169,9 +185,14 @@ class RouterEndpoint:
 
 
 def bind_router(
-    ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int = 0, *, max_msg_bytes: int = -1
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    host: str,
+    port: int = 0,
+    *,
+    max_msg_bytes: int = -1,
+    peer_timeout_s: float | None = None,
 ) -> RouterEndpoint:
-    return RouterEndpoint(ctx, host, port, max_msg_bytes=max_msg_bytes)
+    return RouterEndpoint(ctx, host, port, max_msg_bytes=max_msg_bytes, peer_timeout_s=peer_timeout_s)
 
 
 class DealerChannel:

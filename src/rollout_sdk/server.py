@@ -51,6 +51,7 @@ import concurrent.futures
 import logging
 import multiprocessing
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -165,11 +166,12 @@ class ServerConfig:
 
 
 class _Flight:
-    __slots__ = ("ident", "rid", "task")
+    __slots__ = ("big", "ident", "rid", "task")
 
-    def __init__(self, ident: bytes, rid: str) -> None:
+    def __init__(self, ident: bytes, rid: str, big: bool = False) -> None:
         self.ident = ident
         self.rid = rid
+        self.big = big  # decoded off the loop: its ids are also freed a chunk at a time
         self.task: asyncio.Task[None] | None = None
 
 
@@ -227,6 +229,7 @@ class EngineServer:
                     self.config.host,
                     self.config.port,
                     max_msg_bytes=max(self.config.max_generate_bytes, self.config.max_control_bytes),
+                    peer_timeout_s=self.config.client_timeout_s,
                 )
                 host = self.config.advertise_host or (
                     _transport.local_ip() if self.config.host in ("0.0.0.0", "*") else self.config.host
@@ -382,7 +385,8 @@ class EngineServer:
         assert self._endpoint is not None
         if not self._endpoint.send(ident, encode(msg)):
             log.debug("server %s: peer gone, reply dropped", self.server_id)
-            self._forget_client(ident, "it is gone (a reply could not be delivered)")
+            if self._endpoint.last_failure == "gone":
+                self._forget_client(ident, "it disconnected (a reply could not be delivered)")
 
     def _refuse_size(self, ident: bytes, payload: bytes) -> bool:
         """Refuse a frame over its kind's size limit before decoding it (True when refused)."""
@@ -444,15 +448,17 @@ class EngineServer:
             self._reply(ident, error_reply(exc, rid=rid))
             return
         engine_rid = f"{ident.hex()}:{rid}"
-        flight = _Flight(ident, rid)
+        flight = _Flight(ident, rid, big=checked)
         self._flights[engine_rid] = flight
         self._by_client[key] = engine_rid
         self._per_client[ident] = self._per_client.get(ident, 0) + 1
         self._idle.clear()
         assert self._tg is not None
-        flight.task = self._tg.create_task(
-            self._run_generate(flight, msgspec.structs.replace(req, rid=engine_rid), engine_rid)
-        )
+        if checked:  # our own object (decoded off the loop): no copy, no second pass over its ids
+            msgspec.structs.force_setattr(req, "rid", engine_rid)
+        else:
+            req = msgspec.structs.replace(req, rid=engine_rid)
+        flight.task = self._tg.create_task(self._run_generate(flight, req, engine_rid))
 
     async def _run_generate(self, flight: _Flight, req: GenerateRequest, engine_rid: str) -> None:
         reply: msgspec.Struct
@@ -485,6 +491,8 @@ class EngineServer:
             if not self._flights:
                 self._idle.set()
         self._reply(flight.ident, reply)
+        if flight.big:
+            await _free_ids_in_chunks(req)
 
     def _abort(self, ident: bytes, rid: str) -> int:
         if rid:
@@ -525,14 +533,27 @@ class EngineServer:
             log.warning("server %s: aborted %d request(s) of a client: %s", self.server_id, n, why)
 
     async def _sweep_clients(self) -> None:
+        """A client silent for ``client_timeout_s`` is probed with a Pong: one still connected (its event
+        loop blocked by a training step, say; libzmq answers the ZMTP heartbeats) keeps its requests; one
+        whose connection is gone (closed, or dropped by the ZMTP heartbeat timeout) has them aborted."""
         timeout = self.config.client_timeout_s
         loop = asyncio.get_running_loop()
+        assert self._endpoint is not None
+        endpoint = self._endpoint
         while True:
             await asyncio.sleep(min(1.0, timeout / 4))
             now = loop.time()
-            for ident, seen in list(self._last_seen.items()):
-                if now - seen > timeout:
-                    self._forget_client(ident, f"silent for {timeout:.0f}s (no heartbeat)")
+            silent = [ident for ident, seen in self._last_seen.items() if now - seen > timeout]
+            if not silent:
+                continue
+            probe = encode(Pong(0, self.stats()))
+            for ident in silent:
+                if endpoint.send(ident, probe):
+                    continue
+                if endpoint.last_failure == "gone":
+                    self._forget_client(ident, f"silent for {timeout:.0f}s and disconnected")
+                else:
+                    self._last_seen.pop(ident, None)  # connected but not reading: no longer counted
 
     # -- large frames ---------------------------------------------------------------------------------
 
@@ -560,7 +581,7 @@ class EngineServer:
                 return
             stub = decode_client_message(head)
             assert isinstance(stub, GenerateRequest)
-            view = memoryview(raw_ids).cast("q")
+            view = memoryview(raw_ids).cast("I")
             ids: list[int] = []
             for i in range(0, len(view), _IDS_CHUNK):
                 ids.extend(view[i : i + _IDS_CHUNK].tolist())
@@ -699,7 +720,7 @@ class EngineServer:
 def _decode_generate_frame(data: bytes, limits: EngineLimits) -> tuple[bool, bytes, bytes]:
     """In the decode worker: decode and check one large GenerateRequest.
 
-    Returns ``(True, the request without its ids (encoded), the ids as int64 bytes)``, or ``(False, an
+    Returns ``(True, the request without its ids (encoded), the ids as uint32 bytes)``, or ``(False, an
     encoded ErrorReply, b"")``.  Bytes both ways: cheap to pass between processes, cheap to read back.
     """
     req: Any = None
@@ -712,4 +733,15 @@ def _decode_generate_frame(data: bytes, limits: EngineLimits) -> tuple[bool, byt
         rid = req.rid if isinstance(req, GenerateRequest) else None
         return False, encode(error_reply(exc, rid=rid)), b""
     head = msgspec.structs.replace(req, input_ids=[0])
-    return True, encode(head), array.array("q", req.input_ids).tobytes()
+    return True, encode(head), array.array("I", req.input_ids).tobytes()  # ids < vocab_size < 2**32
+
+
+async def _free_ids_in_chunks(req: GenerateRequest) -> None:
+    """Free a large request's ids a chunk at a time (one ``del`` of millions of ints stalls the loop), but
+    only when nothing else holds the request: the refs are this frame, the caller's, getrefcount's."""
+    if sys.getrefcount(req) > 3 or sys.getrefcount(req.input_ids) > 2:
+        return  # the engine kept it (a test fake's history, say): leave it alone
+    ids = req.input_ids
+    while ids:
+        del ids[-_IDS_CHUNK:]
+        await asyncio.sleep(0)
