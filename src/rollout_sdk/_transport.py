@@ -150,13 +150,20 @@ class RouterEndpoint:
         self.host = host
         self._ready = _Readiness(self._sock)
 
-    async def recv_batch(self) -> list[list[bytes]]:
-        """Wait for at least one message; return all that are ready."""
+    async def recv_batch(self, max_n: int = 256) -> list[list[bytes]]:
+        """Wait for at least one message; return those ready, at most ``max_n``.
+
+        The bound keeps peers fair: libzmq's ROUTER takes messages from its peers in turn, so a peer's
+        Ping is read within ``max_n`` messages even while another peer floods (draining everything ready
+        into one batch would put it behind the whole flood)."""
         out: list[list[bytes]] = []
         recv = self._sock.recv_multipart
         while True:
             try:
                 out.append(recv(_NOBLOCK))
+                if len(out) >= max_n:
+                    self._ready.recheck()
+                    return out
             except zmq.Again:
                 if out:
                     self._ready.recheck()
