@@ -738,9 +738,14 @@ def _decode_generate_frame(data: bytes, limits: EngineLimits) -> tuple[bool, byt
 
 async def _free_ids_in_chunks(req: GenerateRequest) -> None:
     """Free a large request's ids a chunk at a time (one ``del`` of millions of ints stalls the loop), but
-    only when nothing else holds the request: the refs are this frame, the caller's, getrefcount's."""
-    if sys.getrefcount(req) > 3 or sys.getrefcount(req.input_ids) > 2:
-        return  # the engine kept it (a test fake's history, say): leave it alone
+    only once nothing else holds the request (the refs left are this frame, the caller's, getrefcount's).
+    An engine may hold it a moment after answering (until its next step): look again for up to ~1 s."""
+    for _ in range(100):
+        if sys.getrefcount(req) <= 3 and sys.getrefcount(req.input_ids) <= 2:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        return  # kept (a test fake's history, say): leave it alone
     ids = req.input_ids
     while ids:
         del ids[-_IDS_CHUNK:]
