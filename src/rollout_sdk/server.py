@@ -190,6 +190,8 @@ class EngineServer:
         self.engine = engine
         self.config = config or ServerConfig()
         self.server_id = self.config.server_id or f"srv-{uuid.uuid4().hex[:8]}"
+        #: this start of the server; clients treat a new incarnation at a known address as a new member
+        self.incarnation = uuid.uuid4().hex[:12]
         self.address = ""
         self._flights: dict[str, _Flight] = {}  # engine rid -> flight
         self._by_client: dict[tuple[bytes, str], str] = {}  # (ident, client rid) -> engine rid
@@ -324,6 +326,7 @@ class EngineServer:
             paused=self.engine.paused,
             draining=self._draining,
             kv_usage=load.kv_usage,
+            incarnation=self.incarnation,
         )
 
     def info(self) -> ServerInfo:
@@ -339,6 +342,7 @@ class EngineServer:
             host=self.address,
             max_generate_bytes=self.config.max_generate_bytes,
             max_control_bytes=self.config.max_control_bytes,
+            incarnation=self.incarnation,
         )
 
     # -- loops -------------------------------------------------------------------------------------
@@ -464,7 +468,9 @@ class EngineServer:
         reply: msgspec.Struct
         try:
             result: GenerateResult = await self.engine.generate(req)
-            reply = msgspec.structs.replace(result, rid=flight.rid, server_id=self.server_id)
+            reply = msgspec.structs.replace(
+                result, rid=flight.rid, server_id=self.server_id, incarnation=self.incarnation
+            )
             if result.finish_reason == "abort":
                 self._aborted += 1
             else:
