@@ -148,7 +148,24 @@ async def _serve(args: argparse.Namespace) -> int:
         print(f"READY {address}", flush=True)
 
     await server.serve(on_ready=ready)
+    await _exit_if_threads_hang(loop, grace_s=1.0)
     return 0
+
+
+async def _exit_if_threads_hang(loop: asyncio.AbstractEventLoop, *, grace_s: float) -> None:
+    """Keep the shutdown bound when a thread (a collective stuck in ``to_thread``) cannot be stopped:
+    asyncio would wait for it without a limit at exit, so give it ``grace_s`` and then leave anyway."""
+    try:
+        await asyncio.wait_for(loop.shutdown_default_executor(), grace_s)
+    except TimeoutError:
+        import logging
+        import os
+
+        logging.getLogger("rollout_sdk.server").warning("a worker thread is stuck; exiting without it")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":  # pragma: no cover
