@@ -14,7 +14,6 @@ engine starts.
     asyncio.run(main())
 """
 
-from ._stream import Group, ResultStream
 from .client import ClientConfig, ClientStats, RolloutClient, ServerStatus
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.base import Engine, EngineLoad
@@ -41,10 +40,9 @@ from .errors import (
     UnsupportedOperationError,
     WeightUpdateError,
 )
-from .partial import Continuation
 from .policies import LeastLoad, Policy, RoundRobin
 from .protocol import GenerateRequest, GenerateResult, SamplingParams
-from .rollouts import GenerateAgent, RolloutBatch, RolloutStream
+from .rollouts import Continuation, GenerateAgent, Group, ResultStream, RolloutBatch, RolloutStream
 from .scheduler import SchedulerConfig
 from .server import EngineServer, ServerConfig
 

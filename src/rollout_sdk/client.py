@@ -31,8 +31,6 @@ import msgspec
 
 from . import _transport
 from ._connection import ServerConnection
-from ._control import WeightSync, broadcast_control, update_weights_ipc
-from ._stream import Prompt, ResultStream
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.cpu import CpuEngineConfig
 from .errors import ClientStateError, ConfigError, NoServersError, RequestTimeoutError
@@ -50,8 +48,10 @@ from .protocol import (
     SetWeightVersion,
     encode,
 )
-from .rollouts import RolloutStream
+from .rollouts.results import Prompt, ResultStream
+from .rollouts.stream import RolloutStream
 from .scheduler import Scheduler, SchedulerConfig
+from .weights.sync import WeightSync, broadcast_control, update_weights_ipc
 
 __all__ = ["ClientConfig", "ClientStats", "RolloutClient", "ServerStatus"]
 

@@ -48,14 +48,15 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._aio import cancel_and_wait, first_exception, iterate
-from .agents.loop import Agent, RewardFn, RolloutContext, _reward
-from .agents.trajectory import Trajectory
-from .errors import ConfigError, StalenessError
-from .protocol import GenerateRequest, SamplingParams
+from .._aio import cancel_and_wait, first_exception, iterate
+from ..errors import ConfigError, StalenessError
+from ..protocol import GenerateRequest, SamplingParams
+from .context import RolloutContext
+from .group import Agent, RewardFn, reward_of
+from .trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from .client import RolloutClient
+    from ..client import RolloutClient
 
 __all__ = ["GenerateAgent", "RolloutBatch", "RolloutStream"]
 
@@ -372,7 +373,7 @@ class RolloutStream:
             raise StalenessError(f"group {group.index} passed its staleness bound")
         traj.sample_index = group.index
         if self.reward is not None:
-            traj.reward = await _reward(self.reward, traj, group.sample)
+            traj.reward = await reward_of(self.reward, traj, group.sample)
         return traj
 
     async def _sample_load(self) -> None:

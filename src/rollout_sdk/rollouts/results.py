@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ._aio import cancel_and_wait, first_exception, iterate
-from .errors import ConfigError
-from .protocol import GenerateRequest, GenerateResult, SamplingParams
+from .._aio import cancel_and_wait, first_exception, iterate
+from ..errors import ConfigError
+from ..protocol import GenerateRequest, GenerateResult, SamplingParams
 
 if TYPE_CHECKING:
-    from .client import RolloutClient
+    from ..client import RolloutClient
 
 __all__ = ["Group", "ResultStream"]
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import msgspec
 
-from .errors import StalenessError
-from .protocol import GenerateRequest, GenerateResult, Timings
+from ..errors import StalenessError
+from ..protocol import GenerateRequest, GenerateResult, Timings
 
 __all__ = ["Continuation"]
 

@@ -1,0 +1,96 @@
+"""Agents as the rollouts layer sees them, and a group of rollouts of one sample (a GRPO group)."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._aio import first_exception
+from ..errors import ConfigError, RolloutError
+from .context import RolloutContext
+from .trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from ..client import RolloutClient
+
+__all__ = ["Agent", "RewardFn", "Sample", "group_stats", "reward_of", "rollout_group"]
+
+Sample = Mapping[str, Any]
+RewardFn = Callable[[Trajectory, Sample], "float | Awaitable[float]"]
+
+
+class Agent(abc.ABC):
+    """A rollout policy loop.  ``run`` returns one finished :class:`Trajectory` for ``sample``."""
+
+    @abc.abstractmethod
+    async def run(self, ctx: RolloutContext, sample: Sample) -> Trajectory: ...
+
+
+async def reward_of(reward: RewardFn, traj: Trajectory, sample: Sample) -> float:
+    if asyncio.iscoroutinefunction(reward):
+        return float(await reward(traj, sample))
+    value = await asyncio.to_thread(reward, traj, sample)
+    if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
+        value = await value
+    return float(value)  # type: ignore[arg-type]
+
+
+async def rollout_group(
+    client: RolloutClient,
+    agent: Agent,
+    sample: Sample,
+    *,
+    n: int,
+    reward: RewardFn | None = None,
+    sample_index: int = -1,
+    timeout: float | None = None,
+    max_staleness: int | None = None,
+    on_error: str = "raise",
+) -> list[Trajectory]:
+    """``n`` trajectories of one sample (a GRPO group), each rewarded as soon as it finishes.
+
+    The reward function (async, or sync run in a thread) overlaps with the group's other trajectories.
+    ``on_error="record"`` turns a failed trajectory into one with ``finish_reason="error"`` instead of
+    raising, so the group stays complete.
+    """
+    if on_error not in ("raise", "record"):
+        raise ConfigError("on_error", on_error, "must be 'raise' or 'record'")
+
+    async def one(k: int) -> Trajectory:
+        ctx = RolloutContext(client, timeout=timeout, max_staleness=max_staleness)
+        ctx.seed_offset = 104_729 * k  # a seeded sampling config still gives n different samples
+        try:
+            traj = await agent.run(ctx, sample)
+        except RolloutError as exc:
+            if on_error == "raise":
+                raise
+            return Trajectory(
+                id=ctx.session_id,
+                prompt_ids=[],
+                response_ids=[],
+                loss_mask=[],
+                logprobs=[],
+                finish_reason="error",
+                error=f"{type(exc).__name__}: {exc}",
+                sample_index=sample_index,
+            )
+        traj.sample_index = sample_index
+        if reward is not None:
+            traj.reward = await reward_of(reward, traj, sample)
+        return traj
+
+    try:
+        async with asyncio.TaskGroup() as tg:  # one failure cancels its siblings instead of orphaning them
+            tasks = [tg.create_task(one(k)) for k in range(n)]
+    except BaseExceptionGroup as eg:
+        raise first_exception(eg) from None
+    return [t.result() for t in tasks]
+
+
+def group_stats(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+    """Totals over trajectories: turns, tool calls and errors, parse errors, model tokens."""
+    trajs = [t for g in groups for t in g]
+    keys = ("turns", "tool_calls", "tool_errors", "parse_errors", "model_tokens", "context_tokens")
+    return {k: sum(t.metrics.get(k, 0.0) for t in trajs) for k in keys} | {"trajectories": float(len(trajs))}
