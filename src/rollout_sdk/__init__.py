@@ -14,7 +14,7 @@ engine starts.
     asyncio.run(main())
 """
 
-from .client import ClientConfig, ClientStats, RolloutClient, ServerStatus
+from .client import USE_CLIENT_DEFAULT, ClientConfig, ClientState, ClientStats, RolloutClient, ServerStatus
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.base import Engine, EngineLoad
 from .engines.cpu import CpuEngine, CpuEngineConfig
@@ -36,6 +36,7 @@ from .errors import (
     ServerShuttingDownError,
     ServerUnavailableError,
     StalenessError,
+    StreamClosedError,
     TransportError,
     UnsupportedOperationError,
     WeightUpdateError,
@@ -49,7 +50,9 @@ from .server import EngineServer, ServerConfig
 __version__ = "0.1.0"
 
 __all__ = [
+    "USE_CLIENT_DEFAULT",
     "ClientConfig",
+    "ClientState",
     "ClientStateError",
     "ClientStats",
     "ConfigError",
@@ -92,6 +95,7 @@ __all__ = [
     "ServerUnavailableError",
     "StalenessError",
     "StaticServers",
+    "StreamClosedError",
     "TransportError",
     "UnsupportedOperationError",
     "WeightUpdateError",

@@ -6,6 +6,7 @@
     ├── ConfigError (ValueError)          a config field has a bad value (client, server, engine, launch)
     ├── InvalidRequestError (ValueError)  a request field has a bad value; ``.field`` and ``.value`` name it
     ├── ClientStateError (RuntimeError)   the client is used outside its lifecycle (not open, closed, reopened)
+    │   └── StreamClosedError             a closed stream (generate_many, rollouts) is iterated or entered again
     ├── ProtocolError                     bytes that are not a valid message of the endpoint
     ├── RequestTimeoutError (TimeoutError) a per-call timeout expired; the request was aborted on the server
     ├── QueueFullError                    the client's bound on waiting requests is reached (back-pressure)
@@ -52,6 +53,7 @@ __all__ = [
     "ServerShuttingDownError",
     "ServerUnavailableError",
     "StalenessError",
+    "StreamClosedError",
     "TransportError",
     "UnsupportedOperationError",
     "WeightUpdateError",
@@ -89,6 +91,10 @@ class InvalidRequestError(RolloutError, ValueError):
 
 class ClientStateError(RolloutError, RuntimeError):
     """The client was used outside its lifecycle: before ``async with``, after close, or opened twice."""
+
+
+class StreamClosedError(ClientStateError):
+    """A closed ResultStream / RolloutStream was iterated or entered again: a stream runs once."""
 
 
 class ProtocolError(RolloutError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +26,8 @@ from ..rollouts.context import RolloutContext
 from ..rollouts.group import Agent, Sample
 from ..rollouts.trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
 from .chat import ChatTemplate
-from .parsers import HermesParser, ToolCallParser, format_tool_error
-from .tools import ToolRegistry
+from .parsers import HermesParser, ParsedTurn, ParseError, ToolCallParser, format_tool_error
+from .tools import ToolRegistry, ToolResult
 
 __all__ = ["AgentConfig", "ToolAgent"]
 
@@ -137,8 +138,7 @@ class ToolAgent(Agent):
                 for c, o in zip(parsed.calls, outcomes, strict=True)
             ]
             turn.parse_errors = [e.message for e in parsed.errors]
-            tool_msgs: list[dict[str, Any]] = [{"role": "tool", "name": o.name, "content": o.content} for o in outcomes]
-            tool_msgs += [{"role": "tool", "name": "error", "content": format_tool_error(e)} for e in parsed.errors]
+            tool_msgs = _tool_messages(parsed, outcomes)
             glue, local = self.chat.glue_ids(messages, tool_msgs, text)
             rewrites = rewrites or local
             if builder.response_len + len(glue) >= cfg.max_response_tokens or builder.num_ids + len(glue) >= limit:
@@ -176,6 +176,19 @@ def _strip_end(text: str, suffix: str) -> str:
         if suffix[:k].strip() and text.endswith(suffix[:k]):
             return text[:-k]
     return text
+
+
+def _tool_messages(parsed: ParsedTurn, outcomes: Sequence[ToolResult]) -> list[dict[str, Any]]:
+    """One tool message per call result and per parse error, in the order they appear in the text."""
+    results = iter(outcomes)
+    msgs: list[dict[str, Any]] = []
+    for item in parsed.in_text_order():
+        if isinstance(item, ParseError):
+            msgs.append({"role": "tool", "name": "error", "content": format_tool_error(item)})
+        else:
+            o = next(results)
+            msgs.append({"role": "tool", "name": o.name, "content": o.content})
+    return msgs
 
 
 def _assistant_message(parsed: Any, body: str) -> dict[str, Any]:

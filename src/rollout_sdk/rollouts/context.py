@@ -1,19 +1,22 @@
-"""The context a rollout runs in: generate with its session's affinity, seeds and preemption."""
+"""The context one trajectory runs in: generate with its session's affinity, its seeds and preemption.
+
+A context belongs to one trajectory: member ``member`` of its group.  Its n-th model call is turn n;
+a seeded request gets ``sample_seed(seed, member=member, turn=n)`` and each resumption after a
+preemption the next segment (:mod:`.seeds`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import TYPE_CHECKING
 
 import msgspec
 
 from ..errors import StalenessError
 from ..protocol import GenerateRequest, GenerateResult, SamplingParams
 from .continuation import Continuation
-
-if TYPE_CHECKING:
-    from ..client import RolloutClient
+from .generator import USE_CLIENT_DEFAULT, Generator, UseClientDefault
+from .seeds import sample_seed
 
 __all__ = ["RolloutContext"]
 
@@ -28,13 +31,17 @@ class RolloutContext:
 
     def __init__(
         self,
-        client: RolloutClient,
+        generator: Generator,
         *,
         session_id: str | None = None,
-        timeout: float | None = None,
+        member: int = 0,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
         max_staleness: int | None = None,
     ) -> None:
-        self.client = client
+        if member < 0:
+            raise ValueError(f"member must be >= 0, got {member}")
+        self.generator = generator
+        self.member = member
         self.session_id = session_id or uuid.uuid4().hex
         self.timeout = timeout
         self.max_staleness = max_staleness
@@ -44,15 +51,18 @@ class RolloutContext:
         self._gate = asyncio.Event()
         self._gate.set()
         self._calls = 0
-        #: added to a seeded request's seed, with the turn number, so samples and turns differ
-        self.seed_offset = 0
+
+    @property
+    def client(self) -> Generator:
+        """The generator (usually the RolloutClient) this context generates with."""
+        return self.generator
 
     def _check_staleness(self) -> None:
         if self.max_staleness is not None and self.first_version is not None:
-            lag = self.client.weight_version - self.first_version
+            lag = self.generator.weight_version - self.first_version
             if lag > self.max_staleness:
                 raise StalenessError(
-                    f"trajectory started on weights v{self.first_version}; v{self.client.weight_version} is "
+                    f"trajectory started on weights v{self.first_version}; v{self.generator.weight_version} is "
                     f"{lag} versions later (max_staleness={self.max_staleness})"
                 )
 
@@ -60,7 +70,7 @@ class RolloutContext:
         """Hold this trajectory: abort its request in flight (it resumes after :meth:`resume`)."""
         self._gate.clear()
         rid = self.current_rid
-        return rid is not None and self.client.abort(rid)
+        return rid is not None and self.generator.abort(rid)
 
     def resume(self) -> None:
         self._gate.set()
@@ -73,7 +83,7 @@ class RolloutContext:
         """One model turn.  Refuses (StalenessError) to extend a trajectory past its staleness bound."""
         self._calls += 1
         if sampling.seed is not None:
-            seed = (sampling.seed + self.seed_offset + 7919 * (self._calls - 1)) % (2**63 - 1)
+            seed = sample_seed(sampling.seed, member=self.member, turn=self._calls - 1)
             sampling = msgspec.structs.replace(sampling, seed=seed)
         req = GenerateRequest(
             input_ids=input_ids, sampling=sampling, session_id=self.session_id, rid=f"{self.session_id}.{self._calls}"
@@ -89,7 +99,7 @@ class RolloutContext:
                 nxt = msgspec.structs.replace(nxt, rid=f"{req.rid}.{segment}")
             self.current_rid = nxt.rid
             try:
-                result = await self.client.generate(nxt, timeout=self.timeout)
+                result = await self.generator.generate(nxt, timeout=self.timeout)
             finally:
                 self.current_rid = None
             cont.add(result)

@@ -5,17 +5,15 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from .._aio import first_exception
 from ..errors import ConfigError, RolloutError
 from .context import RolloutContext
+from .generator import USE_CLIENT_DEFAULT, Generator, UseClientDefault
 from .trajectory import Trajectory
 
-if TYPE_CHECKING:
-    from ..client import RolloutClient
-
-__all__ = ["Agent", "RewardFn", "Sample", "group_stats", "reward_of", "rollout_group"]
+__all__ = ["Agent", "RewardFn", "Sample", "group_stats", "reward_of", "rollout_group", "run_trajectory"]
 
 Sample = Mapping[str, Any]
 RewardFn = Callable[[Trajectory, Sample], "float | Awaitable[float]"]
@@ -37,21 +35,34 @@ async def reward_of(reward: RewardFn, traj: Trajectory, sample: Sample) -> float
     return float(value)  # type: ignore[arg-type]
 
 
+async def run_trajectory(
+    agent: Agent, ctx: RolloutContext, sample: Any, *, reward: RewardFn | None, sample_index: int
+) -> Trajectory:
+    """One trajectory of ``sample`` in ``ctx``, tagged with its sample index and rewarded when it finishes."""
+    traj = await agent.run(ctx, sample)
+    traj.sample_index = sample_index
+    if reward is not None and traj.finish_reason != "stale":
+        traj.reward = await reward_of(reward, traj, sample)
+    return traj
+
+
 async def rollout_group(
-    client: RolloutClient,
+    client: Generator,
     agent: Agent,
     sample: Sample,
     *,
     n: int,
     reward: RewardFn | None = None,
     sample_index: int = -1,
-    timeout: float | None = None,
+    timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
     max_staleness: int | None = None,
-    on_error: str = "raise",
+    on_error: Literal["raise", "record"] = "raise",
 ) -> list[Trajectory]:
     """``n`` trajectories of one sample (a GRPO group), each rewarded as soon as it finishes.
 
-    The reward function (async, or sync run in a thread) overlaps with the group's other trajectories.
+    Member k runs in a context with ``member=k`` (its seeds: :mod:`.seeds`).  ``client`` is any
+    :class:`~.generator.Generator` (usually the RolloutClient).  The reward function (async, or sync
+    run in a thread) overlaps with the group's other trajectories; a stale trajectory is not rewarded.
     ``on_error="record"`` turns a failed trajectory into one with ``finish_reason="error"`` instead of
     raising, so the group stays complete.
     """
@@ -59,10 +70,10 @@ async def rollout_group(
         raise ConfigError("on_error", on_error, "must be 'raise' or 'record'")
 
     async def one(k: int) -> Trajectory:
-        ctx = RolloutContext(client, timeout=timeout, max_staleness=max_staleness)
-        ctx.seed_offset = 104_729 * k  # a seeded sampling config still gives n different samples
+        # member k: a seeded sampling config gives n different samples, the same ones as generate_many
+        ctx = RolloutContext(client, member=k, timeout=timeout, max_staleness=max_staleness)
         try:
-            traj = await agent.run(ctx, sample)
+            return await run_trajectory(agent, ctx, sample, reward=reward, sample_index=sample_index)
         except RolloutError as exc:
             if on_error == "raise":
                 raise
@@ -76,10 +87,6 @@ async def rollout_group(
                 error=f"{type(exc).__name__}: {exc}",
                 sample_index=sample_index,
             )
-        traj.sample_index = sample_index
-        if reward is not None:
-            traj.reward = await reward_of(reward, traj, sample)
-        return traj
 
     try:
         async with asyncio.TaskGroup() as tg:  # one failure cancels its siblings instead of orphaning them

@@ -1,15 +1,15 @@
-"""Many requests through one client, results as they complete, ``n`` samples per prompt kept together.
+"""Many requests, results as they complete, ``n`` samples per prompt kept together.
 
-Concurrency::
+Concurrency (the shared producer, :mod:`.producer`)::
 
-    producer task (owned by the client; cancelled by aclose() or the client's close)
-      pulls the next prompt only when `permits` allow: a permit is one sample in flight or one sample
-      of a finished group not yet taken by the consumer, so memory stays bounded by `concurrency`
-      whatever the size of the input and the speed of the consumer
-      └─ one task per group (TaskGroup) ── n sample coroutines ── client.generate(...)
-           puts the finished Group on `queue`
-    consumer (``async for group in stream``)
-      waits on: `queue`; taking a group gives its n permits back
+    producer task (spawned by the client; cancelled by aclose() or the client's close)
+      a slot is one group of n samples, from the moment its prompt is pulled until the consumer takes
+      it; capacity = concurrency // n slots, so at most ``concurrency`` samples are in flight or finished
+      but not taken, whatever the size of the input and the speed of the consumer
+      └─ one task per group (TaskGroup) ── n sample coroutines ── generator.generate(...)
+    consumer (``async for group in stream``): takes the next finished group, which frees its slot
+
+Member k of a group is seeded ``sample_seed(seed, member=k)`` (:mod:`.seeds`).
 """
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from .._aio import cancel_and_wait, first_exception, iterate
 from ..errors import ConfigError
 from ..protocol import GenerateRequest, GenerateResult, SamplingParams
-
-if TYPE_CHECKING:
-    from ..client import RolloutClient
+from .generator import USE_CLIENT_DEFAULT, Generator, Prompt, UseClientDefault, as_request
+from .producer import Producer, ProducerStatistics, Spawn, StreamState
+from .seeds import sample_seed
 
 __all__ = ["Group", "ResultStream"]
 
@@ -45,109 +44,79 @@ class Group:
         return all(e is None for e in self.errors)
 
 
-class _End:
-    pass
-
-
-Prompt = GenerateRequest | list[int]
-
-
 class ResultStream:
-    """Returned by :meth:`RolloutClient.generate_many`.  Iterate it (``async for``), ideally inside
+    """Returned by :meth:`RolloutClient.generate_many`.  Iterate it once (``async for``), ideally inside
     ``async with`` so that breaking out of the loop cancels what is still running at once; otherwise
-    that happens when the client closes."""
+    that happens when the client closes.  A closed stream refuses reuse (StreamClosedError)."""
 
     def __init__(
         self,
-        client: RolloutClient,
+        generator: Generator,
         requests: Iterable[Prompt] | AsyncIterable[Prompt],
         *,
         n: int,
         sampling: SamplingParams | None,
         concurrency: int,
-        timeout: float | None,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
         return_exceptions: bool,
+        spawn: Spawn,
     ) -> None:
         if n < 1:
             raise ConfigError("n", n, "must be >= 1")
         if concurrency < n:
             raise ConfigError("concurrency", concurrency, f"must be >= n ({n})")
-        self._client = client
-        self._requests = requests
+        self._generator = generator
         self._n = n
         self._sampling = sampling
         self._timeout = timeout
         self._return_exceptions = return_exceptions
-        self._permits = asyncio.Semaphore(concurrency)
-        self._queue: asyncio.Queue[Group | BaseException | _End] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-        self._finished = False
+        self._producer: Producer[Group] = Producer(
+            requests, self._group, capacity=concurrency // n, spawn=spawn, name="generate-many", what="ResultStream"
+        )
 
-    def _start(self) -> None:
-        if self._task is None:
-            self._task = self._client._own(self._produce(), name="generate-many")
+    @property
+    def state(self) -> StreamState:
+        return self._producer.state
+
+    def statistics(self) -> ProducerStatistics:
+        """Slots (groups of n samples) and where they are now."""
+        return self._producer.statistics()
 
     def __aiter__(self) -> ResultStream:
-        self._start()
+        self._producer.start()
         return self
 
     async def __anext__(self) -> Group:
-        if self._finished:
+        self._producer.start()
+        item = await self._producer.take()
+        if item is None:
             raise StopAsyncIteration
-        self._start()
-        item = await self._queue.get()
-        if isinstance(item, _End):
-            self._finished = True
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self._finished = True
-            raise item
-        for _ in range(self._n):
-            self._permits.release()
-        return item
+        self._producer.release()
+        return item.value
 
     async def __aenter__(self) -> ResultStream:
-        self._start()
+        self._producer.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Cancel every request still running for this stream."""
-        self._finished = True
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        """Cancel every request still running for this stream.  Idempotent."""
+        await self._producer.aclose()
 
     async def collect(self) -> list[Group]:
         """All groups, in input order."""
         groups = [g async for g in self]
         return sorted(groups, key=lambda g: g.index)
 
-    # -- producer ------------------------------------------------------------------------------------
+    # -- one group -----------------------------------------------------------------------------------
 
-    async def _produce(self) -> None:
-        try:
-            async with asyncio.TaskGroup() as tg:
-                index = 0
-                async for prompt in iterate(self._requests):
-                    req = self._client._as_request(prompt, self._sampling)
-                    for _ in range(self._n):
-                        await self._permits.acquire()
-                    tg.create_task(self._group(index, req))
-                    index += 1
-            self._queue.put_nowait(_End())
-        except asyncio.CancelledError:
-            raise
-        except BaseExceptionGroup as eg:
-            self._queue.put_nowait(first_exception(eg))
-        except BaseException as exc:
-            self._queue.put_nowait(exc)
-
-    async def _group(self, index: int, req: GenerateRequest) -> None:
-        samples = [_sample_variant(req, k, self._n) for k in range(self._n)]
+    async def _group(self, index: int, prompt: Prompt) -> Group:
+        req = as_request(prompt, self._sampling)
+        samples = [sample_variant(req, k, self._n) for k in range(self._n)]
         outs = await asyncio.gather(
-            *(self._client.generate(s, timeout=self._timeout) for s in samples), return_exceptions=True
+            *(self._generator.generate(s, timeout=self._timeout) for s in samples), return_exceptions=True
         )
         errors: list[BaseException | None] = []
         results: list[GenerateResult] = []
@@ -161,15 +130,18 @@ class ResultStream:
             else:
                 errors.append(None)
                 results.append(o)
-        self._queue.put_nowait(Group(index=index, request=req, results=results, errors=errors))
+        return Group(index=index, request=req, results=results, errors=errors)
 
 
-def _sample_variant(req: GenerateRequest, k: int, n: int) -> GenerateRequest:
+def sample_variant(req: GenerateRequest, k: int, n: int) -> GenerateRequest:
+    """Member ``k`` of ``n`` samples of ``req``: its own rid and seed (:func:`.seeds.sample_seed`)."""
     if n == 1:
         return req
     changes: dict[str, Any] = {}
     if req.rid:
         changes["rid"] = f"{req.rid}/{k}"
     if req.sampling.seed is not None:
-        changes["sampling"] = msgspec.structs.replace(req.sampling, seed=req.sampling.seed + k)
+        changes["sampling"] = msgspec.structs.replace(req.sampling, seed=sample_seed(req.sampling.seed, member=k))
     return msgspec.structs.replace(req, **changes) if changes else req
+
+
