@@ -277,8 +277,7 @@ def make_turn_sync(inner: Agent, barrier: asyncio.Barrier, phases: list[float]) 
 
     class TurnSync(Agent):
         async def run(self, ctx: RolloutContext, sample: Any) -> Trajectory:
-            wrapped = BarrierContext(ctx.client, session_id=ctx.session_id, timeout=ctx.timeout)
-            wrapped.seed_offset = getattr(ctx, "seed_offset", 0)
+            wrapped = BarrierContext(ctx.generator, session_id=ctx.session_id, member=ctx.member, timeout=ctx.timeout)
             try:
                 return await inner.run(wrapped, sample)
             except BaseException:

@@ -343,3 +343,89 @@ def test_register_parser(monkeypatch: pytest.MonkeyPatch) -> None:
     assert get_parser("upper").parse("hi") == ParsedTurn(content="HI")
     with pytest.raises(ConfigError):
         register_parser("", Upper)
+
+
+# -- JSON-aware block ends, non-JSON constants, aliases, thinking, text order ----------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "print('</tool_call>')",
+        "<tool_call>",
+        'an example: <tool_call>{"name": "g"}</tool_call> in a string',
+        "</tool_call></tool_call>",
+    ],
+)
+def test_tags_inside_json_strings_are_content(parser: HermesParser, value: str) -> None:
+    raw = block(call_json("run", code=value))
+    turn = parser.parse(f"Running it.\n{raw}\nDone.")
+    assert turn.errors == []
+    assert [(c.name, c.arguments, c.raw) for c in turn.calls] == [("run", {"code": value}, raw)]
+    assert turn.content == "Running it.\n\nDone."
+
+
+def test_tag_inside_a_string_of_string_arguments(parser: HermesParser) -> None:
+    args = json.dumps({"html": "<tool_call></tool_call>"})
+    turn = parser.parse(block(json.dumps({"name": "f", "arguments": args})))
+    assert turn.errors == []
+    assert [c.arguments for c in turn.calls] == [{"html": "<tool_call></tool_call>"}]
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_numbers_are_not_json(parser: HermesParser, constant: str) -> None:
+    for body in (
+        f'{{"name": "f", "arguments": {{"x": {constant}}}}}',
+        json.dumps({"name": "f", "arguments": f'{{"x": {constant}}}'}),
+    ):
+        turn = parser.parse(block(body))
+        assert turn.calls == [], body
+        [error] = turn.errors
+        assert error.kind in ("bad_json", "bad_arguments_type")
+        assert "not valid JSON" in error.message or "invalid JSON" in error.message
+        assert constant.lstrip("-") in error.message or "finite" in error.message
+
+
+def test_parameters_is_an_alias_of_arguments(parser: HermesParser) -> None:
+    turn = parser.parse(block('{"name": "f", "parameters": {"x": 1}}'))
+    assert turn.errors == []
+    assert [(c.name, c.arguments) for c in turn.calls] == [("f", {"x": 1})]
+    turn = parser.parse(block('{"name": "f", "parameters": "{\\"x\\": 2}"}'))
+    assert [c.arguments for c in turn.calls] == [{"x": 2}]
+    turn = parser.parse(block('{"name": "f", "arguments": {"x": 1}, "parameters": {"x": 2}}'))
+    assert turn.calls == []
+    assert [e.kind for e in turn.errors] == ["bad_arguments_type"]
+    assert "not both" in turn.errors[0].message
+
+
+def test_calls_inside_think_are_drafts_not_calls(parser: HermesParser) -> None:
+    draft = block(call_json("delete_everything"))
+    real = block(call_json("f", x=1))
+    text = f"<think>Maybe {draft}? No.</think>\nI will call f.\n{real}"
+    turn = parser.parse(text)
+    assert [(c.id, c.name) for c in turn.calls] == [("call_0", "f")]
+    assert turn.errors == []
+    assert "delete_everything" in turn.content  # the draft stays in the text, as thinking
+    unclosed = parser.parse(f"<think>I could {draft}")  # cut off while thinking
+    assert (unclosed.calls, unclosed.errors) == ([], [])
+
+
+def test_think_opened_by_the_prompt() -> None:
+    text = f"still thinking {block(call_json('draft'))}</think>{block(call_json('f'))}"
+    assert [c.name for c in HermesParser().parse(text).calls] == ["draft", "f"]
+    assert [c.name for c in HermesParser(thinking_open=True).parse(text).calls] == ["f"]
+
+
+def test_a_second_object_and_junk_in_one_tag(parser: HermesParser) -> None:
+    turn = parser.parse(block(call_json("f") + " " + call_json("g") + " oops"))
+    assert [c.name for c in turn.calls] == ["f", "g"]
+    assert [e.kind for e in turn.errors] == ["bad_json"]
+    assert "Extra data" in turn.errors[0].message
+
+
+def test_calls_and_errors_in_text_order(parser: HermesParser) -> None:
+    text = block("{bad") + block(call_json("a")) + block("[]") + block(call_json("b"))
+    turn = parser.parse(text)
+    order = turn.in_text_order()
+    assert [type(x).__name__ for x in order] == ["ParseError", "ToolCall", "ParseError", "ToolCall"]
+    assert [x.name for x in order if isinstance(x, ToolCall)] == ["a", "b"]

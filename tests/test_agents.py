@@ -261,3 +261,48 @@ async def test_end_to_end_on_the_cpu_engine(tiny_model, tok) -> None:
         assert t.ids[: len(t.prompt_ids)] == agent.chat.prompt_ids(USER["messages"])
         assert all(lp < 0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m)
         assert t.reward == float(len(t.turns))
+
+
+def test_render_parses_openai_string_arguments_like_objects(tok) -> None:
+    from rollout_sdk.agents import ChatTemplate
+
+    def history(arguments: object) -> list[dict]:
+        call = {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": arguments}}
+        return [
+            {"role": "user", "content": "1+2?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "add", "content": "3"},
+        ]
+
+    chat = ChatTemplate(tok, tools=registry().schemas())
+    as_dict = chat.render(history({"a": 1, "b": 2}), add_generation_prompt=True)
+    as_string = chat.render(history('{"a": 1, "b": 2}'), add_generation_prompt=True)
+    assert as_string == as_dict
+    assert '"arguments": {"a": 1, "b": 2}' in as_dict
+    messages = history('{"a": 1}')
+    chat.render(messages, add_generation_prompt=True)
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # the caller's list is untouched
+
+
+async def test_no_drift_reported_when_a_trajectory_ends_on_added_glue(fake_servers, tok) -> None:
+    """Stopped at max_turns (or stale, or over budget) right after the loop added tool results."""
+    script = Script(tok, [call("add", a=1, b=2)] * 3)
+    client, _ = await _client(fake_servers, script)
+    async with client:
+        traj = await ToolAgent(tok, registry(), AgentConfig(max_turns=2, drift_check=True)).run(
+            RolloutContext(client), USER
+        )
+    assert traj.finish_reason == "max_turns"
+    assert traj.loss_mask[-1] == 0  # it ends on glue
+    assert traj.drift is None
+
+
+async def test_tool_results_and_parse_errors_reach_the_model_in_text_order(fake_servers, tok) -> None:
+    turn = "<tool_call>\n{bad\n</tool_call>" + call("add", a=1, b=2) + "<tool_call>\n[]\n</tool_call>"
+    script = Script(tok, [turn, "Done."])
+    client, _ = await _client(fake_servers, script)
+    async with client:
+        traj = await ToolAgent(tok, registry()).run(RolloutContext(client), USER)
+    tools = [m for m in traj.messages if m["role"] == "tool"]
+    assert [m["name"] for m in tools] == ["error", "add", "error"]
+    assert "bad_json" in tools[0]["content"] and tools[1]["content"] == "3" and "not_object" in tools[2]["content"]

@@ -44,6 +44,33 @@ def test_all_is_exact_and_importable() -> None:
     assert len(set(rollout_sdk.__all__)) == len(rollout_sdk.__all__)
 
 
+def _public_members(module: object) -> set[str]:
+    """Every public name a module holds that is not a submodule (httpx's test_exported_members)."""
+    import types
+
+    return {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    } | {n for n in getattr(module, "__all__", ()) if n.startswith("__")}
+
+
+def test_all_is_exactly_the_public_members() -> None:
+    import rollout_sdk.agents
+    import rollout_sdk.rollouts
+
+    for module in (rollout_sdk, rollout_sdk.agents, rollout_sdk.rollouts):
+        assert sorted(module.__all__) == sorted(_public_members(module)), module.__name__
+    assert set(rollout_sdk.__all__) == EXPECTED | set(errors.__all__) - {"error_code", "error_from_reply"} | {
+        "USE_CLIENT_DEFAULT",
+        "ClientState",
+        "Continuation",
+        "GenerateAgent",
+        "RolloutBatch",
+        "RolloutStream",
+    }
+
+
 def test_public_names_have_docstrings() -> None:
     for name in rollout_sdk.__all__:
         obj = getattr(rollout_sdk, name)

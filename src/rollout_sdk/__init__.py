@@ -14,8 +14,7 @@ engine starts.
     asyncio.run(main())
 """
 
-from ._stream import Group, ResultStream
-from .client import ClientConfig, ClientStats, RolloutClient, ServerStatus
+from .client import USE_CLIENT_DEFAULT, ClientConfig, ClientState, ClientStats, RolloutClient, ServerStatus
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.base import Engine, EngineLoad
 from .engines.cpu import CpuEngine, CpuEngineConfig
@@ -42,21 +41,23 @@ from .errors import (
     ServerShuttingDownError,
     ServerUnavailableError,
     StalenessError,
+    StreamClosedError,
     TransportError,
     UnsupportedOperationError,
     WeightUpdateError,
 )
-from .partial import Continuation
 from .policies import LeastLoad, Policy, RoundRobin
 from .protocol import GenerateRequest, GenerateResult, SamplingParams
-from .rollouts import GenerateAgent, RolloutBatch, RolloutStream
+from .rollouts import Continuation, GenerateAgent, Group, ResultStream, RolloutBatch, RolloutStream
 from .scheduler import SchedulerConfig
 from .server import EngineServer, ServerConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "USE_CLIENT_DEFAULT",
     "ClientConfig",
+    "ClientState",
     "ClientStateError",
     "ClientStats",
     "ConfigError",
@@ -104,6 +105,7 @@ __all__ = [
     "ServerUnavailableError",
     "StalenessError",
     "StaticServers",
+    "StreamClosedError",
     "TransportError",
     "UnsupportedOperationError",
     "WeightUpdateError",

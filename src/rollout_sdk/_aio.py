@@ -29,14 +29,21 @@ def first_exception(exc: BaseException) -> BaseException:
 
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
-    """Cancel a task this object owns and wait until it has finished unwinding."""
+    """Cancel a task this object owns and wait until it has finished unwinding.
+
+    The task's own cancellation is expected and swallowed; the *caller's* is not: if the task calling
+    this is cancelled while it waits, CancelledError propagates (asyncio's contract), and the owned
+    task, already cancelled, finishes unwinding on its own.  Any other exception of the task propagates.
+    """
     if task is None or task.done():
         return
     task.cancel()
     try:
         await task
     except asyncio.CancelledError:
-        pass
+        current = asyncio.current_task()
+        if current is not None and current.cancelling() > 0:
+            raise  # we are being cancelled ourselves, not (only) the task we cancelled
 
 
 @overload

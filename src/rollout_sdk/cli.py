@@ -25,6 +25,7 @@ from .client import ClientConfig
 from .demo import DemoConfig, run_demo
 from .engines.cpu import CpuEngineConfig
 from .engines.fake import FakeEngineConfig
+from .scheduler import SchedulerConfig
 from .server import ServerConfig
 
 __all__ = ["main", "run_async"]
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--json", default=None, help="also write the numbers to this file")
     add_config_args(d, DemoConfig, title="demo")
     add_config_args(d, ClientConfig, prefix="client-", title="client")
+    add_config_args(d, SchedulerConfig, prefix="client-", title="client scheduler")
     add_config_args(d, CpuEngineConfig, prefix="engine-", title="embedded CPU engine")
 
     s = sub.add_parser("serve", help="serve one engine over ZMQ until SIGTERM/SIGINT")
@@ -80,7 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 config_from_args(DemoConfig, args),
                 servers=args.servers or None,
                 engine=config_from_args(CpuEngineConfig, args, prefix="engine-"),
-                client=config_from_args(ClientConfig, args, prefix="client-"),
+                client=config_from_args(
+                    ClientConfig,
+                    args,
+                    prefix="client-",
+                    scheduler=config_from_args(SchedulerConfig, args, prefix="client-"),
+                ),
             )
         )
         if args.json:

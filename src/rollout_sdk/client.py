@@ -21,20 +21,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import enum
 import itertools
 import logging
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from . import _transport
 from ._aio import await_unless, cancel_and_wait, ended_with
 from ._connection import ServerConnection
-from ._control import WeightSync, broadcast_control, update_weights_ipc
-from ._stream import Prompt, ResultStream
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.cpu import CpuEngineConfig
 from .errors import ClientStateError, ConfigError, NoServersError, RequestTimeoutError
@@ -52,29 +51,43 @@ from .protocol import (
     SetWeightVersion,
     encode,
 )
-from .rollouts import RolloutStream
+from .rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, as_request
+from .rollouts.group import Agent, RewardFn
+from .rollouts.results import ResultStream
+from .rollouts.stream import GroupFilter, RolloutMode, RolloutStream
 from .scheduler import Scheduler, SchedulerConfig
+from .weights.sync import WeightSync, broadcast_control, update_weights_ipc
 
-__all__ = ["ClientConfig", "ClientStats", "RolloutClient", "ServerStatus"]
+__all__ = ["USE_CLIENT_DEFAULT", "ClientConfig", "ClientState", "ClientStats", "RolloutClient", "ServerStatus"]
 
 log = logging.getLogger("rollout_sdk.client")
 T = TypeVar("T")
-_UNSET: Any = object()
+PauseMode = Literal["abort", "hold", "retract", "in_place"]
+WeightMethod = Literal["distributed", "ipc"]
+
+
+class ClientState(enum.Enum):
+    """Where a :class:`RolloutClient` is in its lifecycle (``client.state``); see the module docstring."""
+
+    #: created; open() (or ``async with``) has not been called
+    UNOPENED = "unopened"
+    #: open() is finding and connecting to the servers
+    OPENING = "opening"
+    #: connected: requests and streams can run
+    OPEN = "open"
+    #: aclose() is aborting requests and closing sockets
+    CLOSING = "closing"
+    #: closed for good: a client never reopens
+    CLOSED = "closed"
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClientConfig:
-    """Everything a :class:`RolloutClient` can be told.  Pass fields as keyword arguments to the client."""
+    """Everything a :class:`RolloutClient` can be told.  The client takes each field (and each of
+    :class:`SchedulerConfig`'s: policy, max_in_flight_per_server, ...) as a keyword argument."""
 
-    #: routing policy: "least_load", "round_robin", or a Policy object
-    policy: str | Policy = "least_load"
-    #: requests kept in flight on one server; more wait in the client (back-pressure)
-    max_in_flight_per_server: int = 512
-    #: requests allowed to wait in the client; QueueFullError beyond
-    max_waiting: int = 1_000_000
-    #: session affinity: stay on the session's server while its load <= (1+margin)*min + slack
-    affinity_margin: float = 0.5
-    affinity_slack: int = 8
+    #: routing, back-pressure and affinity: the scheduler's own config, held as is
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     #: default per-call timeout in seconds (None: no timeout)
     timeout_s: float | None = None
     #: times a request is retried on another server when its server dies
@@ -100,16 +113,13 @@ class ClientConfig:
             )
         if self.connect_timeout_s <= 0:
             raise ConfigError("connect_timeout_s", self.connect_timeout_s, "must be > 0")
-        self.scheduler_config()  # validates the scheduler's fields
 
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(
-            policy=self.policy,
-            max_in_flight_per_server=self.max_in_flight_per_server,
-            max_waiting=self.max_waiting,
-            affinity_margin=self.affinity_margin,
-            affinity_slack=self.affinity_slack,
-        )
+        return self.scheduler
+
+    @property
+    def max_in_flight_per_server(self) -> int:
+        return self.scheduler.max_in_flight_per_server
 
 
 class ServerStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -181,8 +191,9 @@ class RolloutClient:
 
     ``servers`` (addresses) or ``discovery`` (a :class:`~rollout_sdk.discovery.Discovery`) say where the
     servers are; with neither, ``RolloutClient()`` starts the embedded default, a CPU-engine server in this
-    process (configure its engine with ``engine=CpuEngineConfig(...)``).  Other keyword arguments are
-    :class:`ClientConfig` fields.
+    process (configure its engine with ``engine=CpuEngineConfig(...)``).  The other keyword arguments
+    are the fields of :class:`ClientConfig` and :class:`SchedulerConfig`; each one given replaces the
+    value in ``config`` (default: ``ClientConfig()``).
     """
 
     def __init__(
@@ -192,16 +203,39 @@ class RolloutClient:
         discovery: Discovery | None = None,
         engine: CpuEngineConfig | None = None,
         config: ClientConfig | None = None,
-        **options: Any,
+        policy: str | Policy | UseClientDefault = USE_CLIENT_DEFAULT,
+        max_in_flight_per_server: int | UseClientDefault = USE_CLIENT_DEFAULT,
+        max_waiting: int | UseClientDefault = USE_CLIENT_DEFAULT,
+        affinity_margin: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        affinity_slack: int | UseClientDefault = USE_CLIENT_DEFAULT,
+        timeout_s: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        retries: int | UseClientDefault = USE_CLIENT_DEFAULT,
+        heartbeat_interval_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        heartbeat_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        connect_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        num_embedded_servers: int | UseClientDefault = USE_CLIENT_DEFAULT,
     ) -> None:
         if servers is not None and discovery is not None:
             raise ConfigError("servers", servers, "give servers or discovery, not both")
-        fields = {f.name for f in dataclasses.fields(ClientConfig)}
-        unknown = sorted(set(options) - fields)
-        if unknown:
-            raise TypeError(f"RolloutClient() got unexpected keyword argument(s): {', '.join(unknown)}")
         base = config or ClientConfig()
-        self.config = dataclasses.replace(base, **options) if options else base
+        sched = _given(
+            policy=policy,
+            max_in_flight_per_server=max_in_flight_per_server,
+            max_waiting=max_waiting,
+            affinity_margin=affinity_margin,
+            affinity_slack=affinity_slack,
+        )
+        own = _given(
+            timeout_s=timeout_s,
+            retries=retries,
+            heartbeat_interval_s=heartbeat_interval_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            num_embedded_servers=num_embedded_servers,
+        )
+        if sched:
+            own["scheduler"] = dataclasses.replace(base.scheduler, **sched)
+        self.config = dataclasses.replace(base, **own) if own else base
         if discovery is None:
             if servers is not None:
                 discovery = StaticServers(servers)
@@ -210,8 +244,8 @@ class RolloutClient:
         elif engine is not None:
             raise ConfigError("engine", engine, "only configures the embedded default (no servers/discovery)")
         self._discovery = discovery
-        self._state = "unopened"
-        self._scheduler = Scheduler(self.config.scheduler_config())
+        self._state = ClientState.UNOPENED
+        self._scheduler = Scheduler(self.config.scheduler)
         self._ctx: Any = None
         self._supervisor: asyncio.Task[None] | None = None
         self._owned: set[asyncio.Task[Any]] = set()
@@ -241,16 +275,16 @@ class RolloutClient:
 
     async def open(self) -> None:
         """Find and connect to the servers.  Called by ``async with``; a client opens once."""
-        if self._state != "unopened":
-            raise ClientStateError(f"a RolloutClient opens once (this one is {self._state})")
-        self._state = "opening"
+        if self._state is not ClientState.UNOPENED:
+            raise ClientStateError(f"a RolloutClient opens once (this one is {self._state.value})")
+        self._state = ClientState.OPENING
         try:
             await self._open()
         except BaseException:
+            self._state = ClientState.CLOSED
             await self._teardown()
-            self._state = "closed"
             raise
-        self._state = "open"
+        self._state = ClientState.OPEN
 
     async def _open(self) -> None:
         cfg = self.config
@@ -309,47 +343,63 @@ class RolloutClient:
 
     async def aclose(self) -> None:
         """Abort this client's requests, stop its tasks, close its sockets.  Idempotent."""
-        if self._state in ("closed", "closing"):
+        if self._state in (ClientState.CLOSED, ClientState.CLOSING):
             return
-        self._state = "closing"
+        self._state = ClientState.CLOSING
         try:
             await self._teardown()
         finally:
-            self._state = "closed"
+            self._state = ClientState.CLOSED
+
+    @property
+    def state(self) -> ClientState:
+        return self._state
 
     async def _teardown(self) -> None:
+        """Release everything, in order.  If the caller is cancelled meanwhile, the rest of the
+        teardown still runs (nothing is leaked), then the cancellation propagates."""
+        cancelled: asyncio.CancelledError | None = None
         if self._weight_sync is not None:
             sync, self._weight_sync = self._weight_sync, None
             try:
                 await asyncio.wait_for(sync.close(), 30)
+            except asyncio.CancelledError as exc:
+                cancelled = exc
             except Exception:
                 log.warning("closing the weight sync failed", exc_info=True)
         owned = list(self._owned)
         for task in owned:
             task.cancel()
-        if owned:
-            await asyncio.gather(*owned, return_exceptions=True)
+        for task in owned:
+            try:
+                await cancel_and_wait(task)
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+            except Exception:
+                log.warning("a task of the client failed while closing", exc_info=True)
         for conn in self._scheduler.servers:
             conn.abort_all()
             conn.mark_dead("client closed", ClientStateError("the RolloutClient was closed"))
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            try:
-                await self._supervisor
-            except BaseException:
-                pass
-            self._supervisor = None
+        supervisor, self._supervisor = self._supervisor, None
+        try:
+            await cancel_and_wait(supervisor)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+        except Exception:
+            pass  # the supervisor's failure was logged (and recorded in _broken) when it happened
         for conn in self._scheduler.servers:
             await conn.channel.close()
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
             await asyncio.to_thread(ctx.term)  # bounded by the sockets' linger
         await self._discovery.close()
+        if cancelled is not None:
+            raise cancelled
 
     def _check_open(self) -> None:
-        if self._state != "open":
+        if self._state is not ClientState.OPEN:
             raise ClientStateError(
-                f"RolloutClient is {self._state}: use it inside 'async with RolloutClient() as client'"
+                f"RolloutClient is {self._state.value}: use it inside 'async with RolloutClient() as client'"
             )
         if self._broken is not None:
             raise ClientStateError(f"RolloutClient failed: {self._broken!r}")
@@ -367,24 +417,7 @@ class RolloutClient:
     def _as_request(
         self, prompt: Prompt, sampling: SamplingParams | None = None, session_id: str | None = None
     ) -> GenerateRequest:
-        if isinstance(prompt, GenerateRequest):
-            req = prompt
-            changes: dict[str, Any] = {}
-            if sampling is not None:
-                changes["sampling"] = sampling
-            if session_id is not None:
-                changes["session_id"] = session_id
-            if changes:
-                req = msgspec.structs.replace(req, **changes)
-        elif isinstance(prompt, list | tuple):
-            req = GenerateRequest(
-                input_ids=list(prompt),
-                sampling=sampling if sampling is not None else SamplingParams(),
-                session_id=session_id,
-            )
-        else:
-            raise TypeError(f"a prompt is a GenerateRequest or a list of token ids, not {type(prompt).__name__}")
-        return req
+        return as_request(prompt, sampling, session_id)
 
     async def generate(
         self,
@@ -393,8 +426,8 @@ class RolloutClient:
         *,
         sampling: SamplingParams | None = None,
         session_id: str | None = None,
-        timeout: float | None = _UNSET,
-        retries: int | None = None,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        retries: int | UseClientDefault = USE_CLIENT_DEFAULT,
     ) -> GenerateResult:
         """Generate one response.
 
@@ -409,8 +442,8 @@ class RolloutClient:
         if not req.rid:
             req = msgspec.structs.replace(req, rid=f"{self._rid_prefix}-{next(self._rid_counter)}")
         payload = encode(req)
-        timeout = self.config.timeout_s if timeout is _UNSET else timeout
-        retries = self.config.retries if retries is None else retries
+        timeout = self.config.timeout_s if isinstance(timeout, UseClientDefault) else timeout
+        retries = self.config.retries if isinstance(retries, UseClientDefault) else retries
         if timeout is None:
             return await self._scheduler.run(req, payload, retries)
         try:
@@ -428,14 +461,15 @@ class RolloutClient:
         n: int = 1,
         sampling: SamplingParams | None = None,
         concurrency: int | None = None,
-        timeout: float | None = _UNSET,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
         return_exceptions: bool = False,
     ) -> ResultStream:
         """Run many prompts, ``n`` samples each; iterate the groups as they complete.
 
         ``concurrency`` caps the samples in flight plus those finished but not yet taken (default: every
-        server's in-flight cap together).  Seeded prompts get seeds ``seed, seed+1, ...`` for their n
-        samples.  Without ``return_exceptions`` the first failed sample ends the stream with its error.
+        server's in-flight cap together).  Sample k of a seeded prompt is seeded
+        ``sample_seed(seed, member=k)`` (rollout_sdk.rollouts.seeds), as in every other API.  Without
+        ``return_exceptions`` the first failed sample ends the stream with its error.
 
         Example::
 
@@ -445,31 +479,32 @@ class RolloutClient:
         """
         self._check_open()
         if concurrency is None:
-            concurrency = max(n, self.config.max_in_flight_per_server * max(1, len(self._scheduler.servers)))
+            concurrency = max(n, self.config.scheduler.max_in_flight_per_server * max(1, len(self._scheduler.servers)))
         return ResultStream(
             self,
             requests,
             n=n,
             sampling=sampling,
             concurrency=concurrency,
-            timeout=self.config.timeout_s if timeout is _UNSET else timeout,
+            timeout=timeout,
             return_exceptions=return_exceptions,
+            spawn=self._spawn,
         )
 
     def rollouts(
         self,
         source: Iterable[Any] | AsyncIterable[Any],
         *,
-        agent: Any = None,
+        agent: Agent | None = None,
         sampling: SamplingParams | None = None,
         group_size: int = 1,
         batch_groups: int = 32,
-        mode: str = "async",
+        mode: RolloutMode = "async",
         over_provision: float = 1.5,
         max_staleness: int | None = None,
-        reward: Any = None,
-        filter: Any = None,
-        timeout: float | None = None,
+        reward: RewardFn | None = None,
+        filter: GroupFilter | None = None,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
     ) -> RolloutStream:
         """Stream batches of finished groups while keeping every engine busy (docs/streaming.md).
 
@@ -497,7 +532,15 @@ class RolloutClient:
             reward=reward,
             filter=filter,
             timeout=timeout,
+            spawn=self._spawn,
+            load=self._in_flight_by_server,
         )
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        return self._own(coro, name=name)
+
+    def _in_flight_by_server(self) -> dict[str, int]:
+        return {s.server_id: s.in_flight for s in self._scheduler.servers}
 
     def abort(self, rid: str) -> bool:
         """Abort one in-flight request by rid: its ``generate`` returns ``finish_reason='abort'`` with the
@@ -599,7 +642,7 @@ class RolloutClient:
 
     def _on_replaced(self, conn: ServerConnection) -> None:
         """A new process answers at a member's address: retire the member, admit the newcomer."""
-        if self._state == "open":
+        if self._state is ClientState.OPEN:
             self._own(self._replace(conn), name=f"replace {conn.address}")
 
     async def _replace(self, conn: ServerConnection) -> None:
@@ -612,7 +655,8 @@ class RolloutClient:
     async def _follow_discovery(self, watch: Callable[[], AsyncIterator[str]]) -> None:
         """Servers that register after open (a restarted rank, a new node) join without anyone asking."""
         async for address in watch():
-            if self._state != "open" or any(c.address == address and c.alive for c in self._scheduler.servers):
+            known = any(c.address == address and c.alive for c in self._scheduler.servers)
+            if self._state is not ClientState.OPEN or known:
                 continue  # a same-address restart is caught by its new incarnation (_on_replaced)
             self._own(self._join_quietly(address), name=f"join {address}")
 
@@ -659,7 +703,7 @@ class RolloutClient:
             raise NoServersError(self._scheduler._no_servers_message())
         return live
 
-    async def pause(self, mode: str = "abort") -> None:
+    async def pause(self, mode: PauseMode = "abort") -> None:
         """Pause generation on every server.
 
         ``abort``: in-flight requests return now with ``finish_reason='abort'`` and their tokens so far.
@@ -669,13 +713,13 @@ class RolloutClient:
         requests wait in this client until :meth:`resume`, bounded by their own timeout (the client's
         ``timeout_s``, None by default: they wait as long as the pause lasts).
         """
-        mode = {"hold": "retract"}.get(mode, mode)
-        if mode not in ("abort", "retract", "in_place"):
+        wire = {"hold": "retract"}.get(mode, mode)
+        if wire not in ("abort", "retract", "in_place"):
             raise ConfigError("mode", mode, "must be 'abort', 'hold'/'retract' or 'in_place'")
         live = self._live()
         for conn in live:  # before the pause lands: nothing new is sent meanwhile
             conn.set_paused(True)
-        await broadcast_control(live, lambda s: PauseGeneration(s.next_call_id(), mode))  # type: ignore[arg-type]
+        await broadcast_control(live, lambda s: PauseGeneration(s.next_call_id(), wire))  # type: ignore[arg-type]
 
     async def resume(self) -> None:
         """Continue generation after :meth:`pause`."""
@@ -780,9 +824,9 @@ class RolloutClient:
         named: Iterable[tuple[str, Any]],
         *,
         version: int,
-        method: str = "distributed",
+        method: WeightMethod = "distributed",
         bucket_bytes: int = 512 << 20,
-        pause: str | None = None,
+        pause: PauseMode | None = None,
         flush_cache: bool = True,
     ) -> dict[str, float]:
         """Push new weights (HF parameter names) into every engine and tag later results with ``version``.
@@ -877,6 +921,11 @@ class RolloutClient:
             weight_version=c.reported_version,
             latency_p50_s=_pct(sorted(c.latencies), 0.5),
         )
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    """The keyword arguments the caller actually gave (not USE_CLIENT_DEFAULT)."""
+    return {k: v for k, v in values.items() if not isinstance(v, UseClientDefault)}
 
 
 def _pct(sorted_values: Sequence[float], q: float) -> float | None:

@@ -8,6 +8,7 @@
     │   ├── DuplicateRequestError         a request with this rid is already in flight (the first one is kept)
     │   └── MessageTooLargeError          the encoded message exceeds the server's size limit for its kind
     ├── ClientStateError (RuntimeError)   the client is used outside its lifecycle (not open, closed, reopened)
+    │   └── StreamClosedError             a closed stream (generate_many, rollouts) is iterated or entered again
     ├── ProtocolError                     bytes that are not a valid message of the endpoint
     ├── RequestTimeoutError (TimeoutError) a per-call timeout expired; the request was aborted on the server
     ├── QueueFullError                    the client's bound on waiting requests is reached (back-pressure)
@@ -63,6 +64,7 @@ __all__ = [
     "ServerShuttingDownError",
     "ServerUnavailableError",
     "StalenessError",
+    "StreamClosedError",
     "TransportError",
     "UnsupportedOperationError",
     "WeightUpdateError",
@@ -109,6 +111,10 @@ class MessageTooLargeError(InvalidRequestError):
 
 class ClientStateError(RolloutError, RuntimeError):
     """The client was used outside its lifecycle: before ``async with``, after close, or opened twice."""
+
+
+class StreamClosedError(ClientStateError):
+    """A closed ResultStream / RolloutStream was iterated or entered again: a stream runs once."""
 
 
 class ProtocolError(RolloutError):

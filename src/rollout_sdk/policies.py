@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from ._connection import ServerConnection as ServerHandle
     from .protocol import GenerateRequest
-    from .scheduler import ServerHandle
 
 __all__ = ["LeastLoad", "Policy", "RoundRobin", "make_policy"]
 

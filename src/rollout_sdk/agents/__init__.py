@@ -3,17 +3,12 @@
 See docs/agents.md.  Importing this package imports no tokenizer and starts nothing.
 """
 
+from ..errors import StalenessError
+from ..rollouts.context import RolloutContext
+from ..rollouts.group import Agent, RewardFn, group_stats, rollout_group
+from ..rollouts.trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
 from .chat import ChatTemplate, DriftReport, TemplateError
-from .loop import (
-    Agent,
-    AgentConfig,
-    RewardFn,
-    RolloutContext,
-    StalenessError,
-    ToolAgent,
-    group_stats,
-    rollout_group,
-)
+from .loop import AgentConfig, ToolAgent
 from .parsers import (
     HermesParser,
     ParsedTurn,
@@ -25,7 +20,6 @@ from .parsers import (
     register_parser,
 )
 from .tools import Tool, ToolArgumentError, ToolRegistry, ToolResult, tool
-from .trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
 
 __all__ = [
     "Agent",

@@ -22,6 +22,7 @@ tokens the model actually saw.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,8 +82,14 @@ class ChatTemplate:
     # -- rendering ---------------------------------------------------------------------------------
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
+        """The template's text for ``messages``.  OpenAI-style string ``tool_calls[].function.arguments``
+        are parsed into objects first (as vLLM and SGLang do), so they render exactly like dict
+        arguments instead of being double-encoded; the caller's messages are not modified."""
         text = self.tokenizer.apply_chat_template(
-            list(messages), tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
+            _with_object_arguments(messages),
+            tools=self.tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
         )
         return str(text)
 
@@ -155,10 +162,13 @@ class ChatTemplate:
     ) -> DriftReport:
         """Re-render the whole conversation and compare it with ``ids``, the tokens the model saw.
 
-        ``ids`` normally ends with the model's final turn; the re-rendering ends with the template's end
-        of that turn, so only the first ``len(ids)`` rendered tokens must match.
+        ``ids`` ends either with the model's final turn (the re-rendering then ends with the template's
+        end of that turn, so only the first ``len(ids)`` rendered tokens must match) or, when the loop
+        stopped right after adding tool results (max_turns, stale, budget), with that glue and the
+        generation prompt: then the conversation is re-rendered with the generation prompt too.
         """
-        rendered = self.encode(self.render(messages, add_generation_prompt=False))
+        ends_on_glue = bool(messages) and messages[-1].get("role") != "assistant"
+        rendered = self.encode(self.render(messages, add_generation_prompt=ends_on_glue))
         n = min(len(ids), len(rendered))
         first = next((i for i in range(n) if ids[i] != rendered[i]), None)
         if first is None and len(rendered) < len(ids):
@@ -183,6 +193,38 @@ class ChatTemplate:
             template_rewrites=template_rewrites,
             region=region,
         )
+
+
+def _with_object_arguments(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` with every JSON-string ``function.arguments`` decoded (copies only what changes).
+
+    A string that does not hold a JSON object is left as it is (the template shows what it was given).
+    """
+    out: list[Message] = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if not calls or not any(isinstance(_function(c).get("arguments"), str) for c in calls):
+            out.append(m)
+            continue
+        new_calls = []
+        for c in calls:
+            fn = _function(c)
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                try:
+                    decoded = json.loads(args)
+                except ValueError:
+                    decoded = None
+                if isinstance(decoded, dict):
+                    c = {**c, "function": {**fn, "arguments": decoded}}
+            new_calls.append(c)
+        out.append({**m, "tool_calls": new_calls})
+    return out
+
+
+def _function(call: Any) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    return fn if isinstance(fn, dict) else {}
 
 
 def _first_diff(a: str, b: str) -> int:

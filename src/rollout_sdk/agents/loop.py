@@ -12,123 +12,24 @@ Write your own loop by subclassing :class:`Agent` and using :class:`~.trajectory
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from .._aio import first_exception
-from ..errors import ConfigError, RolloutError, StalenessError
-from ..partial import Continuation
-from ..protocol import GenerateRequest, GenerateResult, SamplingParams
+from ..errors import ConfigError, StalenessError
+from ..protocol import SamplingParams
+from ..rollouts.context import RolloutContext
+from ..rollouts.group import Agent, Sample
+from ..rollouts.trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
 from .chat import ChatTemplate
-from .parsers import HermesParser, ToolCallParser, format_tool_error
-from .tools import ToolRegistry
-from .trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
+from .parsers import HermesParser, ParsedTurn, ParseError, ToolCallParser, format_tool_error
+from .tools import ToolRegistry, ToolResult
 
-if TYPE_CHECKING:
-    from ..client import RolloutClient
-
-__all__ = ["Agent", "AgentConfig", "RewardFn", "RolloutContext", "StalenessError", "ToolAgent", "rollout_group"]
-
-Sample = Mapping[str, Any]
-RewardFn = Callable[[Trajectory, Sample], "float | Awaitable[float]"]
-
-
-class RolloutContext:
-    """What an agent loop may do: generate (with its session's affinity), and know the weight version.
-
-    A streaming producer may *preempt* a trajectory (partial mode): its request in flight is aborted, the
-    context parks it, and once resumed continues the same turn from the tokens it had (on newer weights),
-    so the agent sees one turn whose ``version_segments`` span the update.
-    """
-
-    def __init__(
-        self,
-        client: RolloutClient,
-        *,
-        session_id: str | None = None,
-        timeout: float | None = None,
-        max_staleness: int | None = None,
-    ) -> None:
-        self.client = client
-        self.session_id = session_id or uuid.uuid4().hex
-        self.timeout = timeout
-        self.max_staleness = max_staleness
-        self.first_version: int | None = None
-        self.current_rid: str | None = None
-        self.preemptions = 0
-        self._gate = asyncio.Event()
-        self._gate.set()
-        self._calls = 0
-        #: added to a seeded request's seed, with the turn number, so samples and turns differ
-        self.seed_offset = 0
-
-    def _check_staleness(self) -> None:
-        if self.max_staleness is not None and self.first_version is not None:
-            lag = self.client.weight_version - self.first_version
-            if lag > self.max_staleness:
-                raise StalenessError(
-                    f"trajectory started on weights v{self.first_version}; v{self.client.weight_version} is "
-                    f"{lag} versions later (max_staleness={self.max_staleness})"
-                )
-
-    def preempt(self) -> bool:
-        """Hold this trajectory: abort its request in flight (it resumes after :meth:`resume`)."""
-        self._gate.clear()
-        rid = self.current_rid
-        return rid is not None and self.client.abort(rid)
-
-    def resume(self) -> None:
-        self._gate.set()
-
-    @property
-    def parked(self) -> bool:
-        return not self._gate.is_set()
-
-    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
-        """One model turn.  Refuses (StalenessError) to extend a trajectory past its staleness bound."""
-        self._calls += 1
-        if sampling.seed is not None:
-            seed = (sampling.seed + self.seed_offset + 7919 * (self._calls - 1)) % (2**63 - 1)
-            sampling = msgspec.structs.replace(sampling, seed=seed)
-        req = GenerateRequest(
-            input_ids=input_ids, sampling=sampling, session_id=self.session_id, rid=f"{self.session_id}.{self._calls}"
-        )
-        cont = Continuation(req)
-        segment = 0
-        while True:
-            await self._gate.wait()
-            self._check_staleness()
-            nxt = cont.next_request()
-            if not nxt.rid:
-                segment += 1
-                nxt = msgspec.structs.replace(nxt, rid=f"{req.rid}.{segment}")
-            self.current_rid = nxt.rid
-            try:
-                result = await self.client.generate(nxt, timeout=self.timeout)
-            finally:
-                self.current_rid = None
-            cont.add(result)
-            if self.first_version is None and result.output_ids:
-                segs = result.version_segments
-                self.first_version = segs[0][0] if segs else result.weight_version
-            if result.finish_reason == "abort" and self.parked and cont.remaining > 0:
-                self.preemptions += 1
-                continue  # preempted by the producer: wait, then continue from the tokens so far
-            return cont.result()
-
-
-class Agent(abc.ABC):
-    """A rollout policy loop.  ``run`` returns one finished :class:`Trajectory` for ``sample``."""
-
-    @abc.abstractmethod
-    async def run(self, ctx: RolloutContext, sample: Sample) -> Trajectory: ...
+__all__ = ["AgentConfig", "ToolAgent"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,8 +138,7 @@ class ToolAgent(Agent):
                 for c, o in zip(parsed.calls, outcomes, strict=True)
             ]
             turn.parse_errors = [e.message for e in parsed.errors]
-            tool_msgs: list[dict[str, Any]] = [{"role": "tool", "name": o.name, "content": o.content} for o in outcomes]
-            tool_msgs += [{"role": "tool", "name": "error", "content": format_tool_error(e)} for e in parsed.errors]
+            tool_msgs = _tool_messages(parsed, outcomes)
             glue, local = self.chat.glue_ids(messages, tool_msgs, text)
             rewrites = rewrites or local
             if builder.response_len + len(glue) >= cfg.max_response_tokens or builder.num_ids + len(glue) >= limit:
@@ -278,6 +178,19 @@ def _strip_end(text: str, suffix: str) -> str:
     return text
 
 
+def _tool_messages(parsed: ParsedTurn, outcomes: Sequence[ToolResult]) -> list[dict[str, Any]]:
+    """One tool message per call result and per parse error, in the order they appear in the text."""
+    results = iter(outcomes)
+    msgs: list[dict[str, Any]] = []
+    for item in parsed.in_text_order():
+        if isinstance(item, ParseError):
+            msgs.append({"role": "tool", "name": "error", "content": format_tool_error(item)})
+        else:
+            o = next(results)
+            msgs.append({"role": "tool", "name": o.name, "content": o.content})
+    return msgs
+
+
 def _assistant_message(parsed: Any, body: str) -> dict[str, Any]:
     # an answer keeps the model's exact text (so a re-rendering reproduces it); a turn with tool calls
     # keeps the text around the calls, which the template writes back in its own format
@@ -289,71 +202,3 @@ def _assistant_message(parsed: Any, body: str) -> dict[str, Any]:
             for c in parsed.calls
         ]
     return msg
-
-
-async def _reward(reward: RewardFn, traj: Trajectory, sample: Sample) -> float:
-    if asyncio.iscoroutinefunction(reward):
-        return float(await reward(traj, sample))
-    value = await asyncio.to_thread(reward, traj, sample)
-    if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
-        value = await value
-    return float(value)  # type: ignore[arg-type]
-
-
-async def rollout_group(
-    client: RolloutClient,
-    agent: Agent,
-    sample: Sample,
-    *,
-    n: int,
-    reward: RewardFn | None = None,
-    sample_index: int = -1,
-    timeout: float | None = None,
-    max_staleness: int | None = None,
-    on_error: str = "raise",
-) -> list[Trajectory]:
-    """``n`` trajectories of one sample (a GRPO group), each rewarded as soon as it finishes.
-
-    The reward function (async, or sync run in a thread) overlaps with the group's other trajectories.
-    ``on_error="record"`` turns a failed trajectory into one with ``finish_reason="error"`` instead of
-    raising, so the group stays complete.
-    """
-    if on_error not in ("raise", "record"):
-        raise ConfigError("on_error", on_error, "must be 'raise' or 'record'")
-
-    async def one(k: int) -> Trajectory:
-        ctx = RolloutContext(client, timeout=timeout, max_staleness=max_staleness)
-        ctx.seed_offset = 104_729 * k  # a seeded sampling config still gives n different samples
-        try:
-            traj = await agent.run(ctx, sample)
-        except RolloutError as exc:
-            if on_error == "raise":
-                raise
-            return Trajectory(
-                id=ctx.session_id,
-                prompt_ids=[],
-                response_ids=[],
-                loss_mask=[],
-                logprobs=[],
-                finish_reason="error",
-                error=f"{type(exc).__name__}: {exc}",
-                sample_index=sample_index,
-            )
-        traj.sample_index = sample_index
-        if reward is not None:
-            traj.reward = await _reward(reward, traj, sample)
-        return traj
-
-    try:
-        async with asyncio.TaskGroup() as tg:  # one failure cancels its siblings instead of orphaning them
-            tasks = [tg.create_task(one(k)) for k in range(n)]
-    except BaseExceptionGroup as eg:
-        raise first_exception(eg) from None
-    return [t.result() for t in tasks]
-
-
-def group_stats(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
-    """Totals over trajectories: turns, tool calls and errors, parse errors, model tokens."""
-    trajs = [t for g in groups for t in g]
-    keys = ("turns", "tool_calls", "tool_errors", "parse_errors", "model_tokens", "context_tokens")
-    return {k: sum(t.metrics.get(k, 0.0) for t in trajs) for k in keys} | {"trajectories": float(len(trajs))}

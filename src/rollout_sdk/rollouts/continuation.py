@@ -13,7 +13,8 @@ in-flight request comes back with ``finish_reason="abort"`` and the tokens it ha
     final = cont.result()     # all tokens, logprobs, version_segments [(v1, n1), (v2, n2)]
 
 The request continued is the prompt plus the tokens so far, asking for what is left of the original
-``max_new_tokens``; the seed, if any, is offset per segment so a resumed sample is not a replay.
+``max_new_tokens``; the seed, if any, becomes ``sample_seed(seed, segment=k)`` for the k-th resumption
+(:mod:`.seeds`), so a resumed sample is not a replay and is the same whoever resumes it.
 ``next_request`` refuses (StalenessError) when the first token's weights are more than ``max_staleness``
 versions behind ``current_version``: the bound the client enforces when admitting the work again.
 """
@@ -22,8 +23,10 @@ from __future__ import annotations
 
 import msgspec
 
-from .errors import StalenessError
-from .protocol import GenerateRequest, GenerateResult, Timings
+from ..errors import StalenessError
+from ..protocol import GenerateRequest, GenerateResult, Timings
+from .seeds import sample_seed
+from .segments import append_segments, result_segments
 
 __all__ = ["Continuation"]
 
@@ -35,7 +38,7 @@ class Continuation:
         self.request = request
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
-        self.segments: list[list[int]] = []
+        self.segments: list[tuple[int, int]] = []
         self.aborts = 0
         self.finish_reason: str | None = None
         self.matched_stop: int | None = None
@@ -77,7 +80,7 @@ class Continuation:
             sp,
             max_new_tokens=max(1, self.remaining),
             min_new_tokens=max(0, sp.min_new_tokens - len(self.output_ids)),
-            seed=None if sp.seed is None else (sp.seed + 1_000_003 * self.aborts) % (2**63 - 1),
+            seed=sample_seed(sp.seed, segment=self.aborts),
         )
         return msgspec.structs.replace(
             self.request, input_ids=self.request.input_ids + self.output_ids, sampling=sampling, rid=""
@@ -88,14 +91,7 @@ class Continuation:
         self.output_ids.extend(result.output_ids)
         lps = result.logprobs if result.logprobs is not None else [0.0] * len(result.output_ids)
         self.logprobs.extend(lps)
-        segs = result.version_segments or (
-            [(result.weight_version, len(result.output_ids))] if result.output_ids else []
-        )
-        for version, n in segs:
-            if self.segments and self.segments[-1][0] == version:
-                self.segments[-1][1] += n
-            else:
-                self.segments.append([version, n])
+        append_segments(self.segments, result_segments(result))
         self.total_s += result.timings.total_s
         self.finish_reason = result.finish_reason
         if result.finish_reason == "abort":
@@ -118,7 +114,7 @@ class Continuation:
             weight_version=last.weight_version,
             logprobs=list(self.logprobs) if self.request.return_logprobs else None,
             matched_stop=self.matched_stop,
-            version_segments=[(v, n) for v, n in self.segments],
+            version_segments=list(self.segments),
             timings=Timings(total_s=self.total_s),
             server_id=last.server_id,
         )

@@ -19,15 +19,18 @@ Modes:
   requests are aborted and parked with the tokens they had; when the consumer asks for the next batch
   (after updating the weights) they resume from those tokens on the new weights.
 
-Concurrency::
+Concurrency (the shared producer, :mod:`.producer`)::
 
-    producer task (owned by the client) ── TaskGroup ── one task per group ── n trajectory coroutines
-      waits on: `room` (a group slot: in flight < target; in sync mode a slot frees only when its group
-                is yielded)                              agent.run(ctx, sample) / one generate
+    producer task (spawned by the client) ── TaskGroup ── one task per group ── n trajectory coroutines
+      a slot is one group, held from the moment its sample is pulled until the consumer is done with it:
+      taken into a batch (async, partial) or yielded in a batch (sync); ``capacity`` slots in all
+      (``batch_groups`` in sync mode, ``ceil(batch_groups * over_provision)`` otherwise), so a slow
+      consumer holds at most that many finished groups, never an unbounded backlog
       pulls the next sample: re-queued ones first (a stale group gives its sample back), then the source
-    finished groups ─▶ reward (as each trajectory finishes) ─▶ filter ─▶ `done` queue
-    consumer (__anext__) takes batch_groups groups from `done`; partial mode preempts the rest first
-      and resumes them when it is called again
+      member k of a group runs in RolloutContext(member=k): agent.run(ctx, sample) / one generate
+    finished group ─▶ reward (as each trajectory finishes) ─▶ filter ─▶ the producer's `done` deque
+    consumer (__anext__) takes batch_groups groups; partial mode pauses the producer and preempts the
+      running groups before returning, and resumes both when it is called again
     a sampler task records each server's in-flight count every 20 ms (busy fraction per batch)
 
 Guarantees: every sample of the source ends up in exactly one yielded group, or is reported as dropped
@@ -44,22 +47,23 @@ import collections
 import math
 import time
 import uuid
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
-from ._aio import cancel_and_wait, first_exception, iterate
-from .agents.loop import Agent, RewardFn, RolloutContext, _reward
-from .agents.trajectory import Trajectory
-from .errors import ConfigError, StalenessError
-from .protocol import GenerateRequest, SamplingParams
-
-if TYPE_CHECKING:
-    from .client import RolloutClient
+from .._aio import cancel_and_wait
+from ..errors import ConfigError, StalenessError
+from ..protocol import GenerateRequest, SamplingParams
+from .context import RolloutContext
+from .generator import USE_CLIENT_DEFAULT, Generator, UseClientDefault
+from .group import Agent, RewardFn, run_trajectory
+from .producer import DROP, REQUEUE, Finished, Producer, ProducerStatistics, Spawn, StreamState
+from .trajectory import Trajectory
 
 __all__ = ["GenerateAgent", "RolloutBatch", "RolloutStream"]
 
 GroupFilter = Callable[[list[Trajectory]], "bool | Awaitable[bool]"]
+RolloutMode = Literal["sync", "async", "partial"]
 
 
 class GenerateAgent(Agent):
@@ -110,23 +114,26 @@ class _Group:
 
 
 class RolloutStream:
-    """Returned by :meth:`RolloutClient.rollouts`; see the module docstring."""
+    """Returned by :meth:`RolloutClient.rollouts`; see the module docstring.  Iterated once: a closed
+    stream refuses reuse (StreamClosedError)."""
 
     def __init__(
         self,
-        client: RolloutClient,
+        generator: Generator,
         source: Iterable[Any] | AsyncIterable[Any],
         *,
         agent: Agent | None,
         sampling: SamplingParams | None,
         group_size: int,
         batch_groups: int,
-        mode: str,
+        mode: RolloutMode,
         over_provision: float,
         max_staleness: int | None,
         reward: RewardFn | None,
         filter: GroupFilter | None,
-        timeout: float | None,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        spawn: Spawn,
+        load: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         if mode not in ("sync", "async", "partial"):
             raise ConfigError("mode", mode, "must be 'sync', 'async' or 'partial'")
@@ -138,9 +145,8 @@ class RolloutStream:
             raise ConfigError("over_provision", over_provision, "must be >= 1")
         if max_staleness is not None and max_staleness < 0:
             raise ConfigError("max_staleness", max_staleness, "must be >= 0 or None")
-        self.client = client
+        self.generator = generator
         self.agent = agent or GenerateAgent(sampling)
-        self.source = source
         self.n = group_size
         self.batch_groups = batch_groups
         self.mode = mode
@@ -149,14 +155,13 @@ class RolloutStream:
         self.reward = reward
         self.filter = filter
         self.timeout = timeout
-        self._room = asyncio.Semaphore(self.target)
-        self._done: asyncio.Queue[tuple[_Group, list[Trajectory]] | BaseException | None] = asyncio.Queue()
-        self._requeue: collections.deque[tuple[int, Any]] = collections.deque()
+        self._spawn = spawn
+        self._load = load
+        self._producer: Producer[list[Trajectory]] = Producer(
+            source, self._run_group, capacity=self.target, spawn=spawn, name="rollouts", what="RolloutStream"
+        )
         self._running: dict[int, _Group] = {}
-        self._task: asyncio.Task[None] | None = None
         self._sampler: asyncio.Task[None] | None = None
-        self._finished = False
-        self._source_done = False
         self._batch_index = 0
         self._last_yield = time.perf_counter()
         self._preempted: list[RolloutContext] = []
@@ -164,9 +169,14 @@ class RolloutStream:
         self._busy: collections.Counter[str] = collections.Counter()
         self._ticks = 0
         self._in_flight_sum = 0
-        self._requeued = asyncio.Event()
-        self._gen_gate = asyncio.Event()
-        self._gen_gate.set()
+
+    @property
+    def state(self) -> StreamState:
+        return self._producer.state
+
+    def statistics(self) -> ProducerStatistics:
+        """Slots (groups) and where they are now: running, finished and waiting, re-queued."""
+        return self._producer.statistics()
 
     # -- consumer side -----------------------------------------------------------------------------
 
@@ -182,89 +192,72 @@ class RolloutStream:
         return self
 
     def _start(self) -> None:
-        if self._task is None:
-            self._task = self.client._own(self._produce(), name="rollouts")
-            self._sampler = self.client._own(self._sample_load(), name="rollouts-load")
+        was = self._producer.state
+        self._producer.start()
+        if was is StreamState.UNOPENED and self._load is not None:
+            self._sampler = self._spawn(self._sample_load(), "rollouts-load")
 
     async def __anext__(self) -> RolloutBatch:
-        if self._finished:
-            raise StopAsyncIteration
         self._start()
+        if self._producer.state is StreamState.EXHAUSTED:
+            raise StopAsyncIteration
         for ctx in self._preempted:  # partial mode: the consumer is done with the last batch
             ctx.resume()
         self._preempted = []
-        self._gen_gate.set()
-        groups: list[tuple[_Group, list[Trajectory]]] = []
-        while len(groups) < self.batch_groups and not self._exhausted():
-            item = await self._done.get()
+        self._producer.resume()
+        groups: list[Finished[list[Trajectory]]] = []
+        while len(groups) < self.batch_groups:
+            item = await self._producer.take()
             if item is None:
-                continue  # an end-of-work mark: _exhausted() says whether it still holds
-            if isinstance(item, BaseException):
-                self._finished = True
-                raise item
-            group, trajs = item
-            if self._too_stale(trajs):
+                break
+            if self._too_stale(item.value):
                 # finished too long ago to be used now: give its sample back for a fresh group
                 self._counts["requeued_stale"] += 1
-                self._give_back(group)
-                self._release_slot_if_sync()
+                self._producer.requeue(item.index, item.sample)
                 continue
             groups.append(item)
-        end = self._exhausted()
+            if self.mode != "sync":
+                self._producer.release()  # consumed: its slot refills while the batch fills
+        end = self._producer.exhausted
         if not groups:
-            self._finished = True
             raise StopAsyncIteration
-        if end:
-            self._finished = True
-        elif self.mode == "partial":
-            self._gen_gate.clear()  # no new group starts on weights about to be replaced
+        if not end and self.mode == "partial":
+            self._producer.pause()  # no new group starts on weights about to be replaced
             for g in self._running.values():
                 for ctx in g.ctxs:
                     ctx.preempt()
                     self._preempted.append(ctx)
         if self.mode == "sync":
-            for _ in groups:
-                self._room.release()
+            self._producer.release(len(groups))
         return self._batch(groups, final=end)
-
-    def _exhausted(self) -> bool:
-        """Nothing more will ever finish: the source is empty and no group runs, waits or is re-queued."""
-        return self._source_done and not self._running and not self._requeue and self._done.empty()
-
-    def _give_back(self, group: _Group) -> None:
-        self._requeue.append((group.index, group.sample))
-        self._requeued.set()
-
-    def _release_slot_if_sync(self) -> None:
-        if self.mode == "sync":
-            self._room.release()
 
     def _too_stale(self, trajs: list[Trajectory]) -> bool:
         if self.max_staleness is None:
             return False
-        now = self.client.weight_version
+        now = self.generator.weight_version
         firsts = [t.min_weight_version for t in trajs if t.min_weight_version is not None]
         return bool(firsts) and now - min(firsts) > self.max_staleness
 
-    def _batch(self, groups: list[tuple[_Group, list[Trajectory]]], *, final: bool) -> RolloutBatch:
+    def _batch(self, groups: list[Finished[list[Trajectory]]], *, final: bool) -> RolloutBatch:
         now = time.perf_counter()
-        version = self.client.weight_version
-        trajs = [t for _, ts in groups for t in ts]
+        version = self.generator.weight_version
+        trajs = [t for g in groups for t in g.value]
         lags: collections.Counter[int] = collections.Counter()
         for t in trajs:
             first = t.min_weight_version
             lags[0 if first is None else version - first] += 1
-        servers = [s.server_id for s in self.client.servers]
         ticks = max(1, self._ticks)
+        stats = self._producer.statistics()
         metrics: dict[str, Any] = {
             "wall_s": now - self._last_yield,
             "groups": len(groups),
             "trajectories": len(trajs),
             "model_tokens": sum(t.num_model_tokens for t in trajs),
-            "groups_in_flight_at_yield": len(self._running),
+            "groups_in_flight_at_yield": stats.in_flight,
+            "groups_buffered_at_yield": stats.buffered,
             "preempted": len(self._preempted),
             "staleness_histogram": dict(sorted(lags.items())),
-            "busy_fraction": {s: self._busy[s] / ticks for s in servers},
+            "busy_fraction": {s: self._busy[s] / ticks for s in (self._load() if self._load else {})},
             "mean_in_flight": self._in_flight_sum / ticks,
             "requeued_stale": self._counts["requeued_stale"],
             "filtered": self._counts["filtered"],
@@ -276,8 +269,8 @@ class RolloutStream:
         self._busy.clear()
         batch = RolloutBatch(
             index=self._batch_index,
-            groups=[ts for _, ts in groups],
-            sample_indices=[g.index for g, _ in groups],
+            groups=[g.value for g in groups],
+            sample_indices=[g.index for g in groups],
             weight_version=version,
             metrics=metrics,
             final=final,
@@ -286,100 +279,61 @@ class RolloutStream:
         return batch
 
     async def aclose(self) -> None:
-        self._finished = True
+        """Cancel every group still running and refuse reuse.  Idempotent."""
         for ctx in self._preempted:
             ctx.resume()
-        for task in (self._task, self._sampler):
-            await cancel_and_wait(task)
-
-    # -- producer side -----------------------------------------------------------------------------
-
-    async def _produce(self) -> None:
+        self._preempted = []
+        sampler, self._sampler = self._sampler, None
         try:
-            async with asyncio.TaskGroup() as tg:
-                it = iterate(self.source)
-                index = 0
-                while True:
-                    await self._gen_gate.wait()
-                    await self._room.acquire()
-                    if not self._requeue and not self._source_done:
-                        try:
-                            sample = await anext(it)
-                        except StopAsyncIteration:
-                            self._source_done = True
-                            self._mark_if_done()
-                        else:
-                            idx, index = index, index + 1
-                            self._start_group(tg, idx, sample)
-                            continue
-                    while not self._requeue:  # only re-queued samples are left: wait for one
-                        self._requeued.clear()
-                        await self._requeued.wait()
-                    idx, sample = self._requeue.popleft()
-                    self._start_group(tg, idx, sample)
-        except asyncio.CancelledError:
-            raise
-        except BaseExceptionGroup as eg:
-            self._done.put_nowait(first_exception(eg))
-        except BaseException as exc:
-            self._done.put_nowait(exc)
+            await self._producer.aclose()
+        finally:
+            await cancel_and_wait(sampler)
 
-    def _start_group(self, tg: asyncio.TaskGroup, idx: int, sample: Any) -> None:
-        group = _Group(idx, sample)
-        self._running[idx] = group
-        tg.create_task(self._run_group(group))
+    # -- one group ---------------------------------------------------------------------------------
 
-    def _mark_if_done(self) -> None:
-        if self._source_done and not self._running and not self._requeue:
-            self._done.put_nowait(None)  # wakes a consumer waiting for groups that will never come
-
-    async def _run_group(self, group: _Group) -> None:
+    async def _run_group(self, index: int, sample: Any) -> list[Trajectory] | Any:
+        group = _Group(index, sample)
+        self._running[index] = group
         stale = False
         try:
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(self._run_one(group, k)) for k in range(self.n)]
         except* StalenessError:
             stale = True
-        self._running.pop(group.index, None)
+        finally:
+            self._running.pop(index, None)
         if stale:  # past its bound: the group starts afresh on current weights
             self._counts["requeued_stale"] += 1
-            self._give_back(group)
-            self._room.release()
-            return
+            return REQUEUE
         trajs = [t.result() for t in tasks]
-        keep = True
         if self.filter is not None:
             verdict = self.filter(trajs)
             keep = bool(await verdict) if isinstance(verdict, Awaitable) else bool(verdict)
-        if keep:
-            self._done.put_nowait((group, trajs))
-        else:
-            self._counts["filtered"] += 1
-        if self.mode != "sync" or not keep:
-            self._room.release()
-        self._mark_if_done()
+            if not keep:
+                self._counts["filtered"] += 1
+                return DROP
+        return trajs
 
     async def _run_one(self, group: _Group, k: int) -> Trajectory:
         ctx = RolloutContext(
-            self.client,
+            self.generator,
             session_id=f"g{group.index}-{k}-{uuid.uuid4().hex[:6]}",
+            member=k,
             timeout=self.timeout,
             max_staleness=self.max_staleness,
         )
         group.ctxs.append(ctx)
-        traj = await self.agent.run(ctx, group.sample)
+        traj = await run_trajectory(self.agent, ctx, group.sample, reward=self.reward, sample_index=group.index)
         if traj.finish_reason == "stale":
             raise StalenessError(f"group {group.index} passed its staleness bound")
-        traj.sample_index = group.index
-        if self.reward is not None:
-            traj.reward = await _reward(self.reward, traj, group.sample)
         return traj
 
     async def _sample_load(self) -> None:
+        assert self._load is not None
         while True:
             await asyncio.sleep(0.02)
             self._ticks += 1
-            for s in self.client.servers:
-                if s.in_flight > 0:
-                    self._busy[s.server_id] += 1
-                self._in_flight_sum += s.in_flight
+            for server_id, in_flight in self._load().items():
+                if in_flight > 0:
+                    self._busy[server_id] += 1
+                self._in_flight_sum += in_flight

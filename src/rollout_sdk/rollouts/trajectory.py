@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from ..protocol import GenerateResult
+from .segments import append_segments, result_segments
 
 __all__ = ["ToolCallRecord", "Trajectory", "TrajectoryBuilder", "Turn"]
 
@@ -90,7 +91,7 @@ class TrajectoryBuilder:
         self.response_ids: list[int] = []
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
-        self.versions: list[list[int]] = []
+        self.versions: list[tuple[int, int]] = []
         self.turns: list[Turn] = []
 
     @property
@@ -115,12 +116,7 @@ class TrajectoryBuilder:
         if len(lps) != len(ids):
             raise ValueError(f"engine returned {len(lps)} logprobs for {len(ids)} tokens")
         self.logprobs.extend(lps)
-        segments = result.version_segments or ([(result.weight_version, len(ids))] if ids else [])
-        for version, n in segments:
-            if self.versions and self.versions[-1][0] == version:
-                self.versions[-1][1] += n
-            else:
-                self.versions.append([version, n])
+        append_segments(self.versions, result_segments(result))
 
     def add_context(self, ids: list[int]) -> None:
         """Append tokens the loop added (tool results, template glue): mask 0, logprob 0."""
@@ -150,7 +146,7 @@ class TrajectoryBuilder:
             logprobs=self.logprobs,
             finish_reason=finish_reason,
             turns=self.turns,
-            weight_versions=[(v, n) for v, n in self.versions],
+            weight_versions=list(self.versions),
             metrics=metrics,
             **fields,
         )

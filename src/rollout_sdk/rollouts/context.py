@@ -1,0 +1,112 @@
+"""The context one trajectory runs in: generate with its session's affinity, its seeds and preemption.
+
+A context belongs to one trajectory: member ``member`` of its group.  Its n-th model call is turn n;
+a seeded request gets ``sample_seed(seed, member=member, turn=n)`` and each resumption after a
+preemption the next segment (:mod:`.seeds`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import msgspec
+
+from ..errors import StalenessError
+from ..protocol import GenerateRequest, GenerateResult, SamplingParams
+from .continuation import Continuation
+from .generator import USE_CLIENT_DEFAULT, Generator, UseClientDefault
+from .seeds import sample_seed
+
+__all__ = ["RolloutContext"]
+
+
+class RolloutContext:
+    """What an agent loop may do: generate (with its session's affinity), and know the weight version.
+
+    A streaming producer may *preempt* a trajectory (partial mode): its request in flight is aborted, the
+    context parks it, and once resumed continues the same turn from the tokens it had (on newer weights),
+    so the agent sees one turn whose ``version_segments`` span the update.
+    """
+
+    def __init__(
+        self,
+        generator: Generator,
+        *,
+        session_id: str | None = None,
+        member: int = 0,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        max_staleness: int | None = None,
+    ) -> None:
+        if member < 0:
+            raise ValueError(f"member must be >= 0, got {member}")
+        self.generator = generator
+        self.member = member
+        self.session_id = session_id or uuid.uuid4().hex
+        self.timeout = timeout
+        self.max_staleness = max_staleness
+        self.first_version: int | None = None
+        self.current_rid: str | None = None
+        self.preemptions = 0
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._calls = 0
+
+    @property
+    def client(self) -> Generator:
+        """The generator (usually the RolloutClient) this context generates with."""
+        return self.generator
+
+    def _check_staleness(self) -> None:
+        if self.max_staleness is not None and self.first_version is not None:
+            lag = self.generator.weight_version - self.first_version
+            if lag > self.max_staleness:
+                raise StalenessError(
+                    f"trajectory started on weights v{self.first_version}; v{self.generator.weight_version} is "
+                    f"{lag} versions later (max_staleness={self.max_staleness})"
+                )
+
+    def preempt(self) -> bool:
+        """Hold this trajectory: abort its request in flight (it resumes after :meth:`resume`)."""
+        self._gate.clear()
+        rid = self.current_rid
+        return rid is not None and self.generator.abort(rid)
+
+    def resume(self) -> None:
+        self._gate.set()
+
+    @property
+    def parked(self) -> bool:
+        return not self._gate.is_set()
+
+    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        """One model turn.  Refuses (StalenessError) to extend a trajectory past its staleness bound."""
+        self._calls += 1
+        if sampling.seed is not None:
+            seed = sample_seed(sampling.seed, member=self.member, turn=self._calls - 1)
+            sampling = msgspec.structs.replace(sampling, seed=seed)
+        req = GenerateRequest(
+            input_ids=input_ids, sampling=sampling, session_id=self.session_id, rid=f"{self.session_id}.{self._calls}"
+        )
+        cont = Continuation(req)
+        segment = 0
+        while True:
+            await self._gate.wait()
+            self._check_staleness()
+            nxt = cont.next_request()
+            if not nxt.rid:
+                segment += 1
+                nxt = msgspec.structs.replace(nxt, rid=f"{req.rid}.{segment}")
+            self.current_rid = nxt.rid
+            try:
+                result = await self.generator.generate(nxt, timeout=self.timeout)
+            finally:
+                self.current_rid = None
+            cont.add(result)
+            if self.first_version is None and result.output_ids:
+                segs = result.version_segments
+                self.first_version = segs[0][0] if segs else result.weight_version
+            if result.finish_reason == "abort" and self.parked and cont.remaining > 0:
+                self.preemptions += 1
+                continue  # preempted by the producer: wait, then continue from the tokens so far
+            return cont.result()

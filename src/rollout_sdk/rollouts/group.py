@@ -1,0 +1,103 @@
+"""Agents as the rollouts layer sees them, and a group of rollouts of one sample (a GRPO group)."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from .._aio import first_exception
+from ..errors import ConfigError, RolloutError
+from .context import RolloutContext
+from .generator import USE_CLIENT_DEFAULT, Generator, UseClientDefault
+from .trajectory import Trajectory
+
+__all__ = ["Agent", "RewardFn", "Sample", "group_stats", "reward_of", "rollout_group", "run_trajectory"]
+
+Sample = Mapping[str, Any]
+RewardFn = Callable[[Trajectory, Sample], "float | Awaitable[float]"]
+
+
+class Agent(abc.ABC):
+    """A rollout policy loop.  ``run`` returns one finished :class:`Trajectory` for ``sample``."""
+
+    @abc.abstractmethod
+    async def run(self, ctx: RolloutContext, sample: Sample) -> Trajectory: ...
+
+
+async def reward_of(reward: RewardFn, traj: Trajectory, sample: Sample) -> float:
+    if asyncio.iscoroutinefunction(reward):
+        return float(await reward(traj, sample))
+    value = await asyncio.to_thread(reward, traj, sample)
+    if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
+        value = await value
+    return float(value)  # type: ignore[arg-type]
+
+
+async def run_trajectory(
+    agent: Agent, ctx: RolloutContext, sample: Any, *, reward: RewardFn | None, sample_index: int
+) -> Trajectory:
+    """One trajectory of ``sample`` in ``ctx``, tagged with its sample index and rewarded when it finishes."""
+    traj = await agent.run(ctx, sample)
+    traj.sample_index = sample_index
+    if reward is not None and traj.finish_reason != "stale":
+        traj.reward = await reward_of(reward, traj, sample)
+    return traj
+
+
+async def rollout_group(
+    client: Generator,
+    agent: Agent,
+    sample: Sample,
+    *,
+    n: int,
+    reward: RewardFn | None = None,
+    sample_index: int = -1,
+    timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+    max_staleness: int | None = None,
+    on_error: Literal["raise", "record"] = "raise",
+) -> list[Trajectory]:
+    """``n`` trajectories of one sample (a GRPO group), each rewarded as soon as it finishes.
+
+    Member k runs in a context with ``member=k`` (its seeds: :mod:`.seeds`).  ``client`` is any
+    :class:`~.generator.Generator` (usually the RolloutClient).  The reward function (async, or sync
+    run in a thread) overlaps with the group's other trajectories; a stale trajectory is not rewarded.
+    ``on_error="record"`` turns a failed trajectory into one with ``finish_reason="error"`` instead of
+    raising, so the group stays complete.
+    """
+    if on_error not in ("raise", "record"):
+        raise ConfigError("on_error", on_error, "must be 'raise' or 'record'")
+
+    async def one(k: int) -> Trajectory:
+        # member k: a seeded sampling config gives n different samples, the same ones as generate_many
+        ctx = RolloutContext(client, member=k, timeout=timeout, max_staleness=max_staleness)
+        try:
+            return await run_trajectory(agent, ctx, sample, reward=reward, sample_index=sample_index)
+        except RolloutError as exc:
+            if on_error == "raise":
+                raise
+            return Trajectory(
+                id=ctx.session_id,
+                prompt_ids=[],
+                response_ids=[],
+                loss_mask=[],
+                logprobs=[],
+                finish_reason="error",
+                error=f"{type(exc).__name__}: {exc}",
+                sample_index=sample_index,
+            )
+
+    try:
+        async with asyncio.TaskGroup() as tg:  # one failure cancels its siblings instead of orphaning them
+            tasks = [tg.create_task(one(k)) for k in range(n)]
+    except BaseExceptionGroup as eg:
+        raise first_exception(eg) from None
+    return [t.result() for t in tasks]
+
+
+def group_stats(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+    """Totals over trajectories: turns, tool calls and errors, parse errors, model tokens."""
+    trajs = [t for g in groups for t in g]
+    keys = ("turns", "tool_calls", "tool_errors", "parse_errors", "model_tokens", "context_tokens")
+    return {k: sum(t.metrics.get(k, 0.0) for t in trajs) for k in keys} | {"trajectories": float(len(trajs))}
