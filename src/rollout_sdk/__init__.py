@@ -15,11 +15,13 @@ engine starts.
 """
 
 from ._stream import Group, ResultStream
+from .auth import Credentials, JobSecret, ServerAuth
 from .client import ClientConfig, ClientStats, RolloutClient, ServerStatus
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.base import Engine, EngineLoad
 from .engines.cpu import CpuEngine, CpuEngineConfig
 from .errors import (
+    AuthenticationError,
     ClientStateError,
     ConfigError,
     DiscoveryError,
@@ -29,6 +31,7 @@ from .errors import (
     EngineStartupError,
     InvalidRequestError,
     NoServersError,
+    PermissionDeniedError,
     ProtocolError,
     QueueFullError,
     RemoteError,
@@ -51,6 +54,7 @@ from .server import EngineServer, ServerConfig
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuthenticationError",
     "ClientConfig",
     "ClientStateError",
     "ClientStats",
@@ -58,6 +62,7 @@ __all__ = [
     "Continuation",
     "CpuEngine",
     "CpuEngineConfig",
+    "Credentials",
     "Discovery",
     "DiscoveryError",
     "EmbeddedServers",
@@ -73,8 +78,10 @@ __all__ = [
     "GenerateResult",
     "Group",
     "InvalidRequestError",
+    "JobSecret",
     "LeastLoad",
     "NoServersError",
+    "PermissionDeniedError",
     "Policy",
     "ProtocolError",
     "QueueFullError",
@@ -88,6 +95,7 @@ __all__ = [
     "RoundRobin",
     "SamplingParams",
     "SchedulerConfig",
+    "ServerAuth",
     "ServerConfig",
     "ServerShuttingDownError",
     "ServerStatus",

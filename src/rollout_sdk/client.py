@@ -33,6 +33,7 @@ from . import _transport
 from ._connection import ServerConnection
 from ._control import WeightSync, broadcast_control, update_weights_ipc
 from ._stream import Prompt, ResultStream
+from .auth import Credentials
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.cpu import CpuEngineConfig
 from .errors import ClientStateError, ConfigError, NoServersError, RequestTimeoutError
@@ -160,6 +161,10 @@ class RolloutClient:
     servers are; with neither, ``RolloutClient()`` starts the embedded default, a CPU-engine server in this
     process (configure its engine with ``engine=CpuEngineConfig(...)``).  Other keyword arguments are
     :class:`ClientConfig` fields.
+
+    ``credentials`` (:class:`~rollout_sdk.auth.Credentials`) authenticate the client to servers that
+    require it; by default they come from the discovery (the embedded default makes its own) or the
+    environment (``ROLLOUT_SDK_CREDENTIALS``, ``ROLLOUT_SDK_SECRET_FILE``); see docs/security.md.
     """
 
     def __init__(
@@ -169,6 +174,7 @@ class RolloutClient:
         discovery: Discovery | None = None,
         engine: CpuEngineConfig | None = None,
         config: ClientConfig | None = None,
+        credentials: Credentials | None = None,
         **options: Any,
     ) -> None:
         if servers is not None and discovery is not None:
@@ -187,6 +193,7 @@ class RolloutClient:
         elif engine is not None:
             raise ConfigError("engine", engine, "only configures the embedded default (no servers/discovery)")
         self._discovery = discovery
+        self._credentials = credentials
         self._state = "unopened"
         self._scheduler = Scheduler(self.config.scheduler_config())
         self._ctx: Any = None
@@ -224,9 +231,10 @@ class RolloutClient:
     async def _open(self) -> None:
         cfg = self.config
         addresses = await self._discovery.open(cfg.connect_timeout_s)
+        creds = _resolve_credentials(self._credentials, self._discovery)
         self._ctx = _transport.new_context()
         for i, addr in enumerate(addresses):
-            channel = _transport.DealerChannel(self._ctx, addr)
+            channel = _transport.DealerChannel(self._ctx, addr, creds)
             conn = ServerConnection(
                 i,
                 addr,
@@ -646,6 +654,17 @@ def _pct(sorted_values: Sequence[float], q: float) -> float | None:
         return None
     i = min(len(sorted_values) - 1, int(q * len(sorted_values)))
     return sorted_values[i]
+
+
+def _resolve_credentials(explicit: Credentials | None, discovery: Discovery) -> Credentials | None:
+    """``credentials=``, else what the discovery hands out (the embedded default's own keys), else the
+    environment (``ROLLOUT_SDK_CREDENTIALS`` / the job secret), else none (a loopback server without auth)."""
+    if explicit is not None:
+        return explicit
+    found = getattr(discovery, "credentials", None)
+    if isinstance(found, Credentials):
+        return found
+    return Credentials.from_env()
 
 
 def _default_discovery(engine: CpuEngineConfig | None, num: int) -> Discovery:

@@ -27,6 +27,11 @@ Concurrency (all on one event loop; the engine's model work runs in its own thre
     Bound: the server does not queue on its own; the number of request tasks is the number of requests
     clients sent, and clients cap it (back-pressure lives in the client's scheduler, per server).
 
+Authentication (``ServerConfig.auth``): the socket admits only CURVE peers with the job's keys (ZAP, in
+``_transport``); each message carries its credential's role, and :func:`authorize` refuses a control
+message from a generate-only credential with PermissionDeniedError before anything acts on it.  A bind
+beyond loopback without ``auth`` is refused at configuration time.  See docs/security.md.
+
 Shutdown (``stop()``): new requests are refused with ServerShuttingDownError, in-flight ones get
 ``drain_timeout_s`` to finish, then the rest are aborted (they answer with ``finish_reason='abort'``), the
 request tasks are awaited so that every request is answered, and only then the socket closes.
@@ -46,11 +51,14 @@ from typing import Any
 import msgspec
 
 from . import _transport
+from .auth import HOW_TO_ENABLE, ServerAuth, is_loopback
 from .engines.base import Engine
 from .errors import (
+    ConfigError,
     EngineBusyError,
     EngineDeadError,
     InvalidRequestError,
+    PermissionDeniedError,
     ProtocolError,
     RemoteError,
     RolloutError,
@@ -83,7 +91,7 @@ from .protocol import (
     error_reply,
 )
 
-__all__ = ["EngineServer", "ServerConfig"]
+__all__ = ["EngineServer", "ServerConfig", "authorize"]
 
 log = logging.getLogger("rollout_sdk.server")
 
@@ -104,6 +112,26 @@ class ServerConfig:
     drain_timeout_s: float = 5.0
     dp_rank: int = 0
     tp_size: int = 1
+    #: CURVE keys and roles (``ServerAuth.from_env()``, ``JobSecret.server_auth()``); None: no
+    #: authentication, which only a loopback bind allows
+    auth: ServerAuth | None = None
+
+    def __post_init__(self) -> None:
+        if self.auth is None and not is_loopback(self.host):
+            raise ConfigError("host", self.host, f"binding beyond loopback needs authentication: {HOW_TO_ENABLE}")
+
+
+#: what a generate-only credential may send; everything else needs the control role
+_GENERATE_ROLE_MESSAGES = (GenerateRequest, Abort, Ping, GetInfo)
+
+
+def authorize(msg: msgspec.Struct, role: str | None) -> None:
+    """Refuse ``msg`` unless ``role`` may send it (None: an unauthenticated loopback server, all may)."""
+    if role is None or role == "control":
+        return
+    if role == "generate" and isinstance(msg, _GENERATE_ROLE_MESSAGES):
+        return
+    raise PermissionDeniedError(f"a {role!r} credential may not send {type(msg).__name__} (needs 'control')")
 
 
 class _Flight:
@@ -155,12 +183,18 @@ class EngineServer:
         try:
             await self.engine.start()
             try:
-                self._endpoint = _transport.bind_router(ctx, self.config.host, self.config.port)
+                self._endpoint = _transport.bind_router(ctx, self.config.host, self.config.port, self.config.auth)
                 host = self.config.advertise_host or (
                     _transport.local_ip() if self.config.host in ("0.0.0.0", "*") else self.config.host
                 )
                 self.address = f"tcp://{host}:{self._endpoint.port}"
-                log.info("server %s serving %s on %s", self.server_id, self.engine.backend, self.address)
+                log.info(
+                    "server %s serving %s on %s (authentication %s)",
+                    self.server_id,
+                    self.engine.backend,
+                    self.address,
+                    "on" if self.config.auth is not None else "off",
+                )
                 async with asyncio.TaskGroup() as tg:
                     self._tg = tg
                     recv = tg.create_task(self._recv_loop(), name=f"{self.server_id}-recv")
@@ -234,6 +268,19 @@ class EngineServer:
             kv_usage=load.kv_usage,
         )
 
+    @property
+    def auth_refused(self) -> int:
+        """Handshakes refused for an unknown key since the server started (0 without authentication)."""
+        zap = self._endpoint.zap if self._endpoint is not None else None
+        return zap.denied if zap is not None else 0
+
+    def _info_for(self, role: str | None) -> ServerInfo:
+        """What GetInfo tells a credential: a generate-only one learns neither the pid nor the model's path."""
+        info = self.info()
+        if role in (None, "control"):
+            return info
+        return msgspec.structs.replace(info, pid=0, model=os.path.basename(info.model.rstrip("/")))
+
     def info(self) -> ServerInfo:
         return ServerInfo(
             server_id=self.server_id,
@@ -252,6 +299,9 @@ class EngineServer:
     async def _recv_loop(self) -> None:
         assert self._endpoint is not None
         endpoint = self._endpoint
+        if endpoint.zap is not None:
+            await self._recv_loop_authenticated(endpoint)
+            return
         while True:
             for frames in await endpoint.recv_batch():
                 if len(frames) != 2:
@@ -261,6 +311,21 @@ class EngineServer:
                     continue
                 try:
                     self._handle(frames[0], frames[1])
+                except Exception as exc:  # a bug here must not take the server down
+                    log.exception("server %s: unexpected error handling a message", self.server_id)
+                    self._errors += 1
+                    self._reply(frames[0], error_reply(RemoteError(f"{type(exc).__name__}: {exc}")))
+
+    async def _recv_loop_authenticated(self, endpoint: _transport.RouterEndpoint) -> None:
+        """The recv loop of a CURVE server: every message is handled with its credential's role."""
+        while True:
+            for frames, role in await endpoint.recv_batch_with_roles():
+                if len(frames) != 2:
+                    self._errors += 1
+                    self._reply(frames[0], error_reply(ProtocolError("expected exactly one frame")))
+                    continue
+                try:
+                    self._handle(frames[0], frames[1], role)
                 except Exception as exc:  # a bug here must not take the server down
                     log.exception("server %s: unexpected error handling a message", self.server_id)
                     self._errors += 1
@@ -276,12 +341,14 @@ class EngineServer:
         if not self._endpoint.send(ident, encode(msg)):
             log.debug("server %s: peer gone, reply dropped", self.server_id)
 
-    def _handle(self, ident: bytes, payload: bytes) -> None:
+    def _handle(self, ident: bytes, payload: bytes, role: str | None = None) -> None:
         try:
             msg = decode_client_message(payload)
         except (InvalidRequestError, ProtocolError) as exc:
             self._errors += 1
             self._reply(ident, error_reply(exc))
+            return
+        if role is not None and not self._authorized(ident, msg, role):
             return
         match msg:
             case GenerateRequest():
@@ -292,6 +359,18 @@ class EngineServer:
                 self._abort(ident, rid)
             case _:
                 self._start_control(ident, msg)
+
+    def _authorized(self, ident: bytes, msg: msgspec.Struct, role: str) -> bool:
+        try:
+            authorize(msg, role)
+        except PermissionDeniedError as exc:
+            self._errors += 1
+            self._reply(ident, error_reply(exc, call_id=getattr(msg, "call_id", None), rid=getattr(msg, "rid", None)))
+            return False
+        if role != "control" and isinstance(msg, GetInfo):
+            self._reply(ident, ControlReply(call_id=msg.call_id, message="ok", info=self._info_for(role)))
+            return False  # answered here, with what this role may see
+        return True
 
     def _start_generate(self, ident: bytes, req: GenerateRequest) -> None:
         rid = req.rid

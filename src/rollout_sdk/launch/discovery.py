@@ -8,6 +8,12 @@ job attempt's prefix, ``rollout_sdk/a<restart count>``, so a restarted job never
     {p}/server/<dp_rank>      -> ServerRecord (msgpack) set by each TP leader once it listens
     {p}/shutdown              -> reason                 set by the driver (or an operator) to stop the job
 
+When the job has a secret (``ROLLOUT_SDK_SECRET_FILE``, docs/security.md) every value above is sealed
+with an HMAC of the job's store key over the key's name and the value (:func:`seal`): the job acts on no
+store value that fails :func:`unseal` (a forged shutdown is ignored, a forged server record fails
+discovery).  The store itself stays unauthenticated (torchrun's): anyone who reaches it can read these
+values and can delete or overwrite them (denial of service), but cannot make the job act on a forgery.
+
 A client waits for ``num_servers`` and then for every server key: a handshake, not sleep-and-poll; on
 timeout the error names the DP ranks that never registered.  A client in another process needs only the
 store address (``host:port``): ``RolloutClient(discovery=StoreDiscovery("10.0.0.1:29500"))``, or the
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
+import hmac
 import threading
 import time
 from collections.abc import Callable
@@ -25,9 +33,19 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from ..auth import JobSecret
 from ..errors import ConfigError, DiscoveryError
 
-__all__ = ["ServerRecord", "StoreDiscovery", "StoreKeys", "connect_store", "in_daemon_thread", "wait_keys"]
+__all__ = [
+    "ServerRecord",
+    "StoreDiscovery",
+    "StoreKeys",
+    "connect_store",
+    "in_daemon_thread",
+    "seal",
+    "unseal",
+    "wait_keys",
+]
 
 T = TypeVar("T")
 
@@ -65,6 +83,37 @@ class StoreKeys:
     @property
     def shutdown(self) -> str:
         return f"{self.prefix}/shutdown"
+
+
+_SEALED = b"rsdk-hmac1:"
+_MAC_BYTES = 32
+
+
+def _mac(key: bytes, name: str, body: bytes) -> bytes:
+    return hmac.new(key, name.encode() + b"\0" + body, hashlib.sha256).digest()
+
+
+def seal(key: bytes | None, name: str, body: bytes) -> bytes:
+    """The value to store under ``name``: ``body`` with an HMAC bound to the key's name (``body`` as is
+    when the job has no secret)."""
+    if key is None:
+        return body
+    return _SEALED + _mac(key, name, body) + body
+
+
+def unseal(key: bytes | None, name: str, data: bytes) -> bytes | None:
+    """The body of a value read from ``name``; None when it is not sealed with ``key``.
+
+    Without a key (a reader that holds no job secret) the seal is removed unchecked: such a reader relies
+    on the servers' CURVE keys instead.
+    """
+    sealed = data.startswith(_SEALED) and len(data) >= len(_SEALED) + _MAC_BYTES
+    if key is None:
+        return data[len(_SEALED) + _MAC_BYTES :] if sealed else data
+    if not sealed:
+        return None
+    mac, body = data[len(_SEALED) : len(_SEALED) + _MAC_BYTES], data[len(_SEALED) + _MAC_BYTES :]
+    return body if hmac.compare_digest(mac, _mac(key, name, body)) else None
 
 
 def connect_store(address: str, timeout_s: float = 60.0) -> Any:
@@ -122,11 +171,25 @@ async def in_daemon_thread(fn: Callable[[], T]) -> T:
 class StoreDiscovery:
     """Find the servers of a torchrun job through its c10d store (``host:port``)."""
 
-    def __init__(self, store: str, *, num_servers: int | None = None, prefix: str = ROOT) -> None:
+    def __init__(
+        self, store: str, *, num_servers: int | None = None, prefix: str = ROOT, secret: JobSecret | None = None
+    ) -> None:
         self.store_address = store
         self.num_servers = num_servers
         self.root = prefix
         self.records: list[ServerRecord] = []
+        #: verifies what the job published (default: the job secret from the environment, if any)
+        self.secret = secret if secret is not None else JobSecret.from_env()
+
+    def _get(self, store: Any, name: str) -> bytes:
+        body = unseal(self.secret.store_key if self.secret is not None else None, name, store.get(name))
+        if body is None:
+            raise DiscoveryError(
+                f"store entry {name!r} at {self.store_address} is not signed with this job's secret "
+                "(another job, or someone forging it; docs/security.md)",
+                missing=[name],
+            )
+        return body
 
     async def open(self, timeout: float) -> list[str]:
         self.records = await in_daemon_thread(lambda: self._discover(timeout))
@@ -144,13 +207,13 @@ class StoreDiscovery:
                 f"no rollout-sdk job registered in the store at {self.store_address} within {timeout:.0f}s",
                 missing=[latest],
             )
-        keys = StoreKeys(store.get(latest).decode())
+        keys = StoreKeys(self._get(store, latest).decode())
         num = self.num_servers
         if num is None:
             left = timeout - (time.monotonic() - t0)
             if wait_keys(store, [keys.num_servers], left):
                 raise DiscoveryError("the job did not publish its number of servers", missing=[keys.num_servers])
-            num = int(store.get(keys.num_servers))
+            num = int(self._get(store, keys.num_servers))
         wanted = [keys.server(d) for d in range(num)]
         missing = wait_keys(store, wanted, timeout - (time.monotonic() - t0))
         if missing:
@@ -160,7 +223,7 @@ class StoreDiscovery:
                 missing=[f"dp{r}" for r in ranks],
             )
         decoder = msgspec.msgpack.Decoder(ServerRecord)
-        return [decoder.decode(store.get(k)) for k in wanted]
+        return [decoder.decode(self._get(store, k)) for k in wanted]
 
     async def close(self) -> None:
         return None
