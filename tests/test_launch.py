@@ -370,7 +370,8 @@ def test_a_job_binding_beyond_loopback_without_a_secret_refuses_in_one_line(sdk_
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("rollout-sdk: ")]
     assert len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "ROLLOUT_SDK_SECRET_FILE" in lines[0] and "rollout-sdk secret" in lines[0]
-    assert "Traceback" not in proc.stderr
+    # the worker printed no traceback of its own (torchrun's agent still reports the failed worker)
+    assert "ConfigError" not in proc.stdout + proc.stderr
     assert _wait_gone(tag, 15) == []
 
 
@@ -400,13 +401,10 @@ def test_forged_shutdown_key_is_ignored_and_keyless_clients_are_refused(tmp_path
         attacker = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False)  # no credentials needed
         attacker.set("rollout_sdk/a0/shutdown", b"evil: stop the job")
         assert proc.stdout is not None
-        ignored, seen = 0, []
-        deadline = time.monotonic() + 60
-        while ignored < 4 and time.monotonic() < deadline:  # every rank's watcher ignores it
-            line = proc.stdout.readline()
-            seen.append(line)
-            ignored += "ignored a shutdown key" in line
-        assert ignored == 4, "".join(seen[-40:])
+        seen = []
+        while not any("ignored a shutdown key" in ln for ln in seen):  # a rank's watcher saw it (logs)
+            seen.append(proc.stdout.readline())
+            assert seen[-1], "".join(seen[-40:])
         assert not any("stopping" in ln for ln in seen), "".join(seen[-40:])
         # the job still serves a client holding the secret; a client without it is refused
         keyed = subprocess.run(
@@ -426,7 +424,10 @@ def test_forged_shutdown_key_is_ignored_and_keyless_clients_are_refused(tmp_path
         assert "not signed with this job's secret" in forged.stderr, forged.stderr[-2000:]
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+        log = _drain(proc)
         assert _wait_gone(tag, 15) == []
+        stops = [ln for ln in log.splitlines() if "stopping:" in ln]
+        assert len(stops) == 4 and not any("evil" in ln for ln in stops), log[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

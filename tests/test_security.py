@@ -414,3 +414,18 @@ def test_store_values_are_sealed_to_their_key_name() -> None:
     assert unseal(key, "p/shutdown", sealed[:-1] + b"X") is None  # tampered
     assert unseal(None, "p/shutdown", sealed) == b"bye"  # a reader without the secret strips it
     assert seal(None, "k", b"v") == b"v"
+
+
+def test_client_routing_ids_are_random_so_no_peer_can_claim_anothers_replies() -> None:
+    from rollout_sdk import _transport
+
+    ctx = _transport.new_context()
+    try:
+        ids = set()
+        for _ in range(3):
+            ch = _transport.DealerChannel(ctx, "tcp://127.0.0.1:1")
+            ids.add(ch.routing_id)
+            asyncio.run(ch.close())
+        assert len(ids) == 3 and all(len(i) == 16 and i[0] != 0 for i in ids)
+    finally:
+        ctx.term()

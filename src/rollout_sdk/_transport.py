@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -128,6 +129,9 @@ class RouterEndpoint:
         self._sock.setsockopt(zmq.SNDHWM, _HWM)
         self._sock.setsockopt(zmq.RCVHWM, _HWM)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # clients pick unguessable routing ids (DealerChannel): one that reconnects with its id takes its
+        # replies over from a stale connection, and nobody else can claim them
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         try:
             if port == 0:
                 self.port = self._sock.bind_to_random_port(f"tcp://{host}")
@@ -294,6 +298,10 @@ class DealerChannel:
         self.auth_failure: AuthenticationError | None = None
         self._auth_failed = asyncio.Event()
         self._sock = ctx.socket(zmq.DEALER)
+        # The server keys requests by routing id; ZMQ's own ids are a predictable counter, so a peer could
+        # claim a departed client's id (and its replies).  128 random bits cannot be guessed.
+        self.routing_id = b"c" + os.urandom(15)
+        self._sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
         if credentials is not None:
             _secure_dealer(self._sock, credentials)
         self._sock.setsockopt(zmq.LINGER, 0)

@@ -150,6 +150,14 @@ def preflight(cfg: LaunchConfig) -> tuple[Layout, JobSecret | None]:
     return layout, secret
 
 
+def _try_get(store: Any, name: str) -> bytes | None:
+    """The value of ``name``, or None when it is not there (a store ``get`` would block for it)."""
+    try:
+        return bytes(store.get(name)) if store.check([name]) else None
+    except Exception:  # deleted between the check and the get: the get timed out
+        return None
+
+
 def bind_host(cfg: LaunchConfig, layout: Layout) -> str:
     """The interface servers bind: ``cfg.host``, else loopback on one node and every interface across nodes."""
     return cfg.host or ("0.0.0.0" if layout.nnodes > 1 else "127.0.0.1")
@@ -253,7 +261,9 @@ class _RankJob:
         store = connect_store(self.store_address)
         name = self.keys.shutdown
         while not wait_keys(store, [name], float("inf")):
-            data = store.get(name)
+            data = _try_get(store, name)
+            if data is None:  # another rank's watcher cleared a forgery meanwhile
+                continue
             reason = unseal(self.store_key, name, data)
             if reason is not None:
                 assert self._loop is not None
@@ -263,7 +273,7 @@ class _RankJob:
             # value written in the one round trip between the second get and the delete would be lost: the
             # store has no compare-and-delete (docs/security.md, "what the store does not protect").
             log.warning("ignored a shutdown key in the store that is not signed with the job secret")
-            if store.get(name) == data:
+            if _try_get(store, name) == data:
                 store.delete_key(name)
 
     async def _start_server(self) -> None:
