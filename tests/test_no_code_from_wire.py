@@ -103,3 +103,34 @@ def test_ipc_storage_class_and_dtype_come_from_allowlists() -> None:
     for evil in ("load", "save", "__class__", "ops"):
         with pytest.raises(InvalidRequestError, match="dtype"):
             torch_dtype(evil)
+
+
+def test_a_malicious_ipc_handle_is_refused_before_anything_is_imported() -> None:
+    import sys
+
+    import msgspec
+    import pytest
+
+    from rollout_sdk.errors import InvalidRequestError
+    from rollout_sdk.protocol import TensorMeta
+    from rollout_sdk.weights.ipc import CudaIpcHandle, sglang_bucket_payload
+
+    def handle(storage_cls: str, dtype: str = "float32") -> bytes:
+        return msgspec.msgpack.encode(
+            CudaIpcHandle(
+                size=[4], stride=[1], offset=0, dtype=dtype, device_uuid="GPU-0", storage_cls=storage_cls,
+                storage_handle=b"h", storage_size_bytes=16, storage_offset_bytes=0, ref_counter_handle=b"r",
+                ref_counter_offset=0, event_handle=None, event_sync_required=False,
+            )
+        )  # fmt: skip
+
+    meta = [TensorMeta("w", "float32", [4])]
+    before = set(sys.modules)
+    for bad in (handle("os.system"), handle("subprocess.Popen"), handle("torch.storage.TypedStorage", "load")):
+        with pytest.raises(InvalidRequestError):
+            sglang_bucket_payload(bad, meta)
+    with pytest.raises(InvalidRequestError, match="dtype"):
+        sglang_bucket_payload(handle("torch.storage.TypedStorage"), [TensorMeta("w", "__class__", [4])])
+    with pytest.raises(InvalidRequestError, match="not a CUDA IPC handle"):
+        sglang_bucket_payload(b"\x93garbage", meta)
+    assert not {m for m in set(sys.modules) - before if m.split(".")[0] in ("os", "subprocess", "sglang")}

@@ -753,9 +753,10 @@ class SglangEngine(Engine):
         problems = await self._problems(buckets)
         if problems:
             raise WeightUpdateError("; ".join(problems), applied=False)
+        # every handle is checked (allowlisted storage class and dtypes) before any bucket is applied
+        payloads = [sglang_bucket_payload(h, b) for h, b in zip(handles, buckets, strict=True)]
         async with self._quiesced():
-            for i, (handle, bucket) in enumerate(zip(handles, buckets, strict=True)):
-                payload = sglang_bucket_payload(handle, bucket)
+            for i, payload in enumerate(payloads):
                 ok, msg = await self._tm_call(
                     self._tm.update_weights_from_tensor(
                         UpdateWeightsFromTensorReqInput(

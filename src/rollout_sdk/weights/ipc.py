@@ -106,18 +106,24 @@ class _Rebuild:
 def sglang_bucket_payload(handle: bytes, metas: Sequence[TensorMeta]) -> bytes:
     """SGLang's serialized flattened-bucket payload for a bucket shared by IPC (server side)."""
     import torch
+
+    try:
+        h = msgspec.msgpack.decode(handle, type=CudaIpcHandle)
+    except msgspec.MsgspecError as exc:
+        raise InvalidRequestError("handles[]", f"<{len(handle)} bytes>", f"not a CUDA IPC handle: {exc}") from exc
+    storage_cls = storage_class(h.storage_cls)  # checked before anything else is imported or built
+    tensor_dtype = torch_dtype(h.dtype)
+    dtypes = [torch_dtype(m.dtype) for m in metas]
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
-    h = msgspec.msgpack.decode(handle, type=CudaIpcHandle)
-    storage_cls = storage_class(h.storage_cls)
     args = (
         torch.Tensor,
         torch.Size(h.size),
         tuple(h.stride),
         h.offset,
         storage_cls,
-        torch_dtype(h.dtype),
+        tensor_dtype,
         h.device_uuid,
         h.storage_handle,
         h.storage_size_bytes,
@@ -130,8 +136,7 @@ def sglang_bucket_payload(handle: bytes, metas: Sequence[TensorMeta]) -> bytes:
     )
     metadata = []
     start = 0
-    for m in metas:
-        dtype = torch_dtype(m.dtype)
+    for m, dtype in zip(metas, dtypes, strict=True):
         numel = 1
         for d in m.shape:
             numel *= d
