@@ -755,7 +755,8 @@ def _render_auth(report: Report, ray_rate: dict[tuple[int, int], float]) -> list
         return []
     hdr = (
         f"{'servers':>8}{'conc':>6}{'reps':>6}{'off req/s':>11}{'auth req/s':>12}{'auth/off':>10}"
-        f"{'off p50 ms':>12}{'auth p50 ms':>13}{'added ms':>10}{'cpu us/req off':>16}{'auth':>7}{'auth/ray':>10}"
+        f"{'off p50 ms':>12}{'auth p50 ms':>13}{'added ms':>10}{'cpu us/req off':>16}{'auth':>7}{'ray':>7}"
+        f"{'auth/ray':>10}"
     )
     lines = ["", "authentication (CURVE + ZAP) on vs off, medians:", hdr, "-" * len(hdr)]
     for n, c in keys:
@@ -767,9 +768,11 @@ def _render_auth(report: Report, ray_rate: dict[tuple[int, int], float]) -> list
         p_off, p_on = _median([x.p50_ms for x in off]), _median([x.p50_ms for x in on])
         base = ray_rate.get((n, c))
         vs_ray = f"{r_on / base:.2f}x" if base else "-"
+        ray = [x for x in report.cells if (x.system, x.servers, x.concurrency) == ("ray", n, c)]
         lines.append(
             f"{n:>8}{c:>6}{len(on):>6}{r_off:>11,.0f}{r_on:>12,.0f}{r_on / r_off:>10.2f}"
-            f"{p_off:>12.3f}{p_on:>13.3f}{p_on - p_off:>10.3f}{_cpu_us(off):>16}{_cpu_us(on):>7}{vs_ray:>10}"
+            f"{p_off:>12.3f}{p_on:>13.3f}{p_on - p_off:>10.3f}{_cpu_us(off):>16}{_cpu_us(on):>7}{_cpu_us(ray):>7}"
+            f"{vs_ray:>10}"
         )
     lines.append(
         "  cpu us/req: CPU time of the client and its servers per completed request (median), which other "

@@ -429,3 +429,16 @@ def test_client_routing_ids_are_random_so_no_peer_can_claim_anothers_replies() -
         assert len(ids) == 3 and all(len(i) == 16 and i[0] != 0 for i in ids)
     finally:
         ctx.term()
+
+
+def test_authorize_refuses_unknown_roles_everything() -> None:
+    from rollout_sdk.server import authorize
+
+    for msg in EVERY_MESSAGE:
+        authorize(msg, None)  # an unauthenticated loopback server: all allowed
+        authorize(msg, "control")
+        with pytest.raises(PermissionDeniedError):
+            authorize(msg, "")
+    for msg in CONTROL_MESSAGES:
+        with pytest.raises(PermissionDeniedError):
+            authorize(msg, "generate")
