@@ -30,7 +30,7 @@ REVIEWED: dict[tuple[str, str, str], str] = {
         'fn: Any = getattr(importlib.import_module(module), func or "main")',
     ): "--driver module:function from the command line of the job's own launcher, not from a message",
     (
-        "engines/cpu.py",
+        "engines/cpu/model_runner.py",
         "torch attribute by name",
         "dtype = getattr(torch, self.config.dtype)",
     ): "CpuEngineConfig.dtype, set by the operator who starts the server (never by a message)",
