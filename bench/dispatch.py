@@ -12,6 +12,10 @@ What is measured
    log_to_driver=False)``, 1 and 4 async actors whose ``async def generate(self, input_ids, sampling)``
    returns ``{"output_ids", "logprobs", "finish_reason"}`` at once; the driver (same event loop kind) issues
    ``await actor.generate.remote(...)`` from ``c`` coroutines, round-robin over the actors.
+   **Authentication on vs off** (``--auth both``, the default): every rollout-sdk cell is measured twice
+   in alternation, ``--auth-reps`` times each: servers without keys, and servers started with
+   ``--secret-file`` (CURVE + ZAP, the client holding the control key; docs/security.md).  The table
+   shows the medians side by side, auth/off req/s and the added p50 latency.
 3. **Client memory** (rollout-sdk): (a) ``N`` requests held in flight on a fake server that never finishes
    them (``--fake-step-base-s 3600 --fake-max-batch 1``): growth of tracemalloc's current size and of RSS
    divided by ``N``, then they are cancelled; for scale, the same is measured for ``N`` bare asyncio tasks
@@ -41,6 +45,7 @@ Run::
     python bench/dispatch.py            # full mode, ~2.5 minutes
     python bench/dispatch.py --quick    # ~1 minute
     python bench/dispatch.py --no-ray   # rollout-sdk only
+    python bench/dispatch.py --no-ray --no-memory --auth-reps 3   # auth on vs off, medians of 3
     python bench/dispatch.py --wait-quiet 120   # on a shared machine
 
 Numbers go to ``--json`` (default ``bench/results/dispatch.json``); the table is printed last.
@@ -351,15 +356,25 @@ async def measure(run_once: Callable[[], Awaitable[Cell]], args: argparse.Namesp
     return cell
 
 
+SDK_AUTH = "rollout-sdk+auth"
+
+
 async def bench_sdk(procs: FakeServers, args: argparse.Namespace, report: Report) -> None:
-    from rollout_sdk import RolloutClient, SamplingParams
+    from rollout_sdk import JobSecret, RolloutClient, SamplingParams
 
     prompt = _prompt(args.prompt_tokens)
     sp = SamplingParams(max_new_tokens=args.max_new_tokens)
+    secret_file = Path(tempfile.mkdtemp(prefix="rollout-sdk-bench-")) / "job.secret"
+    JobSecret.generate().write(secret_file)
+    creds = JobSecret.read(secret_file).credentials("control")
 
-    async def one_cell(n: int, c: int) -> Cell:
+    async def one_cell(n: int, c: int, auth: bool) -> Cell:
         # fresh servers per cell: no cell inherits another's server state
-        async with procs.fleet(n) as fleet, RolloutClient(servers=[a for _, a in fleet]) as client:
+        server_args = ("--secret-file", str(secret_file)) if auth else ()
+        async with (
+            procs.fleet(n, *server_args) as fleet,
+            RolloutClient(servers=[a for _, a in fleet], credentials=creds if auth else None) as client,
+        ):
             r = await client.generate(prompt, sampling=sp)  # sanity: the no-op engine's answer
             assert r.finish_reason == "length" and len(r.output_ids) == args.max_new_tokens, r
             assert r.logprobs is not None and len(r.logprobs) == args.max_new_tokens, r
@@ -369,7 +384,7 @@ async def bench_sdk(procs: FakeServers, args: argparse.Namespace, report: Report
 
             cell = await closed_loop(
                 call,
-                system="rollout-sdk",
+                system=SDK_AUTH if auth else "rollout-sdk",
                 servers=n,
                 concurrency=c,
                 warmup_s=args.warmup,
@@ -381,9 +396,12 @@ async def bench_sdk(procs: FakeServers, args: argparse.Namespace, report: Report
             cell.server_rss_mib = [round(_rss_bytes(p.pid) / 2**20, 1) for p, _ in fleet]
         return cell
 
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.auth]
     for n in args.servers:
         for c in args.concurrency:
-            report.cells.append(await measure(functools.partial(one_cell, n, c), args))
+            for _ in range(args.auth_reps):  # alternating off / on, so drift on a shared machine hits both
+                for auth in modes:
+                    report.cells.append(await measure(functools.partial(one_cell, n, c, auth), args))
 
 
 def _traced() -> int:
@@ -659,7 +677,7 @@ def render(report: Report) -> str:
     for c in order:
         ratio = ""
         base = ray_rate.get((c.servers, c.concurrency))
-        if c.system == "rollout-sdk" and base:
+        if c.system in ("rollout-sdk", SDK_AUTH) and base:
             ratio = f"{c.req_per_s / base:.2f}x"
         cpu = ""
         if c.client_cpu_pct is not None:
@@ -707,7 +725,7 @@ def render(report: Report) -> str:
     rss = [f"{c.servers}x c={c.concurrency}: {max(c.server_rss_mib)} MiB" for c in report.cells if c.server_rss_mib]
     if rss:
         lines.append("largest fake-server RSS at the end of each rollout-sdk cell: " + ", ".join(rss))
-    sdk = [c for c in report.cells if c.system == "rollout-sdk"]
+    sdk = [c for c in report.cells if c.system in ("rollout-sdk", SDK_AUTH)]
     ratios = [c.req_per_s / ray_rate[(c.servers, c.concurrency)] for c in sdk if (c.servers, c.concurrency) in ray_rate]
     p50_c1 = [c.p50_ms for c in sdk if c.concurrency == 1]
     lines.append("")
@@ -724,7 +742,55 @@ def render(report: Report) -> str:
             + ", ".join(f"{v:.3f} ms" for v in p50_c1)
             + f" -> {'met' if ok else 'NOT met'}"
         )
+    lines += _render_auth(report, ray_rate)
     return "\n".join(lines)
+
+
+def _median(values: Sequence[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def _render_auth(report: Report, ray_rate: dict[tuple[int, int], float]) -> list[str]:
+    """Authentication on vs off, medians over the alternating repetitions, side by side."""
+    keys = sorted({(c.servers, c.concurrency) for c in report.cells if c.system == SDK_AUTH})
+    if not keys:
+        return []
+    hdr = (
+        f"{'servers':>8}{'conc':>6}{'reps':>6}{'off req/s':>11}{'auth req/s':>12}{'auth/off':>10}"
+        f"{'off p50 ms':>12}{'auth p50 ms':>13}{'added ms':>10}{'cpu us/req off':>16}{'auth':>7}{'ray':>7}"
+        f"{'auth/ray':>10}"
+    )
+    lines = ["", "authentication (CURVE + ZAP) on vs off, medians:", hdr, "-" * len(hdr)]
+    for n, c in keys:
+        off = [x for x in report.cells if (x.system, x.servers, x.concurrency) == ("rollout-sdk", n, c)]
+        on = [x for x in report.cells if (x.system, x.servers, x.concurrency) == (SDK_AUTH, n, c)]
+        if not off:
+            continue
+        r_off, r_on = _median([x.req_per_s for x in off]), _median([x.req_per_s for x in on])
+        p_off, p_on = _median([x.p50_ms for x in off]), _median([x.p50_ms for x in on])
+        base = ray_rate.get((n, c))
+        vs_ray = f"{r_on / base:.2f}x" if base else "-"
+        ray = [x for x in report.cells if (x.system, x.servers, x.concurrency) == ("ray", n, c)]
+        lines.append(
+            f"{n:>8}{c:>6}{len(on):>6}{r_off:>11,.0f}{r_on:>12,.0f}{r_on / r_off:>10.2f}"
+            f"{p_off:>12.3f}{p_on:>13.3f}{p_on - p_off:>10.3f}{_cpu_us(off):>16}{_cpu_us(on):>7}{_cpu_us(ray):>7}"
+            f"{vs_ray:>10}"
+        )
+    lines.append(
+        "  cpu us/req: CPU time of the client and its servers per completed request (median), which other "
+        "people's load on the cores disturbs less than req/s does"
+    )
+    return lines
+
+
+def _cpu_us(cells: Sequence[Cell]) -> str:
+    per = [
+        ((c.client_cpu_pct or 0) + (c.children_cpu_pct or 0)) / 100 * c.duration_s / c.requests * 1e6
+        for c in cells
+        if c.requests and c.client_cpu_pct is not None
+    ]
+    return f"{_median(per):.0f}" if per else "-"
 
 
 def _parse_ints(text: str) -> list[int]:
@@ -766,6 +832,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "see the module docstring)",
     )
     p.add_argument("--no-uvloop", action="store_true", help="run on the default asyncio loop")
+    p.add_argument(
+        "--auth", choices=["off", "on", "both"], default="both", help="rollout-sdk servers with CURVE keys or not"
+    )
+    p.add_argument("--auth-reps", type=int, default=1, help="alternating auth off/on repetitions per cell")
     args = p.parse_args(argv)
     if args.duration is None:
         args.duration = 3.0 if args.quick else 8.0

@@ -131,7 +131,18 @@ def test_driver_on_rank0_spreads_100_requests_over_every_dp_server(tmp_path, sdk
     assert min(summary["per_server"].values()) >= 100 // dp - 10
 
 
+def _secret_env(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """``env`` with a fresh job secret file (mode 0600), as every node of a real job would get it."""
+    from rollout_sdk import JobSecret
+
+    path = tmp_path / "job.secret"
+    if not path.exists():
+        JobSecret.generate().write(path)
+    return dict(env, ROLLOUT_SDK_SECRET_FILE=str(path))
+
+
 def test_two_nodes_on_one_machine(tmp_path, sdk_home, tag) -> None:
+    """Across nodes the servers bind every interface, so the job needs (and here has) authentication."""
     port = _free_port()
     report = tmp_path / "report.json"
     procs = [
@@ -162,7 +173,7 @@ def test_two_nodes_on_one_machine(tmp_path, sdk_home, tag) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_env(sdk_home, tag),
+            env=_secret_env(_env(sdk_home, tag), tmp_path),
             cwd=ROOT,
         )
         for n in (0, 1)
@@ -175,15 +186,18 @@ def test_two_nodes_on_one_machine(tmp_path, sdk_home, tag) -> None:
     assert len(summary["per_server"]) == 4
     # across nodes the servers bind every interface and publish a reachable address, not 127.0.0.1
     assert not re.search(r"serving at tcp://127\.0\.0\.1", "\n".join(outs))
+    assert "\n".join(outs).count("(authentication on)") == 4
 
 
-def _start_service(sdk_home: Path, tag: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
+def _start_service(
+    sdk_home: Path, tag: str, *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         _torchrun("--nproc-per-node", "4", str(ROOT / "launch" / "serve.py"), *extra),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=_env(sdk_home, tag),
+        env=env or _env(sdk_home, tag),
         cwd=ROOT,
     )
     assert proc.stdout is not None
@@ -337,3 +351,83 @@ async def test_client_reads_the_store_from_the_environment(monkeypatch, sdk_home
         proc.send_signal(signal.SIGTERM)
         await asyncio.to_thread(proc.wait, 60)
         _drain(proc)
+
+
+# -- security (docs/security.md) -----------------------------------------------------------------
+
+
+def test_a_job_binding_beyond_loopback_without_a_secret_refuses_in_one_line(sdk_home, tag) -> None:
+    env = {k: v for k, v in _env(sdk_home, tag).items() if not k.startswith("ROLLOUT_SDK_SECRET")}
+    proc = subprocess.run(
+        _torchrun("--nproc-per-node", "1", str(ROOT / "launch" / "serve.py"), "--engine", "fake", "--host", "0.0.0.0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode != 0
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("rollout-sdk: ")]
+    assert len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "ROLLOUT_SDK_SECRET_FILE" in lines[0] and "rollout-sdk secret" in lines[0]
+    # the worker printed no traceback of its own (torchrun's agent still reports the failed worker)
+    assert "ConfigError" not in proc.stdout + proc.stderr
+    assert _wait_gone(tag, 15) == []
+
+
+def _client_code() -> str:
+    return (
+        "import asyncio, sys\n"
+        "from rollout_sdk import RolloutClient, SamplingParams, AuthenticationError\n"
+        "from rollout_sdk.launch import StoreDiscovery\n"
+        "async def main():\n"
+        "    try:\n"
+        "        async with RolloutClient(discovery=StoreDiscovery(sys.argv[1]), connect_timeout_s=60) as c:\n"
+        "            r = await c.generate([1, 2, 3], sampling=SamplingParams(max_new_tokens=2))\n"
+        "            print('SERVED', r.finish_reason)\n"
+        "    except AuthenticationError as exc:\n"
+        "        print('REFUSED', exc)\n"
+        "asyncio.run(main())\n"
+    )
+
+
+def test_forged_shutdown_key_is_ignored_and_keyless_clients_are_refused(tmp_path, sdk_home, tag) -> None:
+    import torch.distributed as dist
+
+    env = _secret_env(_env(sdk_home, tag), tmp_path)
+    proc, store = _start_service(sdk_home, tag, "--tp", "2", "--engine", "fake", env=env)
+    try:
+        host, port = store.rsplit(":", 1)
+        attacker = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False)  # no credentials needed
+        attacker.set("rollout_sdk/a0/shutdown", b"evil: stop the job")
+        assert proc.stdout is not None
+        seen = []
+        while not any("ignored a shutdown key" in ln for ln in seen):  # a rank's watcher saw it (logs)
+            seen.append(proc.stdout.readline())
+            assert seen[-1], "".join(seen[-40:])
+        assert not any("stopping" in ln for ln in seen), "".join(seen[-40:])
+        # the job still serves a client holding the secret; a client without it is refused
+        keyed = subprocess.run(
+            [sys.executable, "-c", _client_code(), store], capture_output=True, text=True, timeout=90, env=env
+        )
+        assert "SERVED length" in keyed.stdout, keyed.stdout + keyed.stderr[-2000:]
+        bare = {k: v for k, v in env.items() if not k.startswith("ROLLOUT_SDK_SECRET")}
+        keyless = subprocess.run(
+            [sys.executable, "-c", _client_code(), store], capture_output=True, text=True, timeout=90, env=bare
+        )
+        assert "REFUSED" in keyless.stdout and "requires authentication" in keyless.stdout, keyless.stderr[-2000:]
+        # a forged server record fails discovery for a client that holds the secret
+        attacker.set("rollout_sdk/a0/server/1", b"\x80")
+        forged = subprocess.run(
+            [sys.executable, "-c", _client_code(), store], capture_output=True, text=True, timeout=90, env=env
+        )
+        assert "not signed with this job's secret" in forged.stderr, forged.stderr[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        log = _drain(proc)
+        assert _wait_gone(tag, 15) == []
+        stops = [ln for ln in log.splitlines() if "stopping:" in ln]
+        assert len(stops) == 4 and not any("evil" in ln for ln in stops), log[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

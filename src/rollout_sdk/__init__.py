@@ -14,11 +14,13 @@ engine starts.
     asyncio.run(main())
 """
 
+from .auth import Credentials, JobSecret, ServerAuth
 from .client import USE_CLIENT_DEFAULT, ClientConfig, ClientState, ClientStats, RolloutClient, ServerStatus
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.base import Engine, EngineLoad
 from .engines.cpu import CpuEngine, CpuEngineConfig
 from .errors import (
+    AuthenticationError,
     ClientStateError,
     ConfigError,
     DiscoveryError,
@@ -30,6 +32,7 @@ from .errors import (
     InvalidRequestError,
     MessageTooLargeError,
     NoServersError,
+    PermissionDeniedError,
     PoisonRequestError,
     ProtocolError,
     QueueFullError,
@@ -56,6 +59,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "USE_CLIENT_DEFAULT",
+    "AuthenticationError",
     "ClientConfig",
     "ClientState",
     "ClientStateError",
@@ -64,6 +68,7 @@ __all__ = [
     "Continuation",
     "CpuEngine",
     "CpuEngineConfig",
+    "Credentials",
     "Discovery",
     "DiscoveryError",
     "DuplicateRequestError",
@@ -80,9 +85,11 @@ __all__ = [
     "GenerateResult",
     "Group",
     "InvalidRequestError",
+    "JobSecret",
     "LeastLoad",
     "MessageTooLargeError",
     "NoServersError",
+    "PermissionDeniedError",
     "PoisonRequestError",
     "Policy",
     "ProtocolError",
@@ -98,6 +105,7 @@ __all__ = [
     "RoundRobin",
     "SamplingParams",
     "SchedulerConfig",
+    "ServerAuth",
     "ServerBusyError",
     "ServerConfig",
     "ServerShuttingDownError",

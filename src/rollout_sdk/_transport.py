@@ -17,6 +17,15 @@ Bounds on the wire: the ROUTER sets ``MAXMSGSIZE``, so libzmq drops (and disconn
 larger than the server's largest limit before a byte of it reaches Python; the server checks the smaller
 per-kind limit on the frame's length before decoding.  Each DEALER carries a fixed routing id, so a
 reconnect keeps its identity (``ROUTER_HANDOVER``): replies and aborts still reach the requests it owns.
+
+Authentication (when the server has a :class:`~rollout_sdk.auth.ServerAuth`): the ROUTER is a CURVE
+server and a ZAP handler (pyzmq's ``ThreadAuthenticator``, one thread per server, started before the bind)
+admits only the job's client keys, naming the key's role as the connection's User-Id.  ZMQ delivers no
+message of a connection whose handshake failed, so an unauthenticated peer never reaches the event loop;
+:meth:`RouterEndpoint.recv_batch_with_roles` reads each message's User-Id for the server's role check::
+
+    ZMQ I/O thread ── CURVE handshake ──▶ ZAP thread (key -> role, or deny) ──▶ connection admitted
+    event loop ..... recv_batch_with_roles: (frames, role) of admitted connections only
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ from typing import Any
 
 import zmq
 
-from .errors import ConfigError, ServerUnavailableError
+from .auth import Credentials, ServerAuth
+from .errors import AuthenticationError, ConfigError, ServerUnavailableError
 
 __all__ = [
     "DealerChannel",
@@ -125,13 +135,17 @@ class RouterEndpoint:
         *,
         max_msg_bytes: int = -1,
         peer_timeout_s: float | None = None,
+        auth: ServerAuth | None = None,
     ) -> None:
         self._sock = ctx.socket(zmq.ROUTER)
+        self.zap: _ZapHandler | None = _secure_router(ctx, self._sock, auth) if auth is not None else None
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, _HWM)
         self._sock.setsockopt(zmq.RCVHWM, _HWM)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its routing id
+        # clients pick unguessable routing ids (DealerChannel): one that reconnects with its id takes its
+        # replies over from a stale connection, and nobody else can claim them
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)  # -1: no limit
         if peer_timeout_s is not None:
             # ZMTP heartbeats, answered by the peer's libzmq I/O thread: a peer whose process stopped is
@@ -148,6 +162,8 @@ class RouterEndpoint:
                 self.port = port
         except zmq.ZMQError as exc:
             self._sock.close(0)
+            if self.zap is not None:
+                self.zap.stop()
             raise ConfigError("host/port", f"{host}:{port}", f"cannot bind: {exc}") from exc
         self.host = host
         self._ready = _Readiness(self._sock)
@@ -172,6 +188,28 @@ class RouterEndpoint:
                     return out
                 await self._ready.wait()
 
+    async def recv_batch_with_roles(self, max_n: int = 256) -> list[tuple[list[bytes], str | None]]:
+        """Like :meth:`recv_batch` (at most ``max_n``), with each message's ZAP User-Id (its role)."""
+        out: list[tuple[list[bytes], str | None]] = []
+        recv = self._sock.recv_multipart
+        while True:
+            try:
+                frames = recv(_NOBLOCK, copy=False)
+            except zmq.Again:
+                if out:
+                    self._ready.recheck()
+                    return out
+                await self._ready.wait()
+                continue
+            try:
+                role = str(frames[-1].get("User-Id"))
+            except zmq.ZMQError:  # no User-Id (cannot happen behind our ZAP handler): a role that may do nothing
+                role = ""
+            out.append(([f.bytes for f in frames], role))
+            if len(out) >= max_n:
+                self._ready.recheck()
+                return out
+
     def send(self, ident: bytes, payload: bytes) -> bool:
         """Send to one peer without blocking.  False when the peer is gone (the reply is dropped)."""
         try:
@@ -191,6 +229,9 @@ class RouterEndpoint:
         waits for them, so call that off the event loop)."""
         self._ready.detach()
         self._sock.close(linger=int(linger_s * 1000))
+        if self.zap is not None:
+            zap, self.zap = self.zap, None
+            await asyncio.to_thread(zap.stop)
 
 
 def bind_router(
@@ -200,8 +241,88 @@ def bind_router(
     *,
     max_msg_bytes: int = -1,
     peer_timeout_s: float | None = None,
+    auth: ServerAuth | None = None,
 ) -> RouterEndpoint:
-    return RouterEndpoint(ctx, host, port, max_msg_bytes=max_msg_bytes, peer_timeout_s=peer_timeout_s)
+    return RouterEndpoint(ctx, host, port, max_msg_bytes=max_msg_bytes, peer_timeout_s=peer_timeout_s, auth=auth)
+
+
+# -- authentication -------------------------------------------------------------------------------
+
+_ZAP_DOMAIN = "rollout-sdk"
+#: an unauthenticated peer that opens a connection and stalls is dropped after this long
+_HANDSHAKE_IVL_MS = 10_000
+_AUTH_EVENTS = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+
+class _ZapHandler:
+    """pyzmq's ZAP authenticator (a thread of its own) admitting the job's client keys, each as its role.
+
+    The thread answers one ZAP request per handshake with a dictionary lookup, so a flood of bogus
+    handshakes costs the I/O and ZAP threads microseconds each and never touches the event loop.
+    ``denied`` counts refused handshakes (written by the ZAP thread, read anywhere).
+    """
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], auth: ServerAuth) -> None:
+        from zmq.auth.thread import ThreadAuthenticator
+
+        roles = {z85_key: role for z85_key, role in auth.clients.items()}
+        handler = self
+
+        class _Authenticator(ThreadAuthenticator):
+            def curve_user_id(self, client_public_key: bytes) -> str:
+                from zmq.utils import z85
+
+                return roles[z85.encode(client_public_key)]
+
+        class _Keys:
+            def callback(self, domain: str, key: bytes) -> bool:
+                if key in roles:
+                    return True
+                handler.denied += 1
+                if handler.denied <= 5 or handler.denied % 1000 == 0:
+                    log.warning("refused a connection with an unknown CURVE key (%d refused so far)", handler.denied)
+                return False
+
+        self.denied = 0
+        self._auth = _Authenticator(ctx, log=logging.getLogger("rollout_sdk.transport.zap"))
+        self._auth.start()
+        self._auth.configure_curve_callback(domain=_ZAP_DOMAIN, credentials_provider=_Keys())
+
+    def stop(self) -> None:
+        self._auth.stop()
+
+
+def _secure_router(ctx: zmq.Context[zmq.Socket[bytes]], sock: zmq.Socket[bytes], auth: ServerAuth) -> _ZapHandler:
+    zap = _ZapHandler(ctx, auth)  # the handler must exist before the first peer connects
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, auth.keys.secret)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, auth.keys.public)
+    sock.setsockopt(zmq.ZAP_DOMAIN, _ZAP_DOMAIN.encode())
+    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)  # no handler: refuse, never admit
+    sock.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
+    return zap
+
+
+def _secure_dealer(sock: zmq.Socket[bytes], creds: Credentials) -> None:
+    sock.setsockopt(zmq.CURVE_SERVERKEY, creds.server_public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, creds.keys.public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, creds.keys.secret)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
+
+
+def _auth_failure_text(address: str, event: int, creds: Credentials | None) -> str:
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return f"server {address} refused this client's {creds.role if creds else ''} key (not a key of this job)"
+    if creds is None:
+        return f"server {address} requires authentication: {_HOW}"
+    return f"handshake with {address} failed: the server does not use this job's keys (or no authentication)"
+
+
+_HOW = (
+    "pass credentials=Credentials.load(...) or set ROLLOUT_SDK_SECRET_FILE / ROLLOUT_SDK_CREDENTIALS (docs/security.md)"
+)
 
 
 class DealerChannel:
@@ -211,9 +332,21 @@ class DealerChannel:
     dead server fails at once (:class:`ServerUnavailableError`) instead of waiting for a reconnect.
     """
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+    def __init__(
+        self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, credentials: Credentials | None = None
+    ) -> None:
         self.address = address
+        self.credentials = credentials
+        #: set when the handshake failed for want of (the right) keys; the connection will never work
+        self.auth_failure: AuthenticationError | None = None
+        self._auth_failed = asyncio.Event()
         self._sock = ctx.socket(zmq.DEALER)
+        # The server keys requests by routing id; ZMQ's own ids are a predictable counter, so a peer could
+        # claim a departed client's id (and its replies).  128 random bits cannot be guessed.
+        self.routing_id = b"c" + os.urandom(15)
+        self._sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
+        if credentials is not None:
+            _secure_dealer(self._sock, credentials)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, _HWM)
         self._sock.setsockopt(zmq.RCVHWM, _HWM)
@@ -223,7 +356,11 @@ class DealerChannel:
         self._sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         self._monitor = self._sock.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
+            zmq.EVENT_CONNECTED
+            | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_MONITOR_STOPPED
+            | zmq.EVENT_HANDSHAKE_SUCCEEDED
+            | _AUTH_EVENTS
         )
         try:
             self._sock.connect(address)
@@ -235,10 +372,21 @@ class DealerChannel:
         self.closed = False
 
     async def wait_connected(self, timeout: float | None) -> bool:
-        """Wait until a connection to the server exists (True) or the timeout passes (False)."""
+        """Wait until a connection to the server exists (True) or the timeout passes (False).
+
+        Raises :class:`AuthenticationError` as soon as a handshake fails for want of the right keys.
+        """
         try:
             async with asyncio.timeout(timeout):
-                await self._ready.wait(_POLLOUT)
+                ready = asyncio.ensure_future(self._ready.wait(_POLLOUT))
+                failed = asyncio.ensure_future(self._auth_failed.wait())
+                try:
+                    done, _ = await asyncio.wait([ready, failed], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    ready.cancel()
+                    failed.cancel()
+                if ready not in done and self.auth_failure is not None:
+                    raise self.auth_failure
             return True
         except TimeoutError:
             return False
@@ -279,7 +427,11 @@ class DealerChannel:
                 event = parse_monitor_message(frames)["event"]
                 if event == zmq.EVENT_MONITOR_STOPPED:
                     return
-                if event == zmq.EVENT_DISCONNECTED:
+                if event & _AUTH_EVENTS:
+                    self.auth_failure = AuthenticationError(_auth_failure_text(self.address, event, self.credentials))
+                    self._auth_failed.set()
+                    on_event("auth_failed")
+                elif event == zmq.EVENT_DISCONNECTED:
                     on_event("disconnected")
                 elif event == zmq.EVENT_CONNECTED:
                     on_event("connected")

@@ -4,6 +4,8 @@
     rollout-sdk serve         one engine server in this process (cpu, sglang or fake engine)
     rollout-sdk make-model    build the embedded tiny model and print its directory
     rollout-sdk gateway       an OpenAI-compatible API in front of the engines (docs/gateway.md)
+    rollout-sdk secret        write a new job secret to a file (mode 0600)
+    rollout-sdk credentials   write one role's client keys (from the job secret) to a file (mode 0600)
 
 Options are derived from the components' config dataclasses (``_cli_config``).  Multi-process layouts
 are launched with torchrun: ``torchrun ... -m rollout_sdk.launch`` (see docs/launch.md).
@@ -25,6 +27,7 @@ from .client import ClientConfig
 from .demo import DemoConfig, run_demo
 from .engines.cpu import CpuEngineConfig
 from .engines.fake import FakeEngineConfig
+from .errors import ConfigError
 from .scheduler import SchedulerConfig
 from .server import ServerConfig
 
@@ -63,13 +66,43 @@ def _parser() -> argparse.ArgumentParser:
     add_config_args(s, FakeEngineConfig, prefix="fake-", title="fake engine")
     s.add_argument("--sglang", default="{}", help="SglangEngineConfig fields as JSON (engine=sglang)")
 
+    s.add_argument(
+        "--secret-file", default=None, help="job secret: require CURVE keys (default: $ROLLOUT_SDK_SECRET_FILE)"
+    )
+
     from .gateway import cli as gateway_cli
 
     gateway_cli.add_parser(sub)
 
     m = sub.add_parser("make-model", help="build the embedded tiny model (offline) and print its path")
     m.add_argument("--home", default=None)
+    _add_key_commands(sub)
     return p
+
+
+def _add_key_commands(sub: Any) -> None:
+    k = sub.add_parser("secret", help="write a new random job secret to --out (mode 0600, never overwritten)")
+    k.add_argument("--out", required=True)
+    c = sub.add_parser("credentials", help="write one role's client keys, derived from the job secret")
+    c.add_argument("--role", choices=["generate", "control"], required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument("--secret-file", default=None, help="default: $ROLLOUT_SDK_SECRET_FILE / $ROLLOUT_SDK_SECRET")
+
+
+def _key_command(args: argparse.Namespace) -> int:
+    from .auth import JobSecret
+
+    if args.command == "secret":
+        JobSecret.generate().write(args.out)
+        print(f"wrote a job secret to {args.out}: set ROLLOUT_SDK_SECRET_FILE={args.out} on every node")
+        return 0
+    secret = JobSecret.read(args.secret_file) if args.secret_file else JobSecret.from_env()
+    if secret is None:
+        print("rollout-sdk: no job secret: pass --secret-file or set ROLLOUT_SDK_SECRET_FILE", file=sys.stderr)
+        return 2
+    secret.credentials(args.role).save(args.out)
+    print(f"wrote {args.role} credentials to {args.out}: set ROLLOUT_SDK_CREDENTIALS={args.out} for the client")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,12 +128,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 json.dump(report, f, indent=2)
         return 0
     if args.command == "serve":
-        return int(run_async(_serve(args)))
+        try:
+            config = _server_config(args)
+        except ConfigError as exc:  # e.g. --host 0.0.0.0 without a secret: one line saying how to fix it
+            print(f"rollout-sdk: {exc}", file=sys.stderr)
+            return 2
+        return int(run_async(_serve(args, config)))
     if args.command == "gateway":
         from .gateway import cli as gateway_cli
 
         _quiet_transformers()
         return int(run_async(gateway_cli.run(args)))
+    if args.command in ("secret", "credentials"):
+        try:
+            return _key_command(args)
+        except (ConfigError, FileExistsError) as exc:
+            print(f"rollout-sdk: {exc}", file=sys.stderr)
+            return 2
     if args.command == "make-model":
         from .models.tiny import ensure_tiny_model
 
@@ -136,10 +180,17 @@ def make_engine(kind: str, args: argparse.Namespace) -> Any:
     return SglangEngine(SglangEngineConfig(**json.loads(args.sglang)))
 
 
-async def _serve(args: argparse.Namespace) -> int:
+def _server_config(args: argparse.Namespace) -> ServerConfig:
+    from .auth import JobSecret
+
+    secret = JobSecret.read(args.secret_file) if args.secret_file else JobSecret.from_env()
+    return config_from_args(ServerConfig, args, auth=secret.server_auth() if secret is not None else None)
+
+
+async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
     from .server import EngineServer
 
-    server = EngineServer(make_engine(args.engine, args), config_from_args(ServerConfig, args))
+    server = EngineServer(make_engine(args.engine, args), config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)

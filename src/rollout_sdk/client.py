@@ -34,6 +34,7 @@ import msgspec
 from . import _transport
 from ._aio import await_unless, cancel_and_wait, ended_with
 from ._connection import ServerConnection
+from .auth import Credentials
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.cpu import CpuEngineConfig
 from .errors import ClientStateError, ConfigError, NoServersError, RequestTimeoutError
@@ -194,6 +195,10 @@ class RolloutClient:
     process (configure its engine with ``engine=CpuEngineConfig(...)``).  The other keyword arguments
     are the fields of :class:`ClientConfig` and :class:`SchedulerConfig`; each one given replaces the
     value in ``config`` (default: ``ClientConfig()``).
+
+    ``credentials`` (:class:`~rollout_sdk.auth.Credentials`) authenticate the client to servers that
+    require it; by default they come from the discovery (the embedded default makes its own) or the
+    environment (``ROLLOUT_SDK_CREDENTIALS``, ``ROLLOUT_SDK_SECRET_FILE``); see docs/security.md.
     """
 
     def __init__(
@@ -214,6 +219,7 @@ class RolloutClient:
         heartbeat_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
         connect_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
         num_embedded_servers: int | UseClientDefault = USE_CLIENT_DEFAULT,
+        credentials: Credentials | None = None,
     ) -> None:
         if servers is not None and discovery is not None:
             raise ConfigError("servers", servers, "give servers or discovery, not both")
@@ -244,6 +250,8 @@ class RolloutClient:
         elif engine is not None:
             raise ConfigError("engine", engine, "only configures the embedded default (no servers/discovery)")
         self._discovery = discovery
+        self._credentials = credentials
+        self._creds: Credentials | None = None  # resolved on open
         self._state = ClientState.UNOPENED
         self._scheduler = Scheduler(self.config.scheduler)
         self._ctx: Any = None
@@ -289,7 +297,9 @@ class RolloutClient:
     async def _open(self) -> None:
         cfg = self.config
         addresses = await self._discovery.open(cfg.connect_timeout_s)
+        creds = _resolve_credentials(self._credentials, self._discovery)
         self._ctx = _transport.new_context()
+        self._creds = creds
         for addr in addresses:
             self._scheduler.add(self._new_connection(addr))
         ready = asyncio.Event()
@@ -305,7 +315,7 @@ class RolloutClient:
         conn = ServerConnection(
             next(self._member_seq),
             address,
-            _transport.DealerChannel(self._ctx, address),
+            _transport.DealerChannel(self._ctx, address, self._creds),
             on_change=self._on_server_change,
             heartbeat_interval_s=cfg.heartbeat_interval_s,
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
@@ -933,6 +943,17 @@ def _pct(sorted_values: Sequence[float], q: float) -> float | None:
         return None
     i = min(len(sorted_values) - 1, int(q * len(sorted_values)))
     return sorted_values[i]
+
+
+def _resolve_credentials(explicit: Credentials | None, discovery: Discovery) -> Credentials | None:
+    """``credentials=``, else what the discovery hands out (the embedded default's own keys), else the
+    environment (``ROLLOUT_SDK_CREDENTIALS`` / the job secret), else none (a loopback server without auth)."""
+    if explicit is not None:
+        return explicit
+    found = getattr(discovery, "credentials", None)
+    if isinstance(found, Credentials):
+        return found
+    return Credentials.from_env()
 
 
 def _default_discovery(engine: CpuEngineConfig | None, num: int) -> Discovery:

@@ -1,8 +1,10 @@
 """How a client finds its servers.  Pluggable: anything with ``open`` and ``close`` will do.
 
 * :class:`StaticServers` — addresses you already know (``RolloutClient(servers=[...])``).
-* :class:`EmbeddedServers` — starts CPU-engine servers inside this process, on ephemeral ports, and
-  stops them on close: the embedded default of ``RolloutClient()``.
+* :class:`EmbeddedServers` — starts CPU-engine servers inside this process, on ephemeral loopback ports,
+  and stops them on close: the embedded default of ``RolloutClient()``.  They authenticate with keys made
+  for this process alone (a fresh job secret), which the client picks up from ``credentials``, so another
+  local user cannot drive them.
 * :class:`StoreDiscovery` (in :mod:`rollout_sdk.launch.discovery`) — servers launched by torchrun that
   registered in the job's c10d store.
 """
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from .errors import ConfigError
 
 if TYPE_CHECKING:
+    from .auth import Credentials, JobSecret
     from .engines.cpu import CpuEngineConfig
     from .server import EngineServer
 
@@ -61,21 +64,32 @@ class StaticServers:
 class EmbeddedServers:
     """Run ``num_servers`` CPU-engine servers in this process (the embedded default)."""
 
-    def __init__(self, engine: CpuEngineConfig | None = None, *, num_servers: int = 1) -> None:
+    def __init__(
+        self, engine: CpuEngineConfig | None = None, *, num_servers: int = 1, secret: JobSecret | None = None
+    ) -> None:
         if num_servers < 1:
             raise ConfigError("num_servers", num_servers, "must be >= 1")
         self.engine = engine
         self.num_servers = num_servers
         self.servers: list[EngineServer] = []
+        self._secret = secret
+        #: control credentials for these servers (set by ``open``)
+        self.credentials: Credentials | None = None
 
     async def open(self, timeout: float) -> list[str]:
+        from .auth import JobSecret
         from .engines.cpu import CpuEngine
         from .server import EngineServer, ServerConfig
+
+        secret = self._secret or JobSecret.generate()
+        auth = secret.server_auth()
+        self.credentials = secret.credentials("control")
 
         try:
             async with asyncio.timeout(timeout):
                 for i in range(self.num_servers):
-                    server = EngineServer(CpuEngine(self.engine), ServerConfig(server_id=f"embedded-{i}", dp_rank=i))
+                    config = ServerConfig(server_id=f"embedded-{i}", dp_rank=i, auth=auth)
+                    server = EngineServer(CpuEngine(self.engine), config)
                     await server.__aenter__()
                     self.servers.append(server)
         except BaseException:

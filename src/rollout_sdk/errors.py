@@ -29,6 +29,8 @@
     │                                     the engine was left in
     ├── StalenessError                    work would mix weights more versions apart than its bound allows
     ├── DiscoveryError                    servers not found in time; ``.missing`` names the ranks
+    ├── AuthenticationError               the CURVE handshake with a server failed (wrong or missing keys)
+    ├── PermissionDeniedError             the credential's role may not send this message (generate-only)
     └── RemoteError                       the server hit an unexpected error; its message is kept
 
 Errors cross the wire as :class:`rollout_sdk.protocol.ErrorReply` with a ``code``; :func:`error_from_reply`
@@ -42,6 +44,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AuthenticationError",
     "ClientStateError",
     "ConfigError",
     "DiscoveryError",
@@ -53,6 +56,7 @@ __all__ = [
     "InvalidRequestError",
     "MessageTooLargeError",
     "NoServersError",
+    "PermissionDeniedError",
     "PoisonRequestError",
     "ProtocolError",
     "QueueFullError",
@@ -216,6 +220,16 @@ class RemoteError(RolloutError):
     """The server hit an unexpected error while handling a message."""
 
 
+class AuthenticationError(RolloutError):
+    """The server refused this client's keys, or client and server disagree on whether to authenticate
+    (see docs/security.md)."""
+
+
+class PermissionDeniedError(RolloutError):
+    """The credential is authenticated but its role may not send this message (a generate-only key sent
+    a control message)."""
+
+
 # -- wire mapping -------------------------------------------------------------------------------------
 
 _CODES: dict[str, type[RolloutError]] = {
@@ -234,6 +248,8 @@ _CODES: dict[str, type[RolloutError]] = {
     "weight_update": WeightUpdateError,
     "timeout": RequestTimeoutError,
     "remote": RemoteError,
+    "permission_denied": PermissionDeniedError,
+    "authentication": AuthenticationError,
 }
 _CLASSES = {cls: code for code, cls in _CODES.items()}
 

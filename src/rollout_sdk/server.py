@@ -37,6 +37,11 @@ Concurrency (all on one event loop; the engine's model work runs in its own thre
     and a client beyond its fair share (``max_requests`` / clients heard from recently) is answered
     ``busy`` (ServerBusyError) without running anything.
 
+Authentication (``ServerConfig.auth``): the socket admits only CURVE peers with the job's keys (ZAP, in
+``_transport``); each message carries its credential's role, and :func:`authorize` refuses a control
+message from a generate-only credential with PermissionDeniedError before anything acts on it.  A bind
+beyond loopback without ``auth`` is refused at configuration time.  See docs/security.md.
+
 Shutdown (``stop()``), all within ``shutdown_timeout_s``: new requests are refused with
 ServerShuttingDownError, pending control calls are cancelled and answered with it, in-flight requests get
 ``drain_timeout_s`` to finish, then the rest are aborted (they answer with ``finish_reason='abort'``), then
@@ -62,6 +67,7 @@ import msgspec
 
 from . import _transport
 from ._aio import await_unless, ended_with
+from .auth import HOW_TO_ENABLE, ServerAuth, is_loopback
 from .engines.base import Engine
 from .errors import (
     ConfigError,
@@ -70,6 +76,7 @@ from .errors import (
     EngineDeadError,
     InvalidRequestError,
     MessageTooLargeError,
+    PermissionDeniedError,
     ProtocolError,
     RemoteError,
     RequestFailedError,
@@ -110,7 +117,7 @@ from .protocol import (
     is_generate_frame,
 )
 
-__all__ = ["EngineServer", "ServerConfig"]
+__all__ = ["EngineServer", "ServerConfig", "authorize"]
 
 log = logging.getLogger("rollout_sdk.server")
 
@@ -153,7 +160,13 @@ class ServerConfig:
     #: a client silent this long (no message, not even a Ping) is gone: its requests are aborted
     client_timeout_s: float = 30.0
 
+    #: CURVE keys and roles (``ServerAuth.from_env()``, ``JobSecret.server_auth()``); None: no
+    #: authentication, which only a loopback bind allows
+    auth: ServerAuth | None = None
+
     def __post_init__(self) -> None:
+        if self.auth is None and not is_loopback(self.host):
+            raise ConfigError("host", self.host, f"binding beyond loopback needs authentication: {HOW_TO_ENABLE}")
         for name in ("drain_timeout_s", "shutdown_timeout_s", "control_timeout_s", "client_timeout_s"):
             value = getattr(self, name)
             if not 0.0 < value <= MAX_TIMEOUT_S:
@@ -165,6 +178,20 @@ class ServerConfig:
                 raise ConfigError(name, getattr(self, name), "must be >= 1")
         if self.offload_decode_bytes < 0:
             raise ConfigError("offload_decode_bytes", self.offload_decode_bytes, "must be >= 0")
+
+
+
+#: what a generate-only credential may send; everything else needs the control role
+_GENERATE_ROLE_MESSAGES = (GenerateRequest, Abort, Ping, GetInfo)
+
+
+def authorize(msg: msgspec.Struct, role: str | None) -> None:
+    """Refuse ``msg`` unless ``role`` may send it (None: an unauthenticated loopback server, all may)."""
+    if role is None or role == "control":
+        return
+    if role == "generate" and isinstance(msg, _GENERATE_ROLE_MESSAGES):
+        return
+    raise PermissionDeniedError(f"a {role!r} credential may not send {type(msg).__name__} (needs 'control')")
 
 
 class _Flight:
@@ -234,12 +261,19 @@ class EngineServer:
                     self.config.port,
                     max_msg_bytes=max(self.config.max_generate_bytes, self.config.max_control_bytes),
                     peer_timeout_s=self.config.client_timeout_s,
+                    auth=self.config.auth,
                 )
                 host = self.config.advertise_host or (
                     _transport.local_ip() if self.config.host in ("0.0.0.0", "*") else self.config.host
                 )
                 self.address = f"tcp://{host}:{self._endpoint.port}"
-                log.info("server %s serving %s on %s", self.server_id, self.engine.backend, self.address)
+                log.info(
+                    "server %s serving %s on %s (authentication %s)",
+                    self.server_id,
+                    self.engine.backend,
+                    self.address,
+                    "on" if self.config.auth is not None else "off",
+                )
                 async with asyncio.TaskGroup() as tg:
                     self._tg = tg
                     recv = tg.create_task(self._recv_loop(), name=f"{self.server_id}-recv")
@@ -334,6 +368,19 @@ class EngineServer:
             incarnation=self.incarnation,
         )
 
+    @property
+    def auth_refused(self) -> int:
+        """Handshakes refused for an unknown key since the server started (0 without authentication)."""
+        zap = self._endpoint.zap if self._endpoint is not None else None
+        return zap.denied if zap is not None else 0
+
+    def _info_for(self, role: str | None) -> ServerInfo:
+        """What GetInfo tells a credential: a generate-only one learns neither the pid nor the model's path."""
+        info = self.info()
+        if role in (None, "control"):
+            return info
+        return msgspec.structs.replace(info, pid=0, model=os.path.basename(info.model.rstrip("/")))
+
     def info(self) -> ServerInfo:
         return ServerInfo(
             server_id=self.server_id,
@@ -358,11 +405,17 @@ class EngineServer:
         loop = asyncio.get_running_loop()
         offload = self.config.offload_decode_bytes
         perf = time.perf_counter
+        authenticated = endpoint.zap is not None
         while True:
-            batch = await endpoint.recv_batch()
+            # a CURVE server reads each message's role (its ZAP User-Id); a loopback server has none
+            batch: list[tuple[list[bytes], str | None]] = (
+                await endpoint.recv_batch_with_roles()
+                if authenticated
+                else [(frames, None) for frames in await endpoint.recv_batch()]
+            )
             self._now = loop.time()
             t0 = perf()
-            for frames in batch:
+            for frames, role in batch:
                 if len(frames) != 2:
                     self._errors += 1
                     if frames:
@@ -371,11 +424,14 @@ class EngineServer:
                 ident, payload = frames
                 try:
                     if len(payload) > offload and is_generate_frame(payload):
-                        if not self._refuse_size(ident, payload):
+                        if role is not None and role not in ("generate", "control"):
+                            self._errors += 1
+                            self._reply(ident, error_reply(PermissionDeniedError(f"role {role!r} may not generate")))
+                        elif not self._refuse_size(ident, payload):
                             await self._offload_slots.acquire()  # back-pressure: bounded decodes waiting
                             self._start_offloaded(ident, payload)
                     else:
-                        self._handle(ident, payload)
+                        self._handle(ident, payload, role)
                 except Exception as exc:  # a bug here must not take the server down
                     log.exception("server %s: unexpected error handling a message", self.server_id)
                     self._errors += 1
@@ -414,7 +470,7 @@ class EngineServer:
         )
         return True
 
-    def _handle(self, ident: bytes, payload: bytes) -> None:
+    def _handle(self, ident: bytes, payload: bytes, role: str | None = None) -> None:
         self._last_seen[ident] = self._now
         if self._refuse_size(ident, payload):
             return
@@ -423,6 +479,8 @@ class EngineServer:
         except (InvalidRequestError, ProtocolError) as exc:
             self._errors += 1
             self._reply(ident, error_reply(exc))
+            return
+        if role is not None and not self._authorized(ident, msg, role):
             return
         match msg:
             case GenerateRequest():
@@ -433,6 +491,18 @@ class EngineServer:
                 self._abort(ident, rid)
             case _:
                 self._start_control(ident, msg)
+
+    def _authorized(self, ident: bytes, msg: msgspec.Struct, role: str) -> bool:
+        try:
+            authorize(msg, role)
+        except PermissionDeniedError as exc:
+            self._errors += 1
+            self._reply(ident, error_reply(exc, call_id=getattr(msg, "call_id", None), rid=getattr(msg, "rid", None)))
+            return False
+        if role != "control" and isinstance(msg, GetInfo):
+            self._reply(ident, ControlReply(call_id=msg.call_id, message="ok", info=self._info_for(role)))
+            return False  # answered here, with what this role may see
+        return True
 
     def _start_generate(self, ident: bytes, req: GenerateRequest, *, checked: bool = False) -> None:
         rid = req.rid

@@ -11,6 +11,12 @@ job attempt's prefix, ``rollout_sdk/a<restart count>``, so a restarted job never
     {p}/member/<k>            -> ServerRecord           the k-th registration, in order
     {p}/shutdown              -> reason                 set by the driver (or an operator) to stop the job
 
+When the job has a secret (``ROLLOUT_SDK_SECRET_FILE``, docs/security.md) every value above is sealed
+with an HMAC of the job's store key over the key's name and the value (:func:`seal`): the job acts on no
+store value that fails :func:`unseal` (a forged shutdown is ignored, a forged server record fails
+discovery).  The store itself stays unauthenticated (torchrun's): anyone who reaches it can read these
+values and can delete or overwrite them (denial of service), but cannot make the job act on a forgery.
+
 A client waits for ``num_servers`` and then for every server key: a handshake, not sleep-and-poll; on
 timeout the error names the DP ranks that never registered.  A client in another process needs only the
 store address (``host:port``): ``RolloutClient(discovery=StoreDiscovery("10.0.0.1:29500"))``, or the
@@ -26,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
+import hmac
 import logging
 import threading
 import time
@@ -34,6 +42,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from ..auth import JobSecret
 from ..errors import ConfigError, DiscoveryError
 
 __all__ = [
@@ -43,6 +52,8 @@ __all__ = [
     "connect_store",
     "in_daemon_thread",
     "register_server",
+    "seal",
+    "unseal",
     "wait_keys",
 ]
 
@@ -95,12 +106,46 @@ class StoreKeys:
         return f"{self.prefix}/shutdown"
 
 
-def register_server(store: Any, keys: StoreKeys, record: ServerRecord) -> int:
-    """Publish a server (blocking: call from a thread): its DP slot, then the next membership event."""
+_SEALED = b"rsdk-hmac1:"
+_MAC_BYTES = 32
+
+
+def _mac(key: bytes, name: str, body: bytes) -> bytes:
+    return hmac.new(key, name.encode() + b"\0" + body, hashlib.sha256).digest()
+
+
+def seal(key: bytes | None, name: str, body: bytes) -> bytes:
+    """The value to store under ``name``: ``body`` with an HMAC bound to the key's name (``body`` as is
+    when the job has no secret)."""
+    if key is None:
+        return body
+    return _SEALED + _mac(key, name, body) + body
+
+
+def unseal(key: bytes | None, name: str, data: bytes) -> bytes | None:
+    """The body of a value read from ``name``; None when it is not sealed with ``key``.
+
+    Without a key (a reader that holds no job secret) the seal is removed unchecked: such a reader relies
+    on the servers' CURVE keys instead.
+    """
+    sealed = data.startswith(_SEALED) and len(data) >= len(_SEALED) + _MAC_BYTES
+    if key is None:
+        return data[len(_SEALED) + _MAC_BYTES :] if sealed else data
+    if not sealed:
+        return None
+    mac, body = data[len(_SEALED) : len(_SEALED) + _MAC_BYTES], data[len(_SEALED) + _MAC_BYTES :]
+    return body if hmac.compare_digest(mac, _mac(key, name, body)) else None
+
+
+def register_server(store: Any, keys: StoreKeys, record: ServerRecord, key: bytes | None = None) -> int:
+    """Publish a server (blocking: call from a thread): its DP slot, then the next membership event; each
+    value sealed with the job's store key when there is one."""
     data = msgspec.msgpack.encode(record)
-    store.set(keys.server(record.dp_rank), data)
+    slot = keys.server(record.dp_rank)
+    store.set(slot, seal(key, slot, data))
     k = int(store.add(keys.members, 1))
-    store.set(keys.member(k), data)
+    member = keys.member(k)
+    store.set(member, seal(key, member, data))
     return k
 
 
@@ -162,7 +207,9 @@ class StoreDiscovery:
     #: longest single wait of the watcher thread (it re-checks whether it is still wanted in between)
     watch_wait_s = 1.0
 
-    def __init__(self, store: str, *, num_servers: int | None = None, prefix: str = ROOT) -> None:
+    def __init__(
+        self, store: str, *, num_servers: int | None = None, prefix: str = ROOT, secret: JobSecret | None = None
+    ) -> None:
         self.store_address = store
         self.num_servers = num_servers
         self.root = prefix
@@ -171,6 +218,18 @@ class StoreDiscovery:
         self._seen = 0
         self._watch_stop = threading.Event()
         self._watch_thread_handle: threading.Thread | None = None
+        #: verifies what the job published (default: the job secret from the environment, if any)
+        self.secret = secret if secret is not None else JobSecret.from_env()
+
+    def _get(self, store: Any, name: str) -> bytes:
+        body = unseal(self.secret.store_key if self.secret is not None else None, name, store.get(name))
+        if body is None:
+            raise DiscoveryError(
+                f"store entry {name!r} at {self.store_address} is not signed with this job's secret "
+                "(another job, or someone forging it; docs/security.md)",
+                missing=[name],
+            )
+        return body
 
     async def open(self, timeout: float) -> list[str]:
         self.records = await in_daemon_thread(lambda: self._discover(timeout))
@@ -188,13 +247,13 @@ class StoreDiscovery:
                 f"no rollout-sdk job registered in the store at {self.store_address} within {timeout:.0f}s",
                 missing=[latest],
             )
-        keys = StoreKeys(store.get(latest).decode())
+        keys = StoreKeys(self._get(store, latest).decode())
         num = self.num_servers
         if num is None:
             left = timeout - (time.monotonic() - t0)
             if wait_keys(store, [keys.num_servers], left):
                 raise DiscoveryError("the job did not publish its number of servers", missing=[keys.num_servers])
-            num = int(store.get(keys.num_servers))
+            num = int(self._get(store, keys.num_servers))
         wanted = [keys.server(d) for d in range(num)]
         missing = wait_keys(store, wanted, timeout - (time.monotonic() - t0))
         if missing:
@@ -204,7 +263,7 @@ class StoreDiscovery:
                 missing=[f"dp{r}" for r in ranks],
             )
         decoder = msgspec.msgpack.Decoder(ServerRecord)
-        records = [decoder.decode(store.get(k)) for k in wanted]
+        records = [decoder.decode(self._get(store, k)) for k in wanted]
         self._keys = keys
         self._seen = int(store.add(keys.members, 0))  # registrations so far: the watcher starts after them
         return records
@@ -237,8 +296,12 @@ class StoreDiscovery:
                 key = self._keys.member(self._seen + 1)
                 if wait_keys(store, [key], self.watch_wait_s):
                     continue
-                record = msgspec.msgpack.decode(store.get(key), type=ServerRecord)
+                body = unseal(self.secret.store_key if self.secret is not None else None, key, store.get(key))
                 self._seen += 1
+                if body is None:
+                    log.warning("ignored a server registration %r not signed with the job secret", key)
+                    continue
+                record = msgspec.msgpack.decode(body, type=ServerRecord)
                 while not self._watch_stop.is_set():
                     try:
                         asyncio.run_coroutine_threadsafe(queue.put(record), loop).result(self.watch_wait_s)

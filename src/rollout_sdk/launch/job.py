@@ -12,6 +12,12 @@ Per rank (one process, one uvloop event loop)::
                     or its driver finishing; then servers drain and close, the process group is
                     destroyed, and the process exits 0 (1 when the driver failed)
 
+Authentication: with a job secret in the environment (``ROLLOUT_SDK_SECRET_FILE``, inherited by every
+rank from torchrun on each node; never put in the store) servers require CURVE keys, the driver's client
+holds the control key, and every store value the job writes is sealed (``seal``); the shutdown watcher
+ignores a shutdown key that is not.  Across nodes (servers bind 0.0.0.0) a job without a secret refuses
+to start.
+
 TP members other than the leader hold no engine: they stay in the process group (for collectives such as
 weight sync) and wait for shutdown without blocking anything.  A rank that dies makes torchrun stop the
 others and exit non-zero, naming the rank (torchrun's own failure handling; the entry is wrapped in
@@ -38,6 +44,7 @@ from typing import Any
 
 from .._aio import cancel_and_wait
 from .._transport import local_ip
+from ..auth import HOW_TO_ENABLE, JobSecret, is_loopback
 from ..engines.base import Engine
 from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
@@ -51,6 +58,8 @@ from .discovery import (
     connect_store,
     in_daemon_thread,
     register_server,
+    seal,
+    unseal,
     wait_keys,
 )
 from .layout import Layout
@@ -134,7 +143,7 @@ def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None 
 
     from ..cli import run_async
 
-    layout = Layout.from_env(cfg.tp)
+    layout, secret = preflight(cfg)
     engines = engines or EngineConfigs()
     log.info("%s", layout.describe())
     dist.init_process_group(cfg.dist_backend)
@@ -144,16 +153,49 @@ def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None 
         )
         store_address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         store = connect_store(store_address)
-        rank_job = _RankJob(layout, cfg, engines, store, store_address, mesh)
+        rank_job = _RankJob(layout, cfg, engines, store, store_address, mesh, secret)
         return int(run_async(rank_job.run(main)))
     finally:
         dist.destroy_process_group()
 
 
+def preflight(cfg: LaunchConfig) -> tuple[Layout, JobSecret | None]:
+    """This rank's layout and the job secret; ConfigError when the servers would bind beyond loopback
+    without one (or the secret file is unsafe)."""
+    layout = Layout.from_env(cfg.tp)
+    secret = JobSecret.from_env()
+    host = bind_host(cfg, layout)
+    if secret is None and not is_loopback(host):
+        raise ConfigError("host", host, f"servers bind beyond loopback and need authentication: {HOW_TO_ENABLE}")
+    return layout, secret
+
+
+def _try_get(store: Any, name: str) -> bytes | None:
+    """The value of ``name``, or None when it is not there (a store ``get`` would block for it)."""
+    try:
+        return bytes(store.get(name)) if store.check([name]) else None
+    except Exception:  # deleted between the check and the get: the get timed out
+        return None
+
+
+def bind_host(cfg: LaunchConfig, layout: Layout) -> str:
+    """The interface servers bind: ``cfg.host``, else loopback on one node and every interface across nodes."""
+    return cfg.host or ("0.0.0.0" if layout.nnodes > 1 else "127.0.0.1")
+
+
 class _RankJob:
     def __init__(
-        self, layout: Layout, cfg: LaunchConfig, engines: EngineConfigs, store: Any, store_address: str, mesh: Any
+        self,
+        layout: Layout,
+        cfg: LaunchConfig,
+        engines: EngineConfigs,
+        store: Any,
+        store_address: str,
+        mesh: Any,
+        secret: JobSecret | None = None,
     ) -> None:
+        self.secret = secret
+        self.store_key = secret.store_key if secret is not None else None
         self.layout = layout
         self.cfg = cfg
         self.engines = engines
@@ -218,27 +260,46 @@ class _RankJob:
         finally:
             if keeper is not None:
                 await cancel_and_wait(keeper)
-            if not self.store.check([self.keys.shutdown]):
-                await asyncio.to_thread(
-                    self.store.set, self.keys.shutdown, f"rank {layout.rank}: {self._stop_reason or 'stopped'}"
-                )
+            if not self._shutdown_published():
+                reason = f"rank {layout.rank}: {self._stop_reason or 'stopped'}"
+                await asyncio.to_thread(self._set, self.keys.shutdown, reason.encode())
             if self.server is not None:
                 await self.server.aclose()
             await watcher
         return code
 
+    def _set(self, name: str, body: bytes) -> None:
+        """Write a store value, sealed with the job secret when there is one (blocking)."""
+        self.store.set(name, seal(self.store_key, name, body))
+
+    def _shutdown_published(self) -> bool:
+        """A valid (signed, when the job has a secret) shutdown is already in the store."""
+        name = self.keys.shutdown
+        return bool(self.store.check([name])) and unseal(self.store_key, name, self.store.get(name)) is not None
+
     def _publish_job(self) -> None:
-        self.store.set(StoreKeys.latest(self.cfg.store_prefix), self.keys.prefix)
-        self.store.set(self.keys.num_servers, str(self.layout.dp))
+        self._set(StoreKeys.latest(self.cfg.store_prefix), self.keys.prefix.encode())
+        self._set(self.keys.num_servers, str(self.layout.dp).encode())
 
     def _watch_shutdown(self) -> None:
         # A connection of its own: a TCPStore client serves one request at a time, and this one blocks.
         store = connect_store(self.store_address)
-        missing = wait_keys(store, [self.keys.shutdown], float("inf"))
-        if not missing:
-            reason = store.get(self.keys.shutdown).decode()
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(self.stop, f"job shutdown: {reason}")
+        name = self.keys.shutdown
+        while not wait_keys(store, [name], float("inf")):
+            data = _try_get(store, name)
+            if data is None:  # another rank's watcher cleared a forgery meanwhile
+                continue
+            reason = unseal(self.store_key, name, data)
+            if reason is not None:
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(self.stop, f"job shutdown: {reason.decode(errors='replace')}")
+                return
+            # Not signed with the job secret: ignore it, and clear it so that the wait can go on.  A signed
+            # value written in the one round trip between the second get and the delete would be lost: the
+            # store has no compare-and-delete (docs/security.md, "what the store does not protect").
+            log.warning("ignored a shutdown key in the store that is not signed with the job secret")
+            if _try_get(store, name) == data:
+                store.delete_key(name)
 
     async def _keep_engine(self) -> None:
         """Rebuild this rank's engine in place when it dies, at most ``max_engine_restarts`` times."""
@@ -248,13 +309,19 @@ class _RankJob:
             if self.engine_restarts >= self.cfg.max_engine_restarts:
                 log.error(
                     "dp %d: engine died (%s) after %d restart(s); not restarting again (max_engine_restarts=%d)",
-                    self.layout.dp_rank, exc, self.engine_restarts, self.cfg.max_engine_restarts,
+                    self.layout.dp_rank,
+                    exc,
+                    self.engine_restarts,
+                    self.cfg.max_engine_restarts,
                 )
                 return
             self.engine_restarts += 1
             log.warning(
                 "dp %d: engine died (%s); restarting it (%d of %d)",
-                self.layout.dp_rank, exc, self.engine_restarts, self.cfg.max_engine_restarts,
+                self.layout.dp_rank,
+                exc,
+                self.engine_restarts,
+                self.cfg.max_engine_restarts,
             )
             old, self.server = self.server, None
             await old.aclose()  # its requests are answered (engine_dead); clients fail them over
@@ -262,7 +329,7 @@ class _RankJob:
 
     async def _start_server(self) -> None:
         layout, cfg = self.layout, self.cfg
-        host = cfg.host or ("0.0.0.0" if layout.nnodes > 1 else "127.0.0.1")
+        host = bind_host(cfg, layout)
         advertise = cfg.advertise_host or (local_ip() if host in ("0.0.0.0", "*") else host)
         engine = make_engine(cfg, self.engines, layout)
         self.server = EngineServer(
@@ -274,6 +341,7 @@ class _RankJob:
                 drain_timeout_s=cfg.drain_timeout_s,
                 dp_rank=layout.dp_rank,
                 tp_size=layout.tp,
+                auth=self.secret.server_auth() if self.secret is not None else None,
             ),
         )
         await self.server.__aenter__()
@@ -288,5 +356,5 @@ class _RankJob:
             model=engine.model_name,
             incarnation=self.server.incarnation,
         )
-        await asyncio.to_thread(register_server, self.store, self.keys, record)
+        await asyncio.to_thread(register_server, self.store, self.keys, record, self.store_key)
         log.info("dp %d serving at %s", layout.dp_rank, self.server.address)

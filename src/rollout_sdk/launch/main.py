@@ -7,13 +7,15 @@ import importlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from .._cli_config import add_config_args, config_from_args
 from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
-from .job import EngineConfigs, LaunchConfig, Main, run_job
+from ..errors import ConfigError
+from .job import EngineConfigs, LaunchConfig, Main, preflight, run_job
 
 __all__ = ["main", "parse_launch_args", "run"]
 
@@ -76,7 +78,12 @@ def run(main: Main | None = None, argv: Sequence[str] | None = None) -> int:
     )
     if main is None and args.driver:
         main = _load_driver(args.driver)
-    cfg, engines = _configs(args)
+    try:
+        cfg, engines = _configs(args)
+        preflight(cfg)
+    except ConfigError as exc:  # a setup mistake (e.g. a multi-node job without a secret): one line, no trace
+        print(f"rollout-sdk: {exc}", file=sys.stderr)
+        return 2
     code = record(run_job)(main, cfg, engines)
     return int(code or 0)
 

@@ -12,14 +12,56 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InvalidRequestError
 from ..protocol import TensorMeta
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Bucket", "plan_buckets", "receive_buckets", "send_buckets", "unflatten"]
+__all__ = ["DTYPE_NAMES", "Bucket", "plan_buckets", "receive_buckets", "send_buckets", "torch_dtype", "unflatten"]
 
 DEFAULT_BUCKET_BYTES = 512 << 20
+
+
+#: the dtypes a weight update may name; a name from the wire is looked up here, never on the torch module
+DTYPE_NAMES = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "int8",
+    "uint8",
+    "int16",
+    "int32",
+    "int64",
+    "bool",
+)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype named ``name`` (one of :data:`DTYPE_NAMES`); InvalidRequestError otherwise."""
+    import torch
+
+    table = {
+        "float32": torch.float32,
+        "float16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "float64": torch.float64,
+        "float8_e4m3fn": torch.float8_e4m3fn,
+        "float8_e5m2": torch.float8_e5m2,
+        "int8": torch.int8,
+        "uint8": torch.uint8,
+        "int16": torch.int16,
+        "int32": torch.int32,
+        "int64": torch.int64,
+        "bool": torch.bool,
+    }
+    dtype = table.get(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise InvalidRequestError("dtype", name, f"must be one of {', '.join(DTYPE_NAMES)}")
+    return dtype
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -64,7 +106,7 @@ def plan_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 
 def _nbytes(meta: TensorMeta) -> int:
     import torch
 
-    dtype = getattr(torch, meta.dtype)
+    dtype = torch_dtype(meta.dtype)
     numel = 1
     for d in meta.shape:
         numel *= d
@@ -73,13 +115,12 @@ def _nbytes(meta: TensorMeta) -> int:
 
 def unflatten(flat: torch.Tensor, metas: Sequence[TensorMeta]) -> list[tuple[str, torch.Tensor]]:
     """Views of ``flat`` (uint8) as the tensors ``metas`` describe."""
-    import torch
 
     out = []
     start = 0
     for m in metas:
         n = _nbytes(m)
-        out.append((m.name, flat[start : start + n].view(getattr(torch, m.dtype)).reshape(m.shape)))
+        out.append((m.name, flat[start : start + n].view(torch_dtype(m.dtype)).reshape(m.shape)))
         start += n
     if start != flat.numel():
         raise ValueError(f"bucket holds {flat.numel()} bytes, its tensors {start}")

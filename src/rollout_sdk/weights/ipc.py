@@ -6,6 +6,10 @@ our own struct (no pickle on our wire), and the engine server turns them into th
 opening the memory itself: SGLang's scheduler, on the same GPU, maps it.  The device travels as its UUID
 (what SGLang's patched rebuild accepts), so differing ``CUDA_VISIBLE_DEVICES`` do not matter.  The trainer
 must keep the buffer alive until the update call returns.
+
+Nothing in a handle chooses code: the storage class and the dtypes are looked up in fixed allowlists
+(:data:`STORAGE_CLASSES`, :func:`~rollout_sdk.weights.buckets.torch_dtype`), never imported by name, so a
+message cannot make the server (or SGLang's unpickler, which receives what we build) load a module.
 """
 
 from __future__ import annotations
@@ -15,12 +19,31 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ..errors import InvalidRequestError
 from ..protocol import TensorMeta
+from .buckets import torch_dtype
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CudaIpcHandle", "export_cuda_ipc", "sglang_bucket_payload"]
+__all__ = ["STORAGE_CLASSES", "CudaIpcHandle", "export_cuda_ipc", "sglang_bucket_payload", "storage_class"]
+
+#: the storage classes ``torch.multiprocessing.reductions.reduce_tensor`` reports for a CUDA tensor
+STORAGE_CLASSES = ("torch.storage.TypedStorage", "torch.storage.UntypedStorage")
+
+
+def storage_class(name: str) -> Any:
+    """The storage class named ``name`` (one of :data:`STORAGE_CLASSES`); InvalidRequestError otherwise."""
+    import torch
+
+    table = {
+        "torch.storage.TypedStorage": torch.storage.TypedStorage,
+        "torch.storage.UntypedStorage": torch.UntypedStorage,
+    }
+    cls = table.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise InvalidRequestError("handles[].storage_cls", name, f"must be one of {', '.join(STORAGE_CLASSES)}")
+    return cls
 
 
 class CudaIpcHandle(msgspec.Struct, frozen=True, array_like=True):
@@ -82,22 +105,25 @@ class _Rebuild:
 
 def sglang_bucket_payload(handle: bytes, metas: Sequence[TensorMeta]) -> bytes:
     """SGLang's serialized flattened-bucket payload for a bucket shared by IPC (server side)."""
-    import importlib
-
     import torch
+
+    try:
+        h = msgspec.msgpack.decode(handle, type=CudaIpcHandle)
+    except msgspec.MsgspecError as exc:
+        raise InvalidRequestError("handles[]", f"<{len(handle)} bytes>", f"not a CUDA IPC handle: {exc}") from exc
+    storage_cls = storage_class(h.storage_cls)  # checked before anything else is imported or built
+    tensor_dtype = torch_dtype(h.dtype)
+    dtypes = [torch_dtype(m.dtype) for m in metas]
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
-    h = msgspec.msgpack.decode(handle, type=CudaIpcHandle)
-    module, _, name = h.storage_cls.rpartition(".")
-    storage_cls = getattr(importlib.import_module(module), name)
     args = (
         torch.Tensor,
         torch.Size(h.size),
         tuple(h.stride),
         h.offset,
         storage_cls,
-        getattr(torch, h.dtype),
+        tensor_dtype,
         h.device_uuid,
         h.storage_handle,
         h.storage_size_bytes,
@@ -110,8 +136,7 @@ def sglang_bucket_payload(handle: bytes, metas: Sequence[TensorMeta]) -> bytes:
     )
     metadata = []
     start = 0
-    for m in metas:
-        dtype = getattr(torch, m.dtype)
+    for m, dtype in zip(metas, dtypes, strict=True):
         numel = 1
         for d in m.shape:
             numel *= d

@@ -298,9 +298,10 @@ class Control:
         problems = await self._problems(msg.buckets)
         if problems:
             raise WeightUpdateError("; ".join(problems), applied=False)
+        # every handle is checked (allowlisted storage class and dtypes) before any bucket is applied
+        payloads = [sglang_bucket_payload(h, b) for h, b in zip(msg.handles, msg.buckets, strict=True)]
         async with self._quiesced():
-            for i, (handle, bucket) in enumerate(zip(msg.handles, msg.buckets, strict=True)):
-                payload = sglang_bucket_payload(handle, bucket)
+            for i, payload in enumerate(payloads):
                 ok, text = await self.call(
                     self._tm.update_weights_from_tensor(
                         UpdateWeightsFromTensorReqInput(
