@@ -342,7 +342,8 @@ class DealerChannel:
         self._auth_failed = asyncio.Event()
         self._sock = ctx.socket(zmq.DEALER)
         # The server keys requests by routing id; ZMQ's own ids are a predictable counter, so a peer could
-        # claim a departed client's id (and its replies).  128 random bits cannot be guessed.
+        # claim a departed client's id (and its replies).  128 random bits cannot be guessed, and the id is
+        # fixed across reconnects: the server keeps our requests (and our aborts reach them).
         self.routing_id = b"c" + os.urandom(15)
         self._sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
         if credentials is not None:
@@ -351,8 +352,6 @@ class DealerChannel:
         self._sock.setsockopt(zmq.SNDHWM, _HWM)
         self._sock.setsockopt(zmq.RCVHWM, _HWM)
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
-        # a fixed identity across reconnects: the server keeps our requests (and our aborts reach them)
-        self._sock.setsockopt(zmq.ROUTING_ID, b"c" + os.urandom(15))
         self._sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         self._monitor = self._sock.get_monitor_socket(
