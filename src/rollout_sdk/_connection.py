@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from typing import Any
 import msgspec
 
 from . import _transport
+from .admission import AdmissionConfig, AdmissionController
 from .errors import (
     ClientStateError,
     EngineDeadError,
@@ -66,6 +68,7 @@ class ServerConnection:
         on_change: Callable[[ServerConnection], Any],
         heartbeat_interval_s: float,
         heartbeat_timeout_s: float,
+        admission: AdmissionConfig | None = None,
     ) -> None:
         self.index = index
         self.address = address
@@ -78,6 +81,8 @@ class ServerConnection:
         self.in_flight = 0
         self.outstanding_tokens = 0
         self.external = 0  # requests other clients hold there, as of the last Pong
+        #: this client's in-flight window on this server, from the server's capacity (admission.py)
+        self.admission = AdmissionController(admission)
         # counters
         self.sent = 0
         self.completed = 0
@@ -200,6 +205,9 @@ class ServerConnection:
         self.alive = True
         self.dead_reason = ""
         self._last_pong = time.monotonic()
+        # one heartbeat now, so the first requests are admitted from the engine's capacity, not the fallback
+        with contextlib.suppress(TimeoutError, ServerUnavailableError):
+            await self.fetch_stats(max(0.1, deadline - time.monotonic()))
         return reply.info
 
     # -- health --------------------------------------------------------------------------------------
@@ -294,10 +302,19 @@ class ServerConnection:
         self.stats = stats
         self.external = max(0, stats.in_flight - len(self._pending))
         self.draining = stats.draining
+        grew = self.admission.observe(
+            max_running=stats.max_running,
+            running=stats.running,
+            queued=stats.queued,
+            kv_usage=stats.kv_usage,
+            others=self.external,
+        )
         if not stats.engine_alive:
             self.mark_dead("engine died", EngineDeadError(f"the engine of server {self.server_id} died"))
         elif not self.alive:
             self._revive()
+        elif grew:
+            self._on_change(self)  # a larger window: let a waiting request in
 
     async def _heartbeat(self) -> None:
         while True:

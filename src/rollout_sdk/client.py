@@ -66,8 +66,9 @@ class ClientConfig:
 
     #: routing policy: "least_load", "round_robin", or a Policy object
     policy: str | Policy = "least_load"
-    #: requests kept in flight on one server; more wait in the client (back-pressure)
-    max_in_flight_per_server: int = 512
+    #: ceiling on the requests kept in flight on one server (None: the engine's reported capacity sets
+    #: the window, see admission.py); more wait in the client (back-pressure)
+    max_in_flight_per_server: int | None = None
     #: requests allowed to wait in the client; QueueFullError beyond
     max_waiting: int = 1_000_000
     #: session affinity: stay on the session's server while its load <= (1+margin)*min + slack
@@ -234,6 +235,7 @@ class RolloutClient:
                 on_change=self._scheduler.on_server_change,
                 heartbeat_interval_s=cfg.heartbeat_interval_s,
                 heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+                admission=self._scheduler.config.admission_config(),
             )
             self._scheduler.add(conn)
         ready = asyncio.Event()
@@ -398,7 +400,7 @@ class RolloutClient:
         """
         self._check_open()
         if concurrency is None:
-            concurrency = max(n, self.config.max_in_flight_per_server * max(1, len(self._scheduler.servers)))
+            concurrency = max(n, self._scheduler.window())
         return ResultStream(
             self,
             requests,

@@ -220,6 +220,8 @@ class ServerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     paused: bool = False
     draining: bool = False
     kv_usage: float | None = None
+    #: the engine's running-request limit (None: not reported); see admission.py
+    max_running: int | None = None
 
 
 class Pong(msgspec.Struct, tag="pong", frozen=True):

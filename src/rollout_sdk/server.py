@@ -232,6 +232,7 @@ class EngineServer:
             paused=self.engine.paused,
             draining=self._draining,
             kv_usage=load.kv_usage,
+            max_running=load.max_running,
         )
 
     def info(self) -> ServerInfo:

@@ -41,6 +41,8 @@ class EngineLoad(msgspec.Struct, frozen=True, kw_only=True):
     queued: int = 0
     queued_tokens: int = 0
     kv_usage: float | None = None
+    #: requests the engine runs at once at most (None: not reported); clients size their window from it
+    max_running: int | None = None
 
 
 class Engine(abc.ABC):

@@ -266,6 +266,7 @@ class FakeEngine(Engine):
             running=running,
             queued=max(0, queued),
             queued_tokens=sum(len(r.req.input_ids) + r.req.sampling.max_new_tokens for r in self._waiting),
+            max_running=None if self.config.instant else self.config.max_batch,
         )
 
     # -- hooks -------------------------------------------------------------------------------------

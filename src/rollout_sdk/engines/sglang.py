@@ -399,6 +399,7 @@ class SglangEngine(Engine):
                         queued=int(s.num_waiting_reqs),
                         queued_tokens=int(getattr(s, "num_waiting_uncached_tokens", 0) or 0),
                         kv_usage=float(s.token_usage) if s.token_usage is not None else None,
+                        max_running=int(getattr(s, "max_running_requests", 0) or 0) or None,
                     )
             except Exception:  # load is advisory: never let it take the engine down
                 log.debug("reading SGLang load failed", exc_info=True)
