@@ -18,10 +18,10 @@ for step in "$@"; do
     deps) nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
           python3 -c "import torch, sglang, uvloop, msgspec, zmq, aiohttp; print('torch', torch.__version__, 'sglang', sglang.__version__, 'aiohttp', aiohttp.__version__)"
           git log -1 --oneline 2>/dev/null; ulimit -n ;;
-    rl05) timeout 470 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --http --profile-short --budget-s 430 --json $OUT/rl-0.5b.json --log-dir $OUT 2>$OUT/rl-0.5b.log; tail -5 $OUT/rl-0.5b.log | quiet ;;
-    rl05nohttp) timeout 400 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --profile-short --json $OUT/rl-0.5b.json --log-dir $OUT 2>$OUT/rl-0.5b.log; tail -5 $OUT/rl-0.5b.log | quiet ;;
+    rl05) timeout 470 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --http --profile short --budget-s 430 --json $OUT/rl-0.5b.json --log-dir $OUT 2>$OUT/rl-0.5b.log; tail -5 $OUT/rl-0.5b.log | quiet ;;
+    rl05nohttp) timeout 520 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --profile long short --budget-s 480 --json $OUT/rl-0.5b.json --log-dir $OUT 2>$OUT/rl-0.5b.log; tail -5 $OUT/rl-0.5b.log | quiet ;;
     rl7) timeout 560 python3 bench/gpu_rl.py --shape 7b --reps 3 --http --budget-s 520 --json $OUT/rl-7b.json --log-dir $OUT 2>$OUT/rl-7b.log; tail -5 $OUT/rl-7b.log | quiet ;;
-    short05) timeout 300 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --workloads short grpo --profile-short --json $OUT/rl-0.5b-short.json --log-dir $OUT 2>$OUT/rl-0.5b-short.log; tail -5 $OUT/rl-0.5b-short.log | quiet ;;
+    short05) timeout 300 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --workloads short grpo --profile short --json $OUT/rl-0.5b-short.json --log-dir $OUT 2>$OUT/rl-0.5b-short.log; tail -5 $OUT/rl-0.5b-short.log | quiet ;;
     parity) timeout 110 python3 bench/gpu_parity.py --json $OUT/parity.json 2>$OUT/parity.log; tail -8 $OUT/parity.log | quiet ;;
     gputests) timeout 300 python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -x 2>&1 | tail -15 ;;
     *) echo "unknown step $step" ;;

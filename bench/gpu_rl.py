@@ -1,8 +1,8 @@
 """RL-shaped GPU benchmark: raw SGLang vs rollout-sdk vs SGLang's HTTP server, one engine start per shape.
 
-    python bench/gpu_rl.py --shape 0.5b --reps 3 --http --profile-short --json $OUT/rl-0.5b.json
+    python bench/gpu_rl.py --shape 0.5b --reps 3 --http --profile short --json $OUT/rl-0.5b.json
     python bench/gpu_rl.py --shape 7b --reps 3 --http --json $OUT/rl-7b.json
-    python bench/gpu_rl.py --engine fake --quick --http       # CPU dry run of every code path
+    python bench/gpu_rl.py --engine fake --quick --http --profile short  # CPU dry run of every code path
 
 Per shape (a Qwen2.5-shaped config with dummy weights) it starts, once each:
 
@@ -25,7 +25,7 @@ logprobs on, every request submitted at once):
 
 Each repetition runs every mode on every workload, the order of the modes rotating per repetition;
 medians and min-max of output tokens/s and of the per-repetition ratios are printed last.
-``--profile-short`` adds one cProfile'd ``short`` pass per mode of this process's event loop (where
+``--profile short long`` adds one cProfile'd pass of each per mode of this process's event loop (where
 SGLang's tokenizer manager and the SDK server share one thread) and writes the top functions.
 """
 
@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import io
 import json
 import math
 import os
@@ -73,7 +72,7 @@ def make_workload(name: str, *, shape: str, max_running: int, vocab: int, quick:
         return [rnd.randrange(1000, vocab - 1000) for _ in range(n)]
 
     if name == "grpo":  # prompts x 8 samples, lognormal lengths (median 300) capped at 2,048
-        prompts = 16 if quick else (128 if big else 32)
+        prompts = 16 if quick else (64 if big else 32)
         out: list[tuple[list[int], int]] = []
         for _ in range(prompts):
             p = ids(rnd.randrange(128, 513))
@@ -86,12 +85,39 @@ def make_workload(name: str, *, shape: str, max_running: int, vocab: int, quick:
     if name == "short":  # 64 in / 16 out
         return [(ids(64), 16) for _ in range(256 if quick else (8192 if big else 4096))]
     if name == "long":  # fixed 512-token prompts, long fixed outputs
-        n, o = (32, 64) if quick else ((512, 1024) if big else (256, 512))
+        n, o = (32, 64) if quick else ((256, 1024) if big else (256, 512))
         return [(ids(64 if quick else 512), o) for _ in range(n)]
     if name == "oversub":  # 4x the engine's running-request limit at once
         n = 4 * max_running
-        return [(ids(32 if big else 16), 8 if quick else (32 if big else 16)) for _ in range(n)]
+        return [(ids(16), 8 if quick else 16) for _ in range(n)]
     raise ValueError(name)
+
+
+def cpu_times(http_proc: Any = None) -> dict[str, float]:
+    """CPU seconds so far: this thread (the event loop), each SGLang child of this process, the HTTP server."""
+    out = {"loop": time.thread_time()}
+    try:
+        import psutil
+    except ImportError:
+        return out
+    http_tree: list[Any] = []
+    if http_proc is not None:
+        with contextlib.suppress(psutil.Error):
+            hp = psutil.Process(http_proc.pid)
+            http_tree = [hp, *hp.children(recursive=True)]
+    skip = {p.pid for p in http_tree}
+    for c in psutil.Process().children(recursive=True):
+        if c.pid in skip:
+            continue
+        with contextlib.suppress(psutil.Error):
+            name = "client" if "--client" in c.cmdline() else c.name()
+            t = c.cpu_times()
+            out[name] = out.get(name, 0.0) + t.user + t.system
+    for c in http_tree:
+        with contextlib.suppress(psutil.Error):
+            t = c.cpu_times()
+            out["http:" + c.name()] = out.get("http:" + c.name(), 0.0) + t.user + t.system
+    return out
 
 
 def summarize(name: str, outs: list[tuple[int, int]], dt: float, expect: list[int]) -> dict[str, Any]:
@@ -438,13 +464,32 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                 for w in a.workloads
             }
 
+            async def flush() -> None:
+                """Every pass starts from an empty prefix cache (the modes share prompts)."""
+                if a.engine != "sglang":
+                    return
+                await engine.flush_cache()
+                if http_url:
+                    req = urllib.request.Request(http_url + "/flush_cache", data=b"", method="POST")
+                    with contextlib.suppress(OSError):
+                        await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=30).read())
+
             async def one_pass(mode: str, w: str) -> dict[str, Any]:
+                await flush()
+                cpu0 = cpu_times(http_proc)
+                t = time.perf_counter()
                 if mode == "raw":
-                    t = time.perf_counter()
                     outs = await raw_pass(works[w])
-                    return summarize(w, outs, time.perf_counter() - t, [n for _, n in works[w]])
-                assert client is not None
-                return await client.run(mode=mode, workload=w, max_running=max_running, vocab=vocab)
+                    row = summarize(w, outs, time.perf_counter() - t, [n for _, n in works[w]])
+                else:
+                    assert client is not None
+                    row = await client.run(mode=mode, workload=w, max_running=max_running, vocab=vocab)
+                wall = time.perf_counter() - t
+                cpu1 = cpu_times(http_proc)
+                # CPU seconds per wall second: this process's event loop thread (tokenizer manager + SDK
+                # server), SGLang's scheduler processes, the HTTP server's process tree
+                row["cpu"] = {k: round((cpu1[k] - cpu0.get(k, 0.0)) / wall, 3) for k in cpu1}
+                return row
 
             works["warm"] = make_workload("warm", shape=a.shape, max_running=max_running, vocab=vocab, quick=a.quick)
             for mode in modes:  # warm-up: every mode once on a small workload
@@ -473,23 +518,28 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                     )
                     log(res["stopped_early"])
                     break
-            short_s = max((p.get("s", 0) for p in res["passes"] if p["workload"] == "short"), default=0.0)
-            left = a.budget_s - (time.perf_counter() - T0)
-            if a.profile_short and "short" in works and left < 6 * short_s + 10:
-                res["profile_skipped"] = f"{left:.0f}s of --budget-s left"
-            elif a.profile_short and "short" in works:
-                res["profile"] = {}
+            res["profile"] = {}
+            for w in a.profile:  # cProfile of this process's event loop thread, one extra pass per mode
+                if w not in works:
+                    continue
+                w_s = max((p.get("s", 0) for p in res["passes"] if p["workload"] == w), default=0.0)
+                left = a.budget_s - (time.perf_counter() - T0)
+                if left < 2.5 * w_s + 5:
+                    res["profile"][w] = f"skipped: {left:.0f}s of --budget-s left"
+                    continue
                 for mode in ("raw", "sdk"):
                     prof = cProfile.Profile()
                     prof.enable()
-                    t = time.perf_counter()
-                    row = await one_pass(mode, "short")
+                    row = await one_pass(mode, w)
                     prof.disable()
-                    row["wall_s"] = round(time.perf_counter() - t, 3)
-                    res["profile"][mode] = {"pass": row, "groups": profile_groups(prof), "top": profile_top(prof)}
-                    s = io.StringIO()
-                    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
-                    log(f"profile {mode}: {json.dumps(row)}\n{s.getvalue()[-6000:]}")
+                    res["profile"][f"{w}-{mode}"] = {
+                        "pass": row,
+                        "groups": profile_groups(prof),
+                        "top": profile_top(prof),
+                    }
+                    log(f"profile {w} {mode}: {json.dumps(row)} groups {json.dumps(profile_groups(prof))[:1500]}")
+                    if a.json:
+                        write_json(a.json, res)
     finally:
         if client is not None:
             client.close()
@@ -562,7 +612,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=WORKLOADS)
     ap.add_argument("--http", action="store_true", help="also measure SGLang's HTTP server")
-    ap.add_argument("--profile-short", action="store_true")
+    ap.add_argument("--profile", nargs="*", default=[], choices=WORKLOADS, help="cProfile one extra pass of these")
     ap.add_argument("--quick", action="store_true", help="tiny workloads (dry runs)")
     ap.add_argument("--attn", default="triton")
     ap.add_argument("--sampling", default="pytorch")
