@@ -149,7 +149,10 @@ async def client_main(a: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    async with RolloutClient(servers=[a.client], connect_timeout_s=120) as client:
+    from rollout_sdk import AdmissionConfig
+
+    admission = AdmissionConfig(queue_fraction=a.queue_fraction) if a.queue_fraction is not None else None
+    async with RolloutClient(servers=[a.client], connect_timeout_s=120, admission=admission) as client:
         print(json.dumps({"ready": True, "nofile": nofile}), flush=True)
         while line := await reader.readline():
             cmd = json.loads(line)
@@ -411,7 +414,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
     else:
         from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
 
-        engine = FakeEngine(FakeEngineConfig(step_base_s=0.002, step_per_seq_s=2e-6, max_batch=256))
+        engine = FakeEngine(FakeEngineConfig(step_base_s=0.002, step_per_seq_s=2e-6, max_batch=a.fake_max_batch))
     server = EngineServer(engine, ServerConfig(server_id=f"rl-{a.shape}", drain_timeout_s=5))
     t0 = time.perf_counter()
     client: ClientProc | None = None
@@ -419,7 +422,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
         async with server:
             res["engine_start_s"] = round(time.perf_counter() - t0, 1)
             vocab = engine.limits.vocab_size
-            max_running = 64
+            max_running = a.fake_max_batch
             if a.engine == "sglang":
                 snaps = await engine._tm.get_loads()
                 max_running = int(snaps[0].max_running_requests)
@@ -431,6 +434,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
             argv = [sys.executable, os.path.abspath(__file__), "--client", server.address, "--shape", a.shape]
             argv += ["--http-url", http_url] if http_url else []
             argv += ["--quick"] if a.quick else []
+            argv += ["--queue-fraction", str(a.queue_fraction)] if a.queue_fraction is not None else []
             client = await ClientProc(argv).started()
             res["client_nofile"] = client.hello.get("nofile")
 
@@ -622,6 +626,8 @@ def main() -> None:
     ap.add_argument("--graph-bs", type=int, default=512)
     ap.add_argument("--http-connections", type=int, default=20000)
     ap.add_argument("--log-dir", default="/tmp")
+    ap.add_argument("--queue-fraction", type=float, default=None, help="the SDK client's AdmissionConfig")
+    ap.add_argument("--fake-max-batch", type=int, default=256)
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop repeating when the next rep would not fit")
     ap.add_argument("--json", default=None)
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)

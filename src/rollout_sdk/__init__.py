@@ -15,6 +15,7 @@ engine starts.
 """
 
 from ._stream import Group, ResultStream
+from .admission import AdmissionConfig, AdmissionController
 from .client import ClientConfig, ClientStats, RolloutClient, ServerStatus
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.base import Engine, EngineLoad
@@ -51,6 +52,8 @@ from .server import EngineServer, ServerConfig
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdmissionConfig",
+    "AdmissionController",
     "ClientConfig",
     "ClientStateError",
     "ClientStats",

@@ -33,6 +33,7 @@ from . import _transport
 from ._connection import ServerConnection
 from ._control import WeightSync, broadcast_control, update_weights_ipc
 from ._stream import Prompt, ResultStream
+from .admission import AdmissionConfig
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.cpu import CpuEngineConfig
 from .errors import ClientStateError, ConfigError, NoServersError, RequestTimeoutError
@@ -69,6 +70,8 @@ class ClientConfig:
     #: ceiling on the requests kept in flight on one server (None: the engine's reported capacity sets
     #: the window, see admission.py); more wait in the client (back-pressure)
     max_in_flight_per_server: int | None = None
+    #: how the per-server window follows the engine's capacity (queue depth, KV thresholds); admission.py
+    admission: AdmissionConfig | None = None
     #: requests allowed to wait in the client; QueueFullError beyond
     max_waiting: int = 1_000_000
     #: session affinity: stay on the session's server while its load <= (1+margin)*min + slack
@@ -105,6 +108,7 @@ class ClientConfig:
         return SchedulerConfig(
             policy=self.policy,
             max_in_flight_per_server=self.max_in_flight_per_server,
+            admission=self.admission,
             max_waiting=self.max_waiting,
             affinity_margin=self.affinity_margin,
             affinity_slack=self.affinity_slack,
