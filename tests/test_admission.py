@@ -103,8 +103,8 @@ async def test_client_window_follows_the_servers_running_limit(fake_servers) -> 
     admission = AdmissionConfig(queue_fraction=0.25, min_queue=2)
     async with RolloutClient(servers=[server.address], admission=admission) as client:
         conn = client.servers[0]
-        assert conn.admission.max_running == 8  # known from the handshake, before any request
-        assert conn.admission.limit == 10
+        assert conn.window.max_running == 8  # known from the handshake, before any request
+        assert conn.window.limit == 10
         assert client.scheduler.window() == 10
         tasks = [
             asyncio.create_task(client.generate(GenerateRequest(input_ids=[1, 2, i + 3]), timeout=60))
@@ -122,8 +122,8 @@ async def test_client_window_follows_the_servers_running_limit(fake_servers) -> 
 async def test_fixed_cap_is_only_a_ceiling(fake_servers) -> None:
     (server,) = await fake_servers(1, FakeEngineConfig(step_base_s=0.001, max_batch=8))
     async with RolloutClient(servers=[server.address], max_in_flight_per_server=3) as client:
-        assert client.servers[0].admission.limit == 3
+        assert client.servers[0].window.limit == 3
     (instant,) = await fake_servers(1)  # reports no running limit: the fallback, under the ceiling
     async with RolloutClient(servers=[instant.address], max_in_flight_per_server=1000) as client:
-        assert client.servers[0].admission.max_running is None
-        assert client.servers[0].admission.limit == AdmissionConfig().fallback
+        assert client.servers[0].window.max_running is None
+        assert client.servers[0].window.limit == AdmissionConfig().fallback

@@ -186,6 +186,8 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     version_segments: list[tuple[int, int]] = []
     timings: Timings = Timings()
     server_id: str = ""
+    #: the server process that ran it (a restarted server has a new one; see ServerInfo.incarnation)
+    incarnation: str = ""
 
     @property
     def num_output_tokens(self) -> int:
@@ -222,6 +224,8 @@ class ServerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     kv_usage: float | None = None
     #: the engine's running-request limit (None: not reported); see admission.py
     max_running: int | None = None
+    #: which process this is: a server restarted at the same address answers with a new one
+    incarnation: str = ""
 
 
 class Pong(msgspec.Struct, tag="pong", frozen=True):
@@ -249,6 +253,8 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     weight_version: int = 0
     pid: int = 0
     host: str = ""
+    #: random per server start: ``server_id`` names the slot (``dp0``), this names the process in it
+    incarnation: str = ""
 
 
 # -- control ---------------------------------------------------------------------------------------

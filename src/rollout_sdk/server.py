@@ -130,6 +130,8 @@ class EngineServer:
         self.engine = engine
         self.config = config or ServerConfig()
         self.server_id = self.config.server_id or f"srv-{uuid.uuid4().hex[:8]}"
+        #: this start of the server; clients treat a new incarnation at a known address as a new member
+        self.incarnation = uuid.uuid4().hex[:12]
         self.address = ""
         self._flights: dict[str, _Flight] = {}  # engine rid -> flight
         self._by_client: dict[tuple[bytes, str], str] = {}  # (ident, client rid) -> engine rid
@@ -233,6 +235,7 @@ class EngineServer:
             draining=self._draining,
             kv_usage=load.kv_usage,
             max_running=load.max_running,
+            incarnation=self.incarnation,
         )
 
     def info(self) -> ServerInfo:
@@ -246,6 +249,7 @@ class EngineServer:
             weight_version=self.engine.weight_version,
             pid=os.getpid(),
             host=self.address,
+            incarnation=self.incarnation,
         )
 
     # -- loops -------------------------------------------------------------------------------------
@@ -325,7 +329,9 @@ class EngineServer:
         reply: msgspec.Struct
         try:
             result: GenerateResult = await self.engine.generate(req)
-            reply = msgspec.structs.replace(result, rid=flight.rid, server_id=self.server_id)
+            reply = msgspec.structs.replace(
+                result, rid=flight.rid, server_id=self.server_id, incarnation=self.incarnation
+            )
             if result.finish_reason == "abort":
                 self._aborted += 1
             else:
