@@ -14,6 +14,7 @@ engine starts.
     asyncio.run(main())
 """
 
+from .admission import AdmissionConfig, AdmissionController
 from .auth import Credentials, JobSecret, ServerAuth
 from .client import USE_CLIENT_DEFAULT, ClientConfig, ClientState, ClientStats, RolloutClient, ServerStatus
 from .discovery import Discovery, EmbeddedServers, StaticServers
@@ -59,6 +60,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "USE_CLIENT_DEFAULT",
+    "AdmissionConfig",
+    "AdmissionController",
     "AuthenticationError",
     "ClientConfig",
     "ClientState",

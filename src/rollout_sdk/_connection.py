@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from typing import Any
 import msgspec
 
 from . import _transport
+from .admission import AdmissionConfig, AdmissionController
 from .errors import (
     ClientStateError,
     EngineDeadError,
@@ -86,6 +88,7 @@ class ServerConnection:
         heartbeat_interval_s: float,
         heartbeat_timeout_s: float,
         on_replaced: Callable[[ServerConnection], Any] | None = None,
+        admission: AdmissionConfig | None = None,
     ) -> None:
         self.index = index
         self.address = address
@@ -107,6 +110,8 @@ class ServerConnection:
         self.in_flight = 0
         self.outstanding_tokens = 0
         self.external = 0  # requests other clients hold there, as of the last Pong
+        #: this client's in-flight window on this server, from the server's capacity (admission.py)
+        self.window = AdmissionController(admission)
         # counters
         self.sent = 0
         self.completed = 0
@@ -257,6 +262,9 @@ class ServerConnection:
         self.alive = True
         self.dead_reason = ""
         self._last_pong = time.monotonic()
+        # one heartbeat now, so the first requests are admitted from the engine's capacity, not the fallback
+        with contextlib.suppress(TimeoutError, ServerUnavailableError):
+            await self.fetch_stats(max(0.1, deadline - time.monotonic()))
         return reply.info
 
     async def wait_idle(self) -> None:
@@ -455,12 +463,21 @@ class ServerConnection:
         if seq > self._paused_seq and stats.paused != self.paused:
             self.paused = stats.paused  # paused or resumed by another client
             self._update_held()
+        grew = self.window.observe(
+            max_running=stats.max_running_requests,
+            running=stats.running,
+            queued=stats.queued,
+            kv_usage=stats.kv_usage,
+            others=self.external,
+        )
         if not stats.engine_alive:
             self.mark_dead("engine died", EngineDeadError(f"the engine of server {self.server_id} died"))
         elif not self.alive:
             self._revive()
         elif moved and not self.admitted:
             self._on_change(self)  # it may now serve the client's version
+        elif grew and self.admitted:
+            self._on_change(self)  # a larger window: let a waiting request in
 
     @property
     def stats_age_s(self) -> float | None:

@@ -34,6 +34,7 @@ import msgspec
 from . import _transport
 from ._aio import await_unless, cancel_and_wait, ended_with
 from ._connection import ServerConnection
+from .admission import AdmissionConfig
 from .auth import Credentials
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.cpu import CpuEngineConfig
@@ -119,7 +120,7 @@ class ClientConfig:
         return self.scheduler
 
     @property
-    def max_in_flight_per_server(self) -> int:
+    def max_in_flight_per_server(self) -> int | None:
         return self.scheduler.max_in_flight_per_server
 
 
@@ -209,7 +210,8 @@ class RolloutClient:
         engine: CpuEngineConfig | None = None,
         config: ClientConfig | None = None,
         policy: str | Policy | UseClientDefault = USE_CLIENT_DEFAULT,
-        max_in_flight_per_server: int | UseClientDefault = USE_CLIENT_DEFAULT,
+        max_in_flight_per_server: int | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        admission: AdmissionConfig | UseClientDefault | None = USE_CLIENT_DEFAULT,
         max_waiting: int | UseClientDefault = USE_CLIENT_DEFAULT,
         affinity_margin: float | UseClientDefault = USE_CLIENT_DEFAULT,
         affinity_slack: int | UseClientDefault = USE_CLIENT_DEFAULT,
@@ -227,6 +229,7 @@ class RolloutClient:
         sched = _given(
             policy=policy,
             max_in_flight_per_server=max_in_flight_per_server,
+            admission=admission,
             max_waiting=max_waiting,
             affinity_margin=affinity_margin,
             affinity_slack=affinity_slack,
@@ -320,6 +323,7 @@ class RolloutClient:
             heartbeat_interval_s=cfg.heartbeat_interval_s,
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
             on_replaced=self._on_replaced,
+            admission=self._scheduler.config.admission_config(),
         )
         if self._tg is not None:
             self._start_connection(conn)
@@ -489,7 +493,7 @@ class RolloutClient:
         """
         self._check_open()
         if concurrency is None:
-            concurrency = max(n, self.config.scheduler.max_in_flight_per_server * max(1, len(self._scheduler.servers)))
+            concurrency = max(n, self._scheduler.window())
         return ResultStream(
             self,
             requests,

