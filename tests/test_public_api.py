@@ -31,6 +31,11 @@ EXPECTED = {
     "Policy",
     "LeastLoad",
     "RoundRobin",
+    "AdmissionConfig",
+    "AdmissionController",
+    "Credentials",
+    "JobSecret",
+    "ServerAuth",
     "__version__",
 }
 
