@@ -22,10 +22,11 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -35,7 +36,7 @@ from ._control import WeightSync, broadcast_control, update_weights_ipc
 from ._stream import Prompt, ResultStream
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.cpu import CpuEngineConfig
-from .errors import ClientStateError, ConfigError, NoServersError, RequestTimeoutError
+from .errors import ClientStateError, ConfigError, NoServersError, RemoteError, RequestTimeoutError
 from .policies import Policy
 from .protocol import (
     FlushCache,
@@ -52,6 +53,9 @@ from .protocol import (
 )
 from .rollouts import RolloutStream
 from .scheduler import Scheduler, SchedulerConfig
+
+if TYPE_CHECKING:
+    from .metrics import ClientMetrics
 
 __all__ = ["ClientConfig", "ClientStats", "RolloutClient", "ServerStatus"]
 
@@ -198,6 +202,11 @@ class RolloutClient:
         self._weight_sync: WeightSync | None = None
         #: the last weight version pushed through this client
         self.weight_version = 0
+        from .metrics import ClientMetrics  # prometheus-client loads with the first client, not on import
+
+        #: Prometheus metrics (its own registry: ``client.metrics.registry``; see docs/observability.md)
+        self.metrics: ClientMetrics = ClientMetrics(lambda: (self.stats(), self.weight_version))
+        self._scheduler.on_result = self.metrics.observe_result
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -373,6 +382,28 @@ class RolloutClient:
             if scope.expired():
                 raise RequestTimeoutError(f"request {req.rid} timed out after {timeout}s (aborted)") from None
             raise
+
+    async def score(
+        self,
+        input_ids: Sequence[int],
+        /,
+        *,
+        session_id: str | None = None,
+        timeout: float | None = _UNSET,
+        retries: int | None = None,
+    ) -> list[float]:
+        """The logprob of every token of ``input_ids`` given the tokens before it, without generating.
+
+        Entry ``i`` is ``log p(input_ids[i + 1] | input_ids[: i + 1])`` under the served weights (one fewer
+        than the ids: the first token has no context): reference-model or teacher logprobs for a trainer.
+        Use :meth:`generate` with ``GenerateRequest(..., score_only=True)`` for the whole result (weight
+        version, lifecycle).
+        """
+        req = GenerateRequest(input_ids=list(input_ids), score_only=True, session_id=session_id)
+        result = await self.generate(req, timeout=timeout, retries=retries)
+        if result.prompt_logprobs is None:
+            raise RemoteError(f"server {result.server_id} answered a score request without prompt logprobs")
+        return result.prompt_logprobs
 
     def generate_many(
         self,
@@ -565,6 +596,8 @@ class RolloutClient:
         A refused update (unknown name, wrong shape) leaves every engine on its old weights and raises
         WeightUpdateError; an engine left half-updated is marked dead.  Returns timings and bytes.
         """
+        t0 = time.perf_counter()
+        ok = False
         if pause is not None:
             await self.pause(pause)
         try:
@@ -580,9 +613,11 @@ class RolloutClient:
                 )
             else:
                 raise ConfigError("method", method, "must be 'distributed' or 'ipc'")
+            ok = True
         finally:
             if pause is not None:
                 await self.resume()
+            self.metrics.observe_weight_update(method, time.perf_counter() - t0, ok=ok)
         self.weight_version = version
         return stats
 

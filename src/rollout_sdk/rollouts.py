@@ -367,7 +367,7 @@ class RolloutStream:
             max_staleness=self.max_staleness,
         )
         group.ctxs.append(ctx)
-        traj = await self.agent.run(ctx, group.sample)
+        traj = ctx.finish(await self.agent.run(ctx, group.sample))
         if traj.finish_reason == "stale":
             raise StalenessError(f"group {group.index} passed its staleness bound")
         traj.sample_index = group.index

@@ -25,7 +25,7 @@ import msgspec
 from .._aio import first_exception
 from ..errors import ConfigError, RolloutError, StalenessError
 from ..partial import Continuation
-from ..protocol import GenerateRequest, GenerateResult, SamplingParams
+from ..protocol import GenerateRequest, GenerateResult, Lifecycle, RoutedExperts, SamplingParams
 from .chat import ChatTemplate
 from .parsers import HermesParser, ToolCallParser, format_tool_error
 from .tools import ToolRegistry
@@ -55,9 +55,15 @@ class RolloutContext:
         session_id: str | None = None,
         timeout: float | None = None,
         max_staleness: int | None = None,
+        return_routed_experts: bool = False,
     ) -> None:
         self.client = client
         self.session_id = session_id or uuid.uuid4().hex
+        self.return_routed_experts = return_routed_experts
+        #: one per engine call, in order: when and where each ran (exported with the trajectory)
+        self.lifecycles: list[Lifecycle] = []
+        #: one per engine call when ``return_routed_experts``: the MoE experts of its tokens
+        self.routed_experts: list[RoutedExperts] = []
         self.timeout = timeout
         self.max_staleness = max_staleness
         self.first_version: int | None = None
@@ -98,7 +104,11 @@ class RolloutContext:
             seed = (sampling.seed + self.seed_offset + 7919 * (self._calls - 1)) % (2**63 - 1)
             sampling = msgspec.structs.replace(sampling, seed=seed)
         req = GenerateRequest(
-            input_ids=input_ids, sampling=sampling, session_id=self.session_id, rid=f"{self.session_id}.{self._calls}"
+            input_ids=input_ids,
+            sampling=sampling,
+            session_id=self.session_id,
+            rid=f"{self.session_id}.{self._calls}",
+            return_routed_experts=self.return_routed_experts,
         )
         cont = Continuation(req)
         segment = 0
@@ -115,6 +125,10 @@ class RolloutContext:
             finally:
                 self.current_rid = None
             cont.add(result)
+            if result.lifecycle is not None:
+                self.lifecycles.append(result.lifecycle)
+            if result.routed_experts is not None:
+                self.routed_experts.append(result.routed_experts)
             if self.first_version is None and result.output_ids:
                 segs = result.version_segments
                 self.first_version = segs[0][0] if segs else result.weight_version
@@ -122,6 +136,14 @@ class RolloutContext:
                 self.preemptions += 1
                 continue  # preempted by the producer: wait, then continue from the tokens so far
             return cont.result()
+
+    def finish(self, traj: Trajectory) -> Trajectory:
+        """Attach what this context recorded (lifecycles, routed experts) to the agent's trajectory."""
+        if not traj.lifecycles:
+            traj.lifecycles = list(self.lifecycles)
+        if not traj.routed_experts:
+            traj.routed_experts = list(self.routed_experts)
+        return traj
 
 
 class Agent(abc.ABC):
@@ -236,6 +258,8 @@ class ToolAgent(Agent):
                 )
                 for c, o in zip(parsed.calls, outcomes, strict=True)
             ]
+            for rec in turn.tool_calls:
+                ctx.client.metrics.observe_tool_call(rec.name, rec.latency_s, error_kind=rec.error_kind)
             turn.parse_errors = [e.message for e in parsed.errors]
             tool_msgs: list[dict[str, Any]] = [{"role": "tool", "name": o.name, "content": o.content} for o in outcomes]
             tool_msgs += [{"role": "tool", "name": "error", "content": format_tool_error(e)} for e in parsed.errors]
@@ -325,7 +349,7 @@ async def rollout_group(
         ctx = RolloutContext(client, timeout=timeout, max_staleness=max_staleness)
         ctx.seed_offset = 104_729 * k  # a seeded sampling config still gives n different samples
         try:
-            traj = await agent.run(ctx, sample)
+            traj = ctx.finish(await agent.run(ctx, sample))
         except RolloutError as exc:
             if on_error == "raise":
                 raise

@@ -37,6 +37,7 @@ from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
 from ..errors import ConfigError
 from ..launch_env import ENV_NUM_SERVERS, ENV_PREFIX, ENV_STORE
+from ..metrics import MetricsEndpoint, ServerMetrics, start_metrics_endpoint
 from ..server import EngineServer, ServerConfig
 from .discovery import ROOT, ServerRecord, StoreKeys, connect_store, in_daemon_thread, wait_keys
 from .layout import Layout
@@ -70,6 +71,9 @@ class LaunchConfig:
     drain_timeout_s: float = 5.0
     #: root of the store keys (change it to run two jobs on one store)
     store_prefix: str = ROOT
+    #: serve Prometheus /metrics on every serving rank (None: off; 0: a free port, published in the
+    #: server's store record; N: port N + the rank's local rank)
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ("cpu", "sglang", "fake"):
@@ -145,6 +149,7 @@ class _RankJob:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.keys = StoreKeys(f"{cfg.store_prefix}/a{restart}")
         self.server: EngineServer | None = None
+        self.metrics_endpoint: MetricsEndpoint | None = None
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -201,6 +206,8 @@ class _RankJob:
                 )
             if self.server is not None:
                 await self.server.aclose()
+            if self.metrics_endpoint is not None:
+                await self.metrics_endpoint.aclose()
             await watcher
         return code
 
@@ -217,11 +224,24 @@ class _RankJob:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self.stop, f"job shutdown: {reason}")
 
+    def _metrics_url(self, advertise: str) -> str:
+        if self.metrics_endpoint is None:
+            return ""
+        host = f"[{advertise}]" if ":" in advertise else advertise
+        return f"http://{host}:{self.metrics_endpoint.port}/metrics"
+
     async def _start_server(self) -> None:
         layout, cfg = self.layout, self.cfg
         host = cfg.host or ("0.0.0.0" if layout.nnodes > 1 else "127.0.0.1")
         advertise = cfg.advertise_host or (local_ip() if host in ("0.0.0.0", "*") else host)
         engine = make_engine(cfg, self.engines, layout)
+        metrics = None
+        if cfg.metrics_port is not None:
+            metrics = ServerMetrics()
+            port = cfg.metrics_port + layout.local_rank if cfg.metrics_port > 0 else 0
+            self.metrics_endpoint = await asyncio.to_thread(
+                start_metrics_endpoint, metrics.registry, host=host, port=port
+            )
         self.server = EngineServer(
             engine,
             ServerConfig(
@@ -232,6 +252,7 @@ class _RankJob:
                 dp_rank=layout.dp_rank,
                 tp_size=layout.tp,
             ),
+            metrics=metrics,
         )
         await self.server.__aenter__()
         record = ServerRecord(
@@ -243,6 +264,7 @@ class _RankJob:
             pid=os.getpid(),
             backend=engine.backend,
             model=engine.model_name,
+            metrics_url=self._metrics_url(advertise),
         )
         await asyncio.to_thread(self.store.set, self.keys.server(layout.dp_rank), msgspec.msgpack.encode(record))
         log.info("dp %d serving at %s", layout.dp_rank, self.server.address)
