@@ -67,6 +67,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
     template_rewrites: bool = False
     error: str | None = None
     sample_index: int = -1
+    #: the caller's own facts about this trajectory (dataset row, task id, ...); exported as is
+    metadata: dict[str, Any] = {}
     #: one per engine call, in order: when it was queued, dispatched, answered, where, retries/failovers
     lifecycles: list[Lifecycle] = []
     #: one per engine call, for requests with ``return_routed_experts`` (MoE routing replay)
