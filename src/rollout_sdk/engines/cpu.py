@@ -155,6 +155,7 @@ class CpuEngine(Engine):
     """A transformers causal LM on CPU with continuous batching (see the module docstring)."""
 
     backend = "cpu"
+    supports_score = True
 
     def __init__(self, config: CpuEngineConfig | None = None) -> None:
         super().__init__()
@@ -278,6 +279,8 @@ class CpuEngine(Engine):
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
+        if req.score_only:
+            return await self._score(req)
         if req.rid in self._reqs:
             raise InvalidRequestError("rid", req.rid, "a request with this rid is already in flight")
         fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
@@ -288,6 +291,44 @@ class CpuEngine(Engine):
         self._waiting.append(seq)
         self._wake.set()
         return await fut
+
+    async def _score(self, req: GenerateRequest) -> GenerateResult:
+        """Prompt logprobs: one forward over the prompt on the worker, between two decode steps (so on one
+        set of weights), after a pause has been lifted."""
+        t0 = time.perf_counter()
+        await self._resumed.wait()
+        queued = time.perf_counter() - t0
+        logprobs, version = await self._in_worker(self._score_prompt, req.input_ids)
+        return GenerateResult(
+            rid=req.rid,
+            output_ids=[],
+            finish_reason="stop",
+            prompt_tokens=len(req.input_ids),
+            weight_version=version,
+            prompt_logprobs=logprobs,
+            timings=Timings(queue_s=queued, total_s=time.perf_counter() - t0),
+        )
+
+    def _score_prompt(self, input_ids: list[int]) -> tuple[list[float], int]:
+        import torch
+
+        if "weights" in self._released:
+            raise EngineBusyError("weights are released; resume_memory(['weights']) first")
+        ids = torch.tensor([input_ids], dtype=torch.long)
+        with torch.inference_mode():
+            if self._body is not None:
+                hidden = self._body(input_ids=ids, use_cache=False).last_hidden_state[0]
+                head = self._head
+            else:
+                hidden = self._model(input_ids=ids, use_cache=False).logits[0]
+                head = _identity
+            targets = ids[0, 1:]
+            out: list[float] = []
+            for lo in range(0, len(targets), _HEAD_CHUNK):  # a [chunk, vocab] block at a time, never [n, vocab]
+                logits = head(hidden[lo : lo + _HEAD_CHUNK][: len(targets) - lo]).float()
+                lp = torch.log_softmax(logits, dim=-1)
+                out.extend(lp.gather(1, targets[lo : lo + _HEAD_CHUNK, None])[:, 0].tolist())
+        return out, self._model_version
 
     def abort(self, rid: str) -> None:
         seq = self._reqs.get(rid)
