@@ -277,7 +277,8 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     #: ``score_only`` requests: logprob of ``input_ids[i + 1]`` given ``input_ids[: i + 1]`` (one fewer
     #: than the prompt's tokens: the first token has no context)
     prompt_logprobs: list[float] | None = None
-    #: ``return_routed_experts`` requests: the experts of every prompt and output token
+    #: ``return_routed_experts`` requests: the experts of every token the model was fed (prompt and output
+    #: tokens, all but the last output token, which is never fed forward)
     routed_experts: RoutedExperts | None = None
     #: filled by the client: when and where the request ran
     lifecycle: Lifecycle | None = None

@@ -37,6 +37,7 @@ Token-in/token-out: ``skip_tokenizer_init=True`` by default; the engine never se
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import logging
@@ -60,7 +61,16 @@ from ..errors import (
     UnsupportedOperationError,
     WeightUpdateError,
 )
-from ..protocol import EngineLimits, GenerateRequest, GenerateResult, PauseMode, SamplingParams, TensorMeta, Timings
+from ..protocol import (
+    EngineLimits,
+    GenerateRequest,
+    GenerateResult,
+    PauseMode,
+    RoutedExperts,
+    SamplingParams,
+    TensorMeta,
+    Timings,
+)
 from .base import Engine, EngineLoad
 
 __all__ = ["SglangEngine", "SglangEngineConfig"]
@@ -189,6 +199,23 @@ class _Parts:
         self.e2e_s = 0.0
         self.count = 0
         self.matched: int | None = None
+        self.routed: Any = None  # int32 [tokens, layers, top_k] over the sequence so far (MoE replay)
+
+    def add_routed(self, meta: dict[str, Any], seq_len: int, top_k: int) -> None:
+        """SGLang's routed experts of one part: base64 int32 ``[seq_len - 1, layers, top_k]`` (the last token
+        is never fed forward).  A later part re-prefills the sequence; keep what earlier parts measured and
+        take only the new positions from it."""
+        import numpy as np
+
+        b64 = meta.get("routed_experts")
+        if b64 is None:
+            raise RemoteError("SGLang returned no routed experts (start it with enable_return_routed_experts)")
+        flat = np.frombuffer(base64.b64decode(b64), dtype=np.int32)
+        tokens = max(0, seq_len - 1)
+        if tokens == 0 or top_k <= 0 or flat.size % (tokens * top_k):
+            raise RemoteError(f"routed experts of {flat.size} ids do not fit {tokens} tokens x top_k {top_k}")
+        arr = flat.reshape(tokens, flat.size // (tokens * top_k), top_k)
+        self.routed = arr if self.routed is None else np.concatenate([self.routed, arr[len(self.routed) :]])
 
     def add(self, out: dict[str, Any], version: int) -> str:
         meta = out.get("meta_info", {})
@@ -216,10 +243,13 @@ class SglangEngine(Engine):
     """An SGLang engine behind the Engine interface (see the module docstring)."""
 
     backend = "sglang"
+    supports_score = True
 
     def __init__(self, config: SglangEngineConfig) -> None:
         super().__init__()
         self.config = config
+        self.supports_routed_experts = bool(config.extra.get("enable_return_routed_experts"))
+        self._top_k = 0  # experts per token of an MoE model (num_experts_per_tok), read at start
         self._engine: Any = None
         self._tm: Any = None
         self._limits: EngineLimits | None = None
@@ -284,6 +314,10 @@ class SglangEngine(Engine):
         mc = tm.model_config
         eos = sorted(getattr(mc, "hf_eos_token_id", None) or [])
         self._limits = EngineLimits(vocab_size=int(mc.vocab_size), max_context=int(tm.context_len), eos_token_ids=eos)
+        hf_text = getattr(mc, "hf_text_config", None) or getattr(mc, "hf_config", None)
+        self._top_k = int(getattr(hf_text, "num_experts_per_tok", 0) or 0)
+        if self.supports_routed_experts and self._top_k <= 0:
+            self.supports_routed_experts = False  # not an MoE model: refuse the flag instead of failing later
         self._load_task = asyncio.create_task(self._refresh_load(), name="sglang-load")
         log.info("SGLang engine ready in %.1fs: %s", self.startup_s, self.config.model_path)
 
@@ -441,6 +475,8 @@ class SglangEngine(Engine):
             raise InvalidRequestError("rid", req.rid, "already in flight")
         from sglang.srt.managers.io_struct import GenerateReqInput
 
+        if req.score_only:
+            return await self._score(req)
         base = self._sampling(req.sampling)
         flight = self._flights[req.rid] = _Flight()
         parts = _Parts(req.return_logprobs)
@@ -464,7 +500,9 @@ class SglangEngine(Engine):
                     input_ids=[*req.input_ids, *parts.ids],
                     sampling_params=sp,
                     return_logprob=req.return_logprobs,
+                    return_routed_experts=req.return_routed_experts,
                 )
+                seq_len = len(obj.input_ids)
                 flight.task = task = asyncio.ensure_future(self._one(obj))
                 try:
                     out = await asyncio.shield(task)
@@ -479,6 +517,9 @@ class SglangEngine(Engine):
                 except Exception as exc:
                     raise RemoteError(f"SGLang failed the request: {type(exc).__name__}: {exc}") from exc
                 kind = parts.add(out, version)
+                if req.return_routed_experts:
+                    n_out = len(out.get("output_ids") or [])
+                    parts.add_routed(out.get("meta_info", {}), seq_len + n_out, self._top_k)
                 if kind == "abort" and flight.held and not flight.user_aborted:
                     flight.held = False  # checkpointed: continue from its tokens once the gate opens
                     continue
@@ -486,6 +527,57 @@ class SglangEngine(Engine):
         finally:
             if self._flights.get(req.rid) is flight:
                 del self._flights[req.rid]
+
+    async def _score(self, req: GenerateRequest) -> GenerateResult:
+        """Prompt logprobs: a prefill-only request (``max_new_tokens=0``, ``logprob_start_len=0``); SGLang
+        returns ``input_token_logprobs`` as ``(logprob, id, text)``, the first one ``None`` (no context)."""
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        flight = self._flights[req.rid] = _Flight()
+        t0 = time.perf_counter()
+        try:
+            await self._wait_gate(flight)
+            if self._dead is not None:
+                raise EngineDeadError(str(self._dead))
+            flight.sid = uuid.uuid4().hex
+            version = self._weight_version
+            obj = GenerateReqInput(
+                rid=flight.sid,
+                input_ids=list(req.input_ids),
+                sampling_params={"max_new_tokens": 0},
+                return_logprob=True,
+                logprob_start_len=0,
+            )
+            flight.task = task = asyncio.ensure_future(self._one(obj))
+            try:
+                out = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if self._tm is not None:
+                    self._tm.abort_request(rid=flight.sid)
+                task.cancel()
+                raise
+            except ValueError as exc:
+                raise InvalidRequestError("input_ids", f"<{len(req.input_ids)} tokens>", str(exc)) from exc
+            except Exception as exc:
+                raise RemoteError(f"SGLang failed the score request: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if self._flights.get(req.rid) is flight:
+                del self._flights[req.rid]
+        meta = out.get("meta_info", {})
+        entries = list(meta.get("input_token_logprobs") or [])
+        if len(entries) == len(req.input_ids):
+            entries = entries[1:]
+        if len(entries) != len(req.input_ids) - 1 or any(e[0] is None for e in entries):
+            raise RemoteError(f"SGLang returned {len(entries)} prompt logprobs for {len(req.input_ids)} tokens")
+        return GenerateResult(
+            rid=req.rid,
+            output_ids=[],
+            finish_reason="stop",
+            prompt_tokens=len(req.input_ids),
+            weight_version=version,
+            prompt_logprobs=[float(e[0]) for e in entries],
+            timings=Timings(queue_s=float(meta.get("queue_time") or 0.0), total_s=time.perf_counter() - t0),
+        )
 
     async def _one(self, obj: Any) -> dict[str, Any]:
         agen = self._tm.generate_request(obj, None)
@@ -506,6 +598,7 @@ class SglangEngine(Engine):
             logprobs=parts.logprobs,
             matched_stop=parts.matched,
             version_segments=parts.segments,
+            routed_experts=_routed(parts.routed),
             timings=Timings(
                 queue_s=parts.queue_s or 0.0,
                 ttft_s=0.0,
@@ -802,6 +895,18 @@ def _discarded(buckets: list[list[TensorMeta]]) -> list[list[TensorMeta]]:
         [TensorMeta(name=f"rollout_sdk_discarded_{i}_{k}", dtype=m.dtype, shape=m.shape) for k, m in enumerate(b)]
         for i, b in enumerate(buckets)
     ]
+
+
+def _routed(arr: Any) -> RoutedExperts | None:
+    """SGLang's int32 routing as the wire's compact int16 (expert ids are far below 32768)."""
+    if arr is None:
+        return None
+    import numpy as np
+
+    t, layers, k = arr.shape
+    if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int16).max):
+        raise RemoteError(f"routed expert ids outside int16: [{arr.min()}, {arr.max()}]")
+    return RoutedExperts(num_tokens=t, num_layers=layers, top_k=k, data=arr.astype("<i2").tobytes())
 
 
 def _wake(flight: _Flight) -> None:
