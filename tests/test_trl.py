@@ -142,6 +142,7 @@ async def _server_versions(client: Any) -> list[int]:
     return [s.weight_version for s in stats]
 
 
+@pytest.mark.timeout(600)  # real training steps on a shared 2-core machine; the bound only catches a hang
 def test_async_grpo_trainer_on_rollout_sdk(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer, packing
@@ -157,9 +158,9 @@ def test_async_grpo_trainer_on_rollout_sdk(tiny_model: Path, tmp_path: Path, mon
         per_device_train_batch_size=4,
         num_generations=2,
         max_completion_length=8,
-        max_steps=3,
+        max_steps=2,
         learning_rate=0.05,
-        token_budget=1024,
+        token_budget=96,  # one packed micro-batch of ~3 samples: keeps the CPU backward small
         max_staleness=4,
         logging_steps=1,
         report_to="none",
@@ -194,10 +195,10 @@ def test_async_grpo_trainer_on_rollout_sdk(tiny_model: Path, tmp_path: Path, mon
         trainer.train()
         versions = bridge.run(_server_versions)
 
-    assert transfer.version == 1 + 3  # the cold sync, then one per step
+    assert transfer.version == 1 + 2  # the cold sync, then one per step
     assert trainer.model_version == transfer.version
     assert versions == [transfer.version]
     assert transfer.last_update  # timings of the last broadcast
-    assert worker.groups_done >= 3
+    assert worker.groups_done >= 2
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
     assert changed
