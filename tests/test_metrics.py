@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import queue
 import subprocess
@@ -233,3 +234,37 @@ def _read_until(proc: subprocess.Popen[str], prefix: str, timeout: float) -> lis
         if line.startswith(prefix):
             return seen
     raise RuntimeError(f"no {prefix!r} line; output:\n{''.join(seen)}")
+
+
+@pytest.mark.slow
+def test_torchrun_launch_serves_metrics_per_rank(tmp_path: Path, sdk_home: Path) -> None:
+    """``--metrics-port 0`` under torchrun: each serving rank publishes its endpoint in the store."""
+    report = tmp_path / "report.json"
+    env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(ROOT / "tests" / "jobs" / "metrics_job.py"),
+            "--engine",
+            "fake",
+            "--metrics-port",
+            "0",
+            "--report",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads(report.read_text())
+    assert sorted(got) == ["dp0", "dp1"]
+    assert all(v["url"].startswith("http://127.0.0.1:") and v["url"].endswith("/metrics") for v in got.values())
+    assert sum(v["completed"] for v in got.values()) == 10
