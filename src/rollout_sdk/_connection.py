@@ -12,7 +12,12 @@ Each connection runs three loops (under the client's supervisor task group)::
 
 Marking a server dead fails every future waiting on it at once with ServerUnavailableError, so no
 ``await`` outlives its server.  A dead server that answers a heartbeat again (same process, reconnected)
-is taken back.
+is taken back.  A heartbeat answered by a *different* process at the same address (a new
+``incarnation``: the server was restarted on its old port) is not: this connection stays dead, marked
+``replaced``, and ``on_replaced`` tells the client, which admits the newcomer as a new member.
+
+Membership state, besides alive/dead: ``admitted`` (the client routes to it only once it serves the
+client's weight version; ``admission`` says why not) and ``removing`` (``remove_server``: no new work).
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class ServerConnection:
         on_change: Callable[[ServerConnection], Any],
         heartbeat_interval_s: float,
         heartbeat_timeout_s: float,
+        on_replaced: Callable[[ServerConnection], Any] | None = None,
     ) -> None:
         self.index = index
         self.address = address
@@ -74,6 +80,15 @@ class ServerConnection:
         self.alive = False
         self.dead_reason = "not connected yet"
         self.draining = False
+        #: routed to only while admitted (it serves the client's weight version); why not, when not
+        self.admitted = True
+        self.admission = ""
+        #: remove_server() was called: no new work
+        self.removing = False
+        #: a new process answered at this address; this connection is retired for good
+        self.replaced = False
+        #: the weight version the server last reported (Pong or control reply)
+        self.reported_version = 0
         # live load
         self.in_flight = 0
         self.outstanding_tokens = 0
@@ -89,6 +104,8 @@ class ServerConnection:
         self._pending: dict[str, asyncio.Future[GenerateResult]] = {}
         self._calls: dict[str, asyncio.Future[ControlReply]] = {}
         self._on_change = on_change
+        self._on_replaced = on_replaced
+        self._idle: asyncio.Event | None = None
         self._hb_interval = heartbeat_interval_s
         self._hb_timeout = heartbeat_timeout_s
         self._last_pong = time.monotonic()
@@ -105,8 +122,12 @@ class ServerConnection:
         return self.info.server_id if self.info is not None else self.address
 
     @property
+    def incarnation(self) -> str:
+        return self.info.incarnation if self.info is not None else ""
+
+    @property
     def accepting(self) -> bool:
-        return self.alive and not self.draining
+        return self.alive and self.admitted and not self.draining and not self.removing
 
     @property
     def load(self) -> int:
@@ -197,10 +218,24 @@ class ServerConnection:
         reply = await self._call(GetInfo(call_id=self.next_call_id()), max(0.1, deadline - time.monotonic()))
         assert reply.info is not None
         self.info = reply.info
+        self.reported_version = reply.info.weight_version
         self.alive = True
         self.dead_reason = ""
         self._last_pong = time.monotonic()
         return reply.info
+
+    async def wait_idle(self) -> None:
+        """Until none of this client's requests is in flight here (or the server is dead)."""
+        while self.in_flight > 0 and self.alive:
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            await self._idle.wait()
+
+    def notify_idle(self) -> None:
+        """Wake :meth:`wait_idle` (the scheduler calls it when ``in_flight`` drops to 0)."""
+        if self._idle is not None:
+            self._idle.set()
+            self._idle = None
 
     # -- health --------------------------------------------------------------------------------------
 
@@ -226,10 +261,11 @@ class ServerConnection:
         for pfut in pings.values():
             if not pfut.done():
                 pfut.set_exception(err)
+        self.notify_idle()
         self._on_change(self)
 
     def _revive(self) -> None:
-        if not self.alive and self.info is not None:
+        if not self.alive and self.info is not None and not self.replaced:
             log.info("server %s (%s) is back", self.server_id, self.address)
             self.alive = True
             self.dead_reason = ""
@@ -271,6 +307,8 @@ class ServerConnection:
                 if pfut is not None and not pfut.done():
                     pfut.set_result(stats)
             case ControlReply(call_id=call_id):
+                if msg.weight_version is not None and msg.info is None:
+                    self.reported_version = msg.weight_version
                 cfut = self._calls.pop(call_id, None)
                 if cfut is not None and not cfut.done():
                     cfut.set_result(msg)
@@ -290,7 +328,20 @@ class ServerConnection:
             self.mark_dead(f"engine died: {msg.message}", exc)
 
     def _on_pong(self, stats: ServerStats) -> None:
+        if self.replaced:
+            return
+        if stats.incarnation and self.info is not None and stats.incarnation != self.info.incarnation:
+            # another process answers at this address: the server we knew is gone for good
+            self.replaced = True
+            reason = f"replaced by a new server process ({stats.incarnation}) at this address"
+            self.mark_dead(reason)
+            self.dead_reason = reason
+            if self._on_replaced is not None:
+                self._on_replaced(self)
+            return
         self._last_pong = time.monotonic()
+        moved = stats.weight_version != self.reported_version
+        self.reported_version = stats.weight_version
         self.stats = stats
         self.external = max(0, stats.in_flight - len(self._pending))
         self.draining = stats.draining
@@ -298,6 +349,8 @@ class ServerConnection:
             self.mark_dead("engine died", EngineDeadError(f"the engine of server {self.server_id} died"))
         elif not self.alive:
             self._revive()
+        elif moved and not self.admitted:
+            self._on_change(self)  # it may now serve the client's version
 
     async def _heartbeat(self) -> None:
         while True:

@@ -83,6 +83,8 @@ class _Readiness:
     def recheck(self) -> int:
         """Read EVENTS (which may consume the descriptor's signal) and re-arm the waiter if needed."""
         self._recheck_pending = False
+        if self._sock.closed:  # a recheck scheduled by a last send (an Abort) before close
+            return 0
         events: int = self._sock.getsockopt(_EVENTS)  # type: ignore[assignment]
         if events & _POLLIN:
             self._event.set()

@@ -106,7 +106,7 @@ class ClientMetrics(Collector):
         self._updates: dict[tuple[str, str], int] = {}
         self._tools: dict[tuple[str, str], int] = {}
         self._known_tools: set[str] = set()
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry(auto_describe=False)  # no collect() at registration
         self.registry.register(self)
 
     def _histogram(self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
@@ -259,7 +259,7 @@ class ServerMetrics(Collector):
             registry=None,
             buckets=CONTROL_BUCKETS,
         )
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry(auto_describe=False)  # no collect() at registration
         self.registry.register(self)
 
     def attach(self, server_id: str, stats: Callable[[], ServerStats]) -> None:

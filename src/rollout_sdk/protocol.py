@@ -282,6 +282,8 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     routed_experts: RoutedExperts | None = None
     #: filled by the client: when and where the request ran
     lifecycle: Lifecycle | None = None
+    #: the server process that ran it (a restarted server has a new one; see ServerInfo.incarnation)
+    incarnation: str = ""
 
     @property
     def num_output_tokens(self) -> int:
@@ -316,6 +318,8 @@ class ServerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     paused: bool = False
     draining: bool = False
     kv_usage: float | None = None
+    #: which process this is: a server restarted at the same address answers with a new one
+    incarnation: str = ""
 
 
 class Pong(msgspec.Struct, tag="pong", frozen=True):
@@ -343,6 +347,8 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     weight_version: int = 0
     pid: int = 0
     host: str = ""
+    #: random per server start: ``server_id`` names the slot (``dp0``), this names the process in it
+    incarnation: str = ""
 
 
 # -- control ---------------------------------------------------------------------------------------

@@ -20,8 +20,13 @@ Concurrency (everything on the client's event loop; no thread, no lock)::
       └─ release() ......... frees the slot, wakes the first waiter
 
 Placement: a request with a ``session_id`` goes back to the server that served the session before
-(prefix cache) unless that server's load exceeds ``(1 + affinity_margin) * min_load + affinity_slack``;
-then the session moves to the server the policy picks.  Everything else goes where the policy says.
+(prefix cache) unless that server's load exceeds ``(1 + affinity_margin) * min_load + affinity_slack``
+or it no longer takes work (dead, removed, waiting for weights); then the session moves to the server the
+policy picks, once, and the move is counted (``sessions_moved``, and the prompt tokens whose cached prefix
+stays behind, ``prefix_tokens_lost``).  Everything else goes where the policy says.
+
+The server set changes at run time (``add`` / ``remove``): a request only ever sees the servers that take
+work at the moment it is placed.
 """
 
 from __future__ import annotations
@@ -99,11 +104,21 @@ class Scheduler:
         self.retried = 0
         #: called with every result (its ``lifecycle`` filled), e.g. by the client's metrics
         self.on_result: Callable[[GenerateResult], None] | None = None
+        self.sessions_moved = 0
+        self.prefix_tokens_lost = 0
 
     # -- server set --------------------------------------------------------------------------------
 
     def add(self, conn: ServerConnection) -> None:
         self.servers.append(conn)
+        self.on_server_change(conn)
+
+    def remove(self, conn: ServerConnection) -> None:
+        """Forget a server (its sessions move at their next request)."""
+        if conn in self.servers:
+            self.servers.remove(conn)
+        for w in self._waiters:  # re-check: it may have been the last one
+            w.event.set()
 
     def on_server_change(self, conn: ServerConnection) -> None:
         """A server died or came back: let waiters re-check (and fail if nothing is left)."""
@@ -179,15 +194,20 @@ class Scheduler:
             if conn.load <= (1.0 + cfg.affinity_margin) * floor + cfg.affinity_slack:
                 sessions.move_to_end(sid)
                 return conn
-        conn = self.policy.choose(free, req)
-        sessions[sid] = conn
+        chosen = self.policy.choose(free, req)
+        if conn is not None and conn is not chosen:
+            self.sessions_moved += 1
+            self.prefix_tokens_lost += len(req.input_ids)
+        sessions[sid] = chosen
         sessions.move_to_end(sid)
         if len(sessions) > self.config.max_sessions:
             sessions.popitem(last=False)
-        return conn
+        return chosen
 
     def release(self, conn: ServerConnection, req: GenerateRequest) -> None:
         conn.in_flight -= 1
+        if conn.in_flight == 0:
+            conn.notify_idle()
         conn.outstanding_tokens -= len(req.input_ids) + req.sampling.max_new_tokens
         self._wake_next()
 
@@ -204,7 +224,7 @@ class Scheduler:
     def _no_servers_message(self) -> str:
         if not self.servers:
             return "no servers configured"
-        reasons = "; ".join(f"{s.address}: {s.dead_reason or 'draining'}" for s in self.servers)
+        reasons = "; ".join(f"{s.address}: {_why_not(s)}" for s in self.servers)
         return f"no live server left ({reasons})"
 
     # -- one request -------------------------------------------------------------------------------
@@ -287,3 +307,13 @@ def _lifecycle(
         attempts=attempts,
         failed_over_from=failed_over_from,
     )
+
+
+def _why_not(s: ServerConnection) -> str:
+    if not s.alive:
+        return s.dead_reason
+    if s.removing:
+        return "being removed"
+    if not s.admitted:
+        return s.admission or "not admitted"
+    return "draining"

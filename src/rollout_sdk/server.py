@@ -137,6 +137,8 @@ class EngineServer:
         self.server_id = self.config.server_id or f"srv-{uuid.uuid4().hex[:8]}"
         #: Prometheus metrics this server reports into while it serves (docs/observability.md)
         self.metrics = metrics
+        #: this start of the server; clients treat a new incarnation at a known address as a new member
+        self.incarnation = uuid.uuid4().hex[:12]
         self.address = ""
         self._flights: dict[str, _Flight] = {}  # engine rid -> flight
         self._by_client: dict[tuple[bytes, str], str] = {}  # (ident, client rid) -> engine rid
@@ -243,6 +245,7 @@ class EngineServer:
             paused=self.engine.paused,
             draining=self._draining,
             kv_usage=load.kv_usage,
+            incarnation=self.incarnation,
         )
 
     def info(self) -> ServerInfo:
@@ -256,6 +259,7 @@ class EngineServer:
             weight_version=self.engine.weight_version,
             pid=os.getpid(),
             host=self.address,
+            incarnation=self.incarnation,
         )
 
     # -- loops -------------------------------------------------------------------------------------
@@ -348,7 +352,9 @@ class EngineServer:
         reply: msgspec.Struct
         try:
             result: GenerateResult = await self.engine.generate(req)
-            reply = msgspec.structs.replace(result, rid=flight.rid, server_id=self.server_id)
+            reply = msgspec.structs.replace(
+                result, rid=flight.rid, server_id=self.server_id, incarnation=self.incarnation
+            )
             if self.metrics is not None:
                 self.metrics.observe_result(self.server_id, result)
             if result.finish_reason == "abort":

@@ -54,6 +54,8 @@ class FakeEngineConfig:
     max_batch: int = 256
     #: fail start() with this message (tests of start-up failure)
     fail_start: str | None = None
+    #: fault injection: the engine dies (kill()) once it has accepted this many requests
+    die_after_requests: int | None = None
     #: named weights and their sizes, for update_weights checks
     weight_shapes: dict[str, tuple[int, ...]] = field(default_factory=lambda: {"w": (4,)})
 
@@ -155,6 +157,10 @@ class FakeEngine(Engine):
         fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
         r = _Req(req, self._target(req), fut)
         self._reqs[req.rid] = r
+        limit = self.config.die_after_requests
+        if limit is not None and len(self.requests_seen) >= limit:
+            self.kill(f"fault injection: died after {limit} requests")
+            return await fut
         if self.gate is not None and not self.gate.is_set():
             gate_task: asyncio.Future[Any] = asyncio.ensure_future(self.gate.wait())
             try:

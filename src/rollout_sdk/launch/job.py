@@ -16,7 +16,14 @@ TP members other than the leader hold no engine: they stay in the process group 
 weight sync) and wait for shutdown without blocking anything.  A rank that dies makes torchrun stop the
 others and exit non-zero, naming the rank (torchrun's own failure handling; the entry is wrapped in
 ``@record`` so the error summary carries the traceback).  An engine that dies inside a live server does not
-end the job: the server keeps answering EngineDeadError and clients route around it.
+end the job: the TP leader rebuilds it in place (same process, same process group) up to
+``max_engine_restarts`` times and registers the new server, which clients add by themselves
+(``StoreDiscovery.watch``) once it serves their weights; past the bound the server keeps answering
+EngineDeadError and clients route around it::
+
+    TP leader ... engine keeper: waits on the engine's death (engine.wait_dead)
+                  then: closes the server (its requests fail over), builds a new engine and server on a
+                  new port, registers it ({p}/server/<dp>, {p}/member/<k>); bound: max_engine_restarts
 """
 
 from __future__ import annotations
@@ -29,8 +36,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
+from .._aio import cancel_and_wait
 from .._transport import local_ip
 from ..engines.base import Engine
 from ..engines.cpu import CpuEngineConfig
@@ -39,7 +45,15 @@ from ..errors import ConfigError
 from ..launch_env import ENV_NUM_SERVERS, ENV_PREFIX, ENV_STORE
 from ..metrics import MetricsEndpoint, ServerMetrics, start_metrics_endpoint
 from ..server import EngineServer, ServerConfig
-from .discovery import ROOT, ServerRecord, StoreKeys, connect_store, in_daemon_thread, wait_keys
+from .discovery import (
+    ROOT,
+    ServerRecord,
+    StoreKeys,
+    connect_store,
+    in_daemon_thread,
+    register_server,
+    wait_keys,
+)
 from .layout import Layout
 
 __all__ = ["LaunchConfig", "run_job"]
@@ -74,8 +88,12 @@ class LaunchConfig:
     #: serve Prometheus /metrics on every serving rank (None: off; 0: a free port, published in the
     #: server's store record; N: port N + the rank's local rank)
     metrics_port: int | None = None
+    #: times a TP leader rebuilds its engine after it dies (0: never; the server then answers engine_dead)
+    max_engine_restarts: int = 3
 
     def __post_init__(self) -> None:
+        if self.max_engine_restarts < 0:
+            raise ConfigError("max_engine_restarts", self.max_engine_restarts, "must be >= 0")
         if self.engine not in ("cpu", "sglang", "fake"):
             raise ConfigError("engine", self.engine, "must be 'cpu', 'sglang' or 'fake'")
         if self.dist_backend not in ("gloo", "nccl"):
@@ -150,6 +168,8 @@ class _RankJob:
         self.keys = StoreKeys(f"{cfg.store_prefix}/a{restart}")
         self.server: EngineServer | None = None
         self.metrics_endpoint: MetricsEndpoint | None = None
+        self._server_metrics: ServerMetrics | None = None  # one per rank, kept across engine restarts
+        self.engine_restarts = 0
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -177,9 +197,11 @@ class _RankJob:
         # also ends its own wait.
         watcher = asyncio.create_task(in_daemon_thread(self._watch_shutdown), name="shutdown-watch")
         code = 0
+        keeper: asyncio.Task[None] | None = None
         try:
             if layout.is_leader:
                 await self._start_server()
+                keeper = asyncio.create_task(self._keep_engine(), name="engine-keeper")
             driver: asyncio.Task[Any] | None = None
             if layout.is_driver and main is not None:
                 os.environ[ENV_STORE] = self.store_address
@@ -200,6 +222,8 @@ class _RankJob:
                     log.exception("the driver failed")
                     code = 1
         finally:
+            if keeper is not None:
+                await cancel_and_wait(keeper)
             if not self.store.check([self.keys.shutdown]):
                 await asyncio.to_thread(
                     self.store.set, self.keys.shutdown, f"rank {layout.rank}: {self._stop_reason or 'stopped'}"
@@ -229,18 +253,36 @@ class _RankJob:
             return ""
         host = f"[{advertise}]" if ":" in advertise else advertise
         return f"http://{host}:{self.metrics_endpoint.port}/metrics"
+    async def _keep_engine(self) -> None:
+        """Rebuild this rank's engine in place when it dies, at most ``max_engine_restarts`` times."""
+        while True:
+            assert self.server is not None
+            exc = await self.server.engine.wait_dead()
+            if self.engine_restarts >= self.cfg.max_engine_restarts:
+                log.error(
+                    "dp %d: engine died (%s) after %d restart(s); not restarting again (max_engine_restarts=%d)",
+                    self.layout.dp_rank, exc, self.engine_restarts, self.cfg.max_engine_restarts,
+                )
+                return
+            self.engine_restarts += 1
+            log.warning(
+                "dp %d: engine died (%s); restarting it (%d of %d)",
+                self.layout.dp_rank, exc, self.engine_restarts, self.cfg.max_engine_restarts,
+            )
+            old, self.server = self.server, None
+            await old.aclose()  # its requests are answered (engine_dead); clients fail them over
+            await self._start_server()
 
     async def _start_server(self) -> None:
         layout, cfg = self.layout, self.cfg
         host = cfg.host or ("0.0.0.0" if layout.nnodes > 1 else "127.0.0.1")
         advertise = cfg.advertise_host or (local_ip() if host in ("0.0.0.0", "*") else host)
         engine = make_engine(cfg, self.engines, layout)
-        metrics = None
-        if cfg.metrics_port is not None:
-            metrics = ServerMetrics()
+        if cfg.metrics_port is not None and self._server_metrics is None:
+            self._server_metrics = ServerMetrics()
             port = cfg.metrics_port + layout.local_rank if cfg.metrics_port > 0 else 0
             self.metrics_endpoint = await asyncio.to_thread(
-                start_metrics_endpoint, metrics.registry, host=host, port=port
+                start_metrics_endpoint, self._server_metrics.registry, host=host, port=port
             )
         self.server = EngineServer(
             engine,
@@ -252,7 +294,7 @@ class _RankJob:
                 dp_rank=layout.dp_rank,
                 tp_size=layout.tp,
             ),
-            metrics=metrics,
+            metrics=self._server_metrics,
         )
         await self.server.__aenter__()
         record = ServerRecord(
@@ -265,6 +307,7 @@ class _RankJob:
             backend=engine.backend,
             model=engine.model_name,
             metrics_url=self._metrics_url(advertise),
+            incarnation=self.server.incarnation,
         )
-        await asyncio.to_thread(self.store.set, self.keys.server(layout.dp_rank), msgspec.msgpack.encode(record))
+        await asyncio.to_thread(register_server, self.store, self.keys, record)
         log.info("dp %d serving at %s", layout.dp_rank, self.server.address)
