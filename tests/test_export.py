@@ -149,3 +149,22 @@ async def test_demo_writes_trajectories(tmp_path: Path, tiny_model: Path) -> Non
         assert len(t.response_ids) == len(t.logprobs) == len(t.loss_mask) > 0
         assert t.lifecycles and t.lifecycles[0].server_id.startswith("embedded")
         assert t.weight_versions == [(0, len(t.response_ids))]
+
+
+async def test_rollout_trajectories_carry_lifecycles_and_export(fake_servers, tmp_path: Path) -> None:
+    from rollout_sdk import RolloutClient, SamplingParams
+
+    servers = await fake_servers(2)
+    async with RolloutClient([s.address for s in servers]) as client:
+        sp = SamplingParams(max_new_tokens=3, ignore_eos=True)
+        async with client.rollouts([[1, 2, 3], [4, 5]], sampling=sp, group_size=2, batch_groups=2) as stream:
+            batch = await anext(aiter(stream))
+    trajs = batch.trajectories
+    assert len(trajs) == 4
+    for t in trajs:
+        assert len(t.lifecycles) == 1
+        lc = t.lifecycles[0]
+        assert lc.server_id in ("fake-0", "fake-1") and lc.queued_at <= lc.dispatched_at <= lc.finished_at
+    path = tmp_path / "batch.jsonl"
+    assert write_jsonl(trajs, path) == 4
+    assert read_jsonl(path) == trajs

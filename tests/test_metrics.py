@@ -268,3 +268,19 @@ def test_torchrun_launch_serves_metrics_per_rank(tmp_path: Path, sdk_home: Path)
     assert sorted(got) == ["dp0", "dp1"]
     assert all(v["url"].startswith("http://127.0.0.1:") and v["url"].endswith("/metrics") for v in got.values())
     assert sum(v["completed"] for v in got.values()) == 10
+
+
+async def test_agent_tool_calls_land_in_the_client_metrics(fake_servers, tiny_model: Path) -> None:
+    from rollout_sdk.agents import AgentConfig, RolloutContext, ToolAgent
+    from rollout_sdk.models import load_tokenizer
+    from test_agents import USER, Script, _client, call, registry
+
+    tok = load_tokenizer(str(tiny_model))
+    script = Script(tok, [call("add", a=1, b=2), call("divide", a=1, b=2), "12"])
+    client, _ = await _client(fake_servers, script)
+    async with client:
+        traj = await ToolAgent(tok, registry(), AgentConfig()).run(RolloutContext(client), USER)
+        fams = {f.name: f for f in client.metrics.registry.collect()}
+    assert [c.name for t in traj.turns for c in t.tool_calls] == ["add", "divide"]
+    calls = {tuple(sorted(s.labels.items())): s.value for s in fams["rollout_agent_tool_calls"].samples}
+    assert calls == {(("outcome", "ok"), ("tool", "add")): 1, (("outcome", "unknown_tool"), ("tool", "<unknown>")): 1}
