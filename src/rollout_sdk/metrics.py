@@ -17,20 +17,26 @@ durations are observed into histograms as they happen.  Every name follows Prome
 per second is ``rate(rollout_client_output_tokens_total[1m])``.
 
 Concurrency: observations happen on the owner's event loop; scrapes run on the HTTP endpoint's thread.
-Histograms are prometheus-client's (thread-safe); the stats snapshots read plain ints and lists that the
-event loop mutates, which under the GIL gives a consistent-enough view for monitoring (never for control).
+Histograms are bucketed here (:class:`_Histogram`, ~0.5 us an observation against ~7 us for
+prometheus-client's ``Histogram.observe`` measured on the dev machine, and a request makes three) and exposed
+through prometheus-client's ``HistogramMetricFamily``.  A scrape copies the counts it reads, so one
+exposition is consistent (``_count`` equals the ``+Inf`` bucket); ``_sum`` may lag by the observation in
+progress.  The stats snapshots read plain ints and lists that the event loop mutates, which under the GIL
+gives a consistent-enough view for monitoring (never for control).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import math
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .protocol import GenerateResult, ServerStats
@@ -58,6 +64,37 @@ UNKNOWN_TOOL = "<unknown>"
 _MAX_TOOL_LABELS = 256
 
 
+class _Histogram:
+    """A labelled histogram with fixed buckets: ``observe`` is a bisect and two additions."""
+
+    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...], buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.doc = doc
+        self.labelnames = list(labelnames)
+        self.bounds = tuple(buckets)
+        self._series: dict[tuple[str, ...], list[float]] = {}  # labels -> [count per bucket..., +Inf, sum]
+
+    def observe(self, value: float, *labels: str) -> None:
+        if not math.isfinite(value):
+            return
+        series = self._series.get(labels)
+        if series is None:
+            series = self._series[labels] = [0.0] * (len(self.bounds) + 2)
+        series[bisect.bisect_left(self.bounds, value)] += 1
+        series[-1] += value
+
+    def collect(self) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
+        for labels, series in list(self._series.items()):
+            snap = list(series)
+            cumulative, buckets = 0.0, []
+            for bound, n in zip((*self.bounds, math.inf), snap[:-1], strict=True):
+                cumulative += n
+                buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
+            fam.add_metric(list(labels), buckets, sum_value=snap[-1])
+        return fam
+
+
 def render_metrics(*registries: CollectorRegistry) -> tuple[bytes, str]:
     """The text exposition of ``registries`` and its content type: what a ``/metrics`` handler returns."""
     return b"".join(generate_latest(r) for r in registries), CONTENT_TYPE_LATEST
@@ -72,7 +109,7 @@ class ClientMetrics(Collector):
 
     def __init__(self, snapshot: Callable[[], tuple[ClientStats, int]]) -> None:
         self._snapshot = snapshot
-        self._hist: list[Histogram] = []
+        self._hist: list[_Histogram] = []
         self.request_duration = self._histogram(
             "rollout_client_request_duration_seconds",
             "Dispatch to reply of requests that got a result, per server (client clock).",
@@ -109,8 +146,8 @@ class ClientMetrics(Collector):
         self.registry = CollectorRegistry(auto_describe=False)  # no collect() at registration
         self.registry.register(self)
 
-    def _histogram(self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
-        h = Histogram(name, doc, labels, registry=None, buckets=buckets)
+    def _histogram(self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> _Histogram:
+        h = _Histogram(name, doc, labels, buckets)
         self._hist.append(h)
         return h
 
@@ -120,7 +157,7 @@ class ClientMetrics(Collector):
         """A request finished with a result (also an abort result)."""
         lc = result.lifecycle
         if lc is not None:
-            self.request_duration.labels(lc.server_id or "?").observe(max(0.0, lc.finished_at - lc.dispatched_at))
+            self.request_duration.observe(max(0.0, lc.finished_at - lc.dispatched_at), lc.server_id or "?")
             self.queue_wait.observe(max(0.0, lc.dispatched_at - lc.queued_at))
             if lc.first_token_at is not None:
                 self.ttft.observe(max(0.0, lc.first_token_at - lc.dispatched_at))
@@ -130,7 +167,7 @@ class ClientMetrics(Collector):
 
     def observe_weight_update(self, method: str, seconds: float, *, ok: bool) -> None:
         if ok:
-            self.weight_update_duration.labels(method).observe(seconds)
+            self.weight_update_duration.observe(seconds, method)
         key = (method, "ok" if ok else "error")
         with self._lock:
             self._updates[key] = self._updates.get(key, 0) + 1
@@ -143,7 +180,7 @@ class ClientMetrics(Collector):
             tool = UNKNOWN_TOOL
         else:
             self._known_tools.add(tool)
-        self.tool_duration.labels(tool).observe(seconds)
+        self.tool_duration.observe(seconds, tool)
         key = (tool, error_kind or "ok")
         with self._lock:
             self._tools[key] = self._tools.get(key, 0) + 1
@@ -216,7 +253,7 @@ class ClientMetrics(Collector):
             calls.add_metric([tool, outcome], n)
         yield calls
         for h in self._hist:
-            yield from h.collect()
+            yield h.collect()
 
 
 class ServerMetrics(Collector):
@@ -231,33 +268,29 @@ class ServerMetrics(Collector):
         self._lock = threading.Lock()
         self._tokens: dict[str, list[int]] = {}  # server -> [prompt, output]
         self._control_errors: dict[tuple[str, str], int] = {}
-        self.request_duration = Histogram(
+        self.request_duration = _Histogram(
             "rollout_server_request_duration_seconds",
             "Receipt to reply of requests, measured by the server.",
             ("server",),
-            registry=None,
-            buckets=LATENCY_BUCKETS,
+            LATENCY_BUCKETS,
         )
-        self.queue_duration = Histogram(
+        self.queue_duration = _Histogram(
             "rollout_server_queue_duration_seconds",
             "Time requests waited inside the engine before their first step.",
             ("server",),
-            registry=None,
-            buckets=LATENCY_BUCKETS,
+            LATENCY_BUCKETS,
         )
-        self.ttft = Histogram(
+        self.ttft = _Histogram(
             "rollout_server_time_to_first_token_seconds",
             "Receipt to first token, for engines that report it.",
             ("server",),
-            registry=None,
-            buckets=LATENCY_BUCKETS,
+            LATENCY_BUCKETS,
         )
-        self.control_duration = Histogram(
+        self.control_duration = _Histogram(
             "rollout_server_control_duration_seconds",
             "Control calls that succeeded (weight updates, pause, memory), by operation.",
             ("server", "operation"),
-            registry=None,
-            buckets=CONTROL_BUCKETS,
+            CONTROL_BUCKETS,
         )
         self.registry = CollectorRegistry(auto_describe=False)  # no collect() at registration
         self.registry.register(self)
@@ -273,10 +306,10 @@ class ServerMetrics(Collector):
 
     def observe_result(self, server_id: str, result: GenerateResult) -> None:
         t = result.timings
-        self.request_duration.labels(server_id).observe(t.total_s)
-        self.queue_duration.labels(server_id).observe(t.queue_s)
+        self.request_duration.observe(t.total_s, server_id)
+        self.queue_duration.observe(t.queue_s, server_id)
         if t.ttft_s > 0:
-            self.ttft.labels(server_id).observe(t.ttft_s)
+            self.ttft.observe(t.ttft_s, server_id)
         with self._lock:
             counts = self._tokens.setdefault(server_id, [0, 0])
             counts[0] += result.prompt_tokens
@@ -284,7 +317,7 @@ class ServerMetrics(Collector):
 
     def observe_control(self, server_id: str, operation: str, seconds: float, *, ok: bool) -> None:
         if ok:
-            self.control_duration.labels(server_id, operation).observe(seconds)
+            self.control_duration.observe(seconds, server_id, operation)
         else:
             with self._lock:
                 key = (server_id, operation)
@@ -346,7 +379,7 @@ class ServerMetrics(Collector):
             errs.add_metric([sid, op], n)
         yield errs
         for h in (self.request_duration, self.queue_duration, self.ttft, self.control_duration):
-            yield from h.collect()
+            yield h.collect()
 
 
 # -- the HTTP endpoint ------------------------------------------------------------------------------
