@@ -65,6 +65,7 @@ class _CheckedRolloutFunc(GRPORolloutFunc):
         return out
 
 
+@pytest.mark.timeout(600)  # real training steps on a shared 2-core machine; the bound only catches a hang
 def test_grpo_trainer_generates_through_rollout_sdk(tiny_model: Path, tmp_path: Path) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
