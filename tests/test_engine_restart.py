@@ -7,10 +7,10 @@ import asyncio
 import collections
 
 import pytest
-from test_launch import _start_service, tag  # noqa: F401  (tag is a fixture)
 
 from rollout_sdk import RolloutClient, SamplingParams
 from rollout_sdk.launch import StoreDiscovery
+from test_launch import _start_service, tag  # noqa: F401  (tag is a fixture)
 
 pytestmark = pytest.mark.slow
 

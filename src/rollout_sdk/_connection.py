@@ -101,6 +101,8 @@ class ServerConnection:
         self.failed_over = 0
         self.latencies: collections.deque[float] = collections.deque(maxlen=4096)
         self.stats: ServerStats | None = None
+        self._stats_at: float | None = None
+        self._last_refresh = 0.0
         self._pending: dict[str, asyncio.Future[GenerateResult]] = {}
         self._calls: dict[str, asyncio.Future[ControlReply]] = {}
         self._on_change = on_change
@@ -299,6 +301,7 @@ class ServerConnection:
                 fut = self._pending.pop(rid, None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
+                self._refresh_if_idle()
             case ErrorReply():
                 self._dispatch_error(msg)
             case Pong(seq=seq, stats=stats):
@@ -322,6 +325,8 @@ class ServerConnection:
             target = self._calls.pop(msg.call_id, None)
         if target is not None and not target.done():
             target.set_exception(exc)
+        if msg.rid is not None:
+            self._refresh_if_idle()
         elif msg.rid is None and msg.call_id is None:
             log.error("server %s reported: [%s] %s", self.server_id, msg.code, msg.message)
         if isinstance(exc, EngineDeadError):
@@ -343,7 +348,9 @@ class ServerConnection:
         moved = stats.weight_version != self.reported_version
         self.reported_version = stats.weight_version
         self.stats = stats
-        self.external = max(0, stats.in_flight - len(self._pending))
+        self._stats_at = time.monotonic()
+        # both counts from the same snapshot: our own replies still in transit are not someone else's load
+        self.external = max(0, stats.in_flight - stats.client_in_flight)
         self.draining = stats.draining
         if not stats.engine_alive:
             self.mark_dead("engine died", EngineDeadError(f"the engine of server {self.server_id} died"))
@@ -351,6 +358,29 @@ class ServerConnection:
             self._revive()
         elif moved and not self.admitted:
             self._on_change(self)  # it may now serve the client's version
+
+    @property
+    def stats_age_s(self) -> float | None:
+        """Seconds since ``stats`` arrived (None before the first Pong)."""
+        return None if self._stats_at is None else time.monotonic() - self._stats_at
+
+    def _refresh_if_idle(self) -> None:
+        """Our last request here just ended: ask for fresh stats now rather than at the next heartbeat, so
+        a server seen busy does not look busy for a heartbeat interval after it went idle.  At most one such
+        Ping per 50 ms (a request-at-a-time caller would otherwise send one per request)."""
+        if self._pending or not self.alive or self.stats is None:
+            return
+        if not (self.stats.in_flight or self.stats.running or self.stats.queued):
+            return
+        now = time.monotonic()
+        if now - self._last_refresh < 0.05:
+            return
+        self._last_refresh = now
+        self._ping_seq += 1
+        try:
+            self.channel.send(encode(Ping(self._ping_seq)))
+        except ServerUnavailableError:
+            pass
 
     async def _heartbeat(self) -> None:
         while True:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from . import _transport
-from ._aio import cancel_and_wait
+from ._aio import await_unless, cancel_and_wait, ended_with
 from ._connection import ServerConnection
 from ._control import WeightSync, broadcast_control, update_weights_ipc
 from ._stream import Prompt, ResultStream
@@ -140,6 +140,13 @@ class ServerStatus(msgspec.Struct, frozen=True, kw_only=True):
     failed_over: int
     weight_version: int
     latency_p50_s: float | None
+    #: capacity and KV use as the engine reports them (ServerStats documents each); None: unknown / no limit
+    engine_max_running: int | None = None
+    engine_kv_capacity_tokens: int | None = None
+    engine_kv_used_tokens: int | None = None
+    engine_kv_usage: float | None = None
+    #: seconds since these engine numbers arrived (the last Pong); None before the first
+    stats_age_s: float | None = None
 
 
 class ClientStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -261,12 +268,9 @@ class RolloutClient:
         for addr in addresses:
             self._scheduler.add(self._new_connection(addr))
         ready = asyncio.Event()
-        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(ready), name="rollout-client")
-        waiter = asyncio.ensure_future(ready.wait())
-        await asyncio.wait([waiter, self._supervisor], return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if self._supervisor.done():
-            self._supervisor.result()
+        sup = self._supervisor = asyncio.get_running_loop().create_task(self._supervise(ready), name="rollout-client")
+        stopped = ClientStateError("the client's supervisor stopped before it was ready")
+        await await_unless(ready.wait(), sup, error=lambda: ended_with(sup, stopped))
         await asyncio.gather(*(c.handshake(cfg.connect_timeout_s) for c in self._scheduler.servers))
         # the servers found at open define the fleet's weights; later members must match them
         self.weight_version = max([self.weight_version, *(c.reported_version for c in self._scheduler.servers)])
@@ -574,8 +578,13 @@ class RolloutClient:
                 await self._retire(old, f"replaced by {conn.address} ({conn.incarnation})")
         self._admit(conn)
         self._scheduler.add(conn)
-        log.info("server %s (%s, %s) joined: %s", conn.server_id, address, conn.incarnation,
-                 "admitted" if conn.admitted else conn.admission)
+        log.info(
+            "server %s (%s, %s) joined: %s",
+            conn.server_id,
+            address,
+            conn.incarnation,
+            "admitted" if conn.admitted else conn.admission,
+        )
         return conn
 
     async def remove_server(self, address: str, *, drain: bool = True, timeout: float | None = None) -> None:
@@ -598,8 +607,12 @@ class RolloutClient:
                     async with asyncio.timeout(timeout):
                         await conn.wait_idle()
                 except TimeoutError:
-                    log.info("server %s: %d request(s) still running after %ss; moving them",
-                             conn.server_id, conn.in_flight, timeout)
+                    log.info(
+                        "server %s: %d request(s) still running after %ss; moving them",
+                        conn.server_id,
+                        conn.in_flight,
+                        timeout,
+                    )
             await self._retire(conn, "removed from the fleet")
 
     async def _retire(self, conn: ServerConnection, reason: str) -> None:
@@ -800,9 +813,7 @@ class RolloutClient:
         try:
             if method == "distributed":
                 sync = await self._weight_sync_for_members()
-                stats = await sync.update(
-                    named, version=version, bucket_bytes=bucket_bytes, flush_cache=flush_cache
-                )
+                stats = await sync.update(named, version=version, bucket_bytes=bucket_bytes, flush_cache=flush_cache)
             elif method == "ipc":
                 stats = await update_weights_ipc(
                     self._live(), named, version=version, bucket_bytes=bucket_bytes, flush_cache=flush_cache
@@ -869,6 +880,11 @@ class RolloutClient:
             in_flight=c.in_flight,
             engine_running=c.stats.running if c.stats else 0,
             engine_queued=c.stats.queued if c.stats else 0,
+            engine_max_running=c.stats.max_running_requests if c.stats else None,
+            engine_kv_capacity_tokens=c.stats.kv_capacity_tokens if c.stats else None,
+            engine_kv_used_tokens=c.stats.kv_used_tokens if c.stats else None,
+            engine_kv_usage=c.stats.kv_usage if c.stats else None,
+            stats_age_s=c.stats_age_s,
             sent=c.sent,
             completed=c.completed,
             aborted=c.aborted,

@@ -17,7 +17,8 @@
     │   ├── EngineDeadError               the engine died; every request it held fails with this
     │   ├── EngineStartupError            the engine could not start (bad model path, out of memory, TP size)
     │   ├── UnsupportedOperationError     the backend has no such lifecycle hook (e.g. a pinned SGLang lacks it)
-    │   └── EngineBusyError               the operation needs an idle engine (e.g. releasing memory mid-flight)
+    │   ├── EngineBusyError               the operation needs an idle engine (e.g. releasing memory mid-flight)
+    │   └── RequestFailedError            the engine failed this one request; it keeps serving the others
     ├── WeightUpdateError                 a weight update was refused or failed; ``.applied`` says what state
     │                                     the engine was left in
     ├── StalenessError                    work would mix weights more versions apart than its bound allows
@@ -47,6 +48,7 @@ __all__ = [
     "ProtocolError",
     "QueueFullError",
     "RemoteError",
+    "RequestFailedError",
     "RequestTimeoutError",
     "RolloutError",
     "ServerShuttingDownError",
@@ -139,6 +141,11 @@ class EngineBusyError(EngineError):
     """The operation needs an engine with no request in flight."""
 
 
+class RequestFailedError(EngineError):
+    """The engine failed while processing this one request (the request alone, in isolation); the engine
+    is healthy and keeps serving every other request.  Not retried: the same request would fail again."""
+
+
 class WeightUpdateError(RolloutError):
     """A weight update failed.
 
@@ -184,6 +191,7 @@ _CODES: dict[str, type[RolloutError]] = {
     "engine_startup": EngineStartupError,
     "unsupported": UnsupportedOperationError,
     "engine_busy": EngineBusyError,
+    "request_failed": RequestFailedError,
     "shutting_down": ServerShuttingDownError,
     "weight_update": WeightUpdateError,
     "timeout": RequestTimeoutError,

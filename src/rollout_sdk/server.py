@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from . import _transport
+from ._aio import await_unless, ended_with
 from .engines.base import Engine
 from .errors import (
     EngineBusyError,
@@ -53,6 +54,7 @@ from .errors import (
     InvalidRequestError,
     ProtocolError,
     RemoteError,
+    RequestFailedError,
     RolloutError,
     ServerShuttingDownError,
     UnsupportedOperationError,
@@ -209,13 +211,10 @@ class EngineServer:
             if not ready.done():
                 ready.set_result(addr)
 
-        self._runner = loop.create_task(self.serve(on_ready=_ready), name=f"{self.server_id}-serve")
-        both: list[asyncio.Future[Any]] = [ready, self._runner]
-        done, _ = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-        if self._runner in done and not ready.done():
-            ready.cancel()
-            self._runner.result()  # raises the start-up error
-            raise RemoteError("server stopped before it was ready")
+        runner = self._runner = loop.create_task(self.serve(on_ready=_ready), name=f"{self.server_id}-serve")
+        await await_unless(
+            ready, runner, error=lambda: ended_with(runner, RemoteError("server stopped before it was ready"))
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -229,11 +228,14 @@ class EngineServer:
 
     # -- stats -------------------------------------------------------------------------------------
 
-    def stats(self) -> ServerStats:
+    def stats(self, client: bytes | None = None) -> ServerStats:
+        """Live stats; ``client`` (a peer's identity) fills ``client_in_flight`` with that peer's requests."""
         load = self.engine.load()
+        mine = sum(1 for who, _ in self._by_client if who == client) if client is not None else 0
         return ServerStats(
             server_id=self.server_id,
             in_flight=len(self._flights),
+            client_in_flight=mine,
             running=load.running,
             queued=load.queued,
             queued_tokens=load.queued_tokens,
@@ -245,6 +247,9 @@ class EngineServer:
             paused=self.engine.paused,
             draining=self._draining,
             kv_usage=load.kv_usage,
+            kv_used_tokens=load.kv_used_tokens,
+            kv_capacity_tokens=load.kv_capacity_tokens,
+            max_running_requests=load.max_running_requests,
             incarnation=self.incarnation,
         )
 
@@ -302,7 +307,7 @@ class EngineServer:
             case GenerateRequest():
                 self._start_generate(ident, msg)
             case Ping(seq=seq):
-                self._reply(ident, Pong(seq, self.stats()))
+                self._reply(ident, Pong(seq, self.stats(ident)))
             case Abort(rid=rid):
                 self._abort(ident, rid)
             case _:
@@ -368,10 +373,10 @@ class EngineServer:
         except RolloutError as exc:
             self._errors += 1
             reply = error_reply(exc, rid=flight.rid)
-        except Exception as exc:
+        except Exception as exc:  # one request's failure: the engine dies only through wait_dead()
             log.exception("server %s: engine failed request %s", self.server_id, flight.rid)
             self._errors += 1
-            reply = error_reply(RemoteError(f"{type(exc).__name__}: {exc}"), rid=flight.rid)
+            reply = error_reply(RequestFailedError(f"{type(exc).__name__}: {exc}"), rid=flight.rid)
         finally:
             self._flights.pop(engine_rid, None)
             self._by_client.pop((flight.ident, flight.rid), None)
@@ -443,26 +448,11 @@ class EngineServer:
             case SetWeightVersion(version=v):
                 await engine.set_weight_version(v)
             case InitWeightGroup():
-                await engine.init_weight_group(
-                    master_address=msg.master_address,
-                    master_port=msg.master_port,
-                    rank_offset=msg.rank_offset,
-                    world_size=msg.world_size,
-                    group_name=msg.group_name,
-                    backend=msg.backend,
-                    timeout_s=msg.timeout_s,
-                )
+                await engine.init_weight_group(msg)
             case UpdateWeightsDistributed():
-                await engine.update_weights_distributed(
-                    group_name=msg.group_name,
-                    buckets=msg.buckets,
-                    version=msg.version,
-                    flush_cache=msg.flush_cache,
-                )
+                await engine.update_weights_distributed(msg)
             case UpdateWeightsFromIpc():
-                await engine.update_weights_from_ipc(
-                    handles=msg.handles, buckets=msg.buckets, version=msg.version, flush_cache=msg.flush_cache
-                )
+                await engine.update_weights_from_ipc(msg)
             case DestroyWeightGroup(group_name=name):
                 await engine.destroy_weight_group(name)
             case _:  # pragma: no cover - the decoder only admits the types above
