@@ -18,6 +18,13 @@ is taken back.  A heartbeat answered by a *different* process at the same addres
 
 Membership state, besides alive/dead: ``admitted`` (the client routes to it only once it serves the
 client's weight version; ``admission`` says why not) and ``removing`` (``remove_server``: no new work).
+
+Orphans: the rids that were in flight when a server was marked dead (their callers failed over) are kept
+(bounded, ``_MAX_ORPHANS``); an Abort for each is sent the moment the server can be reached again, and
+whatever it still sends for them is dropped without touching a counter.
+
+Held: new requests are not placed on a server that is paused, has released its memory, or answered
+``busy`` moments ago (``held``); they wait in the client's scheduler instead of in the engine.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from . import _transport
 from .errors import (
     ClientStateError,
     EngineDeadError,
+    MessageTooLargeError,
     ProtocolError,
     ServerUnavailableError,
     error_from_reply,
@@ -57,6 +65,12 @@ from .protocol import (
 __all__ = ["ServerConnection"]
 
 log = logging.getLogger("rollout_sdk.client")
+
+#: rids of failed-over requests remembered per server, to abort there once it is reachable
+_MAX_ORPHANS = 100_000
+#: back-off after a busy reply: first, and largest (doubling in between)
+_BUSY_BACKOFF_S = 0.02
+_BUSY_BACKOFF_MAX_S = 1.0
 
 
 class ServerConnection:
@@ -114,6 +128,16 @@ class ServerConnection:
         self._ping_seq = 0
         self._call_seq = 0
         self._pings: dict[int, asyncio.Future[ServerStats]] = {}
+        # faults (docs/reliability.md)
+        self._orphans: dict[str, None] = {}  # insertion-ordered set of rids to abort once reachable
+        self.paused = False  # paused (client.pause(), or a Pong that says so)
+        self.released = False  # memory released by client.release_memory()
+        self.busy = False  # answered busy moments ago
+        self.held = False  # any of the three: place nothing new here
+        self.busy_replies = 0
+        self._busy_backoff = _BUSY_BACKOFF_S
+        self._busy_timer: asyncio.TimerHandle | None = None
+        self._paused_seq = 0  # Pongs up to this seq predate our last pause/resume: their flag is stale
 
     def __repr__(self) -> str:
         state = "alive" if self.alive else f"dead: {self.dead_reason}"
@@ -146,6 +170,15 @@ class ServerConnection:
         """Send an encoded GenerateRequest; the future completes with its result or typed error."""
         if not self.alive:
             raise ServerUnavailableError(f"server {self.server_id} is dead: {self.dead_reason}")
+        info = self.info
+        if info is not None and 0 < info.max_generate_bytes < len(payload):
+            raise MessageTooLargeError(
+                "input_ids",
+                f"<{len(payload)} bytes encoded>",
+                f"server {self.server_id} accepts requests up to {info.max_generate_bytes} bytes (max_generate_bytes)",
+            )
+        if self._orphans:
+            self._orphans.pop(rid, None)
         fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
         self.channel.send(payload)  # raises ServerUnavailableError when not connected
         self._pending[rid] = fut
@@ -154,11 +187,11 @@ class ServerConnection:
 
     def cancel(self, rid: str) -> None:
         """Forget ``rid`` and tell the server to abort it (best effort: the server may be gone)."""
-        if self._pending.pop(rid, None) is not None and self.alive:
+        if self._pending.pop(rid, None) is not None:
             try:
                 self.channel.send(encode(Abort(rid)))
             except ServerUnavailableError:
-                pass
+                self._adopt_orphans({rid: None})  # aborted there once it is reachable
 
     def abort(self, rid: str) -> bool:
         """Ask the server to abort ``rid``; its caller still gets the (abort) result.  False if unknown."""
@@ -252,6 +285,8 @@ class ServerConnection:
             log.warning("server %s (%s) marked dead: %s", self.server_id, self.address, reason)
         err = error or ServerUnavailableError(f"server {self.server_id} ({self.address}) is dead: {reason}")
         pending, self._pending = self._pending, {}
+        if not isinstance(error, ClientStateError):
+            self._adopt_orphans(pending)
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -271,7 +306,70 @@ class ServerConnection:
             log.info("server %s (%s) is back", self.server_id, self.address)
             self.alive = True
             self.dead_reason = ""
+            self._abort_orphans()
             self._on_change(self)
+
+    # -- orphans: requests that failed over while this server still held them ---------------------------
+
+    def _adopt_orphans(self, pending: dict[str, Any]) -> None:
+        for rid in pending:
+            self._orphans[rid] = None
+        while len(self._orphans) > _MAX_ORPHANS:
+            del self._orphans[next(iter(self._orphans))]
+        self._abort_orphans()  # reachable already when it was only slow (a missed heartbeat)
+
+    def _abort_orphans(self) -> None:
+        """Send an Abort for every orphan; keep those that could not be sent for the next chance."""
+        while self._orphans:
+            rid = next(iter(self._orphans))
+            try:
+                self.channel.send(encode(Abort(rid)))
+            except ServerUnavailableError:
+                return
+            del self._orphans[rid]
+
+    @property
+    def num_orphans(self) -> int:
+        return len(self._orphans)
+
+    # -- held: paused, released, busy -------------------------------------------------------------------
+
+    def set_paused(self, paused: bool) -> None:
+        """This client paused / resumed the server (Pongs sent before now no longer say otherwise)."""
+        self._paused_seq = self._ping_seq
+        self.paused = paused
+        self._update_held()
+
+    def set_released(self, released: bool) -> None:
+        self.released = released
+        self._update_held()
+
+    def on_busy(self) -> None:
+        """The server answered busy: place nothing here for a back-off (doubling), or until a reply
+        shows that a slot freed."""
+        self.busy_replies += 1
+        self.busy = True
+        self._update_held()
+        if self._busy_timer is None:
+            delay = self._busy_backoff
+            self._busy_backoff = min(_BUSY_BACKOFF_MAX_S, delay * 2)
+            self._busy_timer = asyncio.get_running_loop().call_later(delay, self._clear_busy, False)
+
+    def _clear_busy(self, reset_backoff: bool = True) -> None:
+        if self._busy_timer is not None:
+            self._busy_timer.cancel()
+            self._busy_timer = None
+        if reset_backoff:
+            self._busy_backoff = _BUSY_BACKOFF_S
+        self.busy = False
+        self._update_held()
+
+    def _update_held(self) -> None:
+        held = self.paused or self.released or self.busy
+        if held != self.held:
+            self.held = held
+            if not held:
+                self._on_change(self)  # waiters may take this server again
 
     # -- loops -------------------------------------------------------------------------------------
 
@@ -302,10 +400,12 @@ class ServerConnection:
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
                 self._refresh_if_idle()
+                if self.busy:
+                    self._clear_busy()  # a slot freed on the server
             case ErrorReply():
                 self._dispatch_error(msg)
             case Pong(seq=seq, stats=stats):
-                self._on_pong(stats)
+                self._on_pong(stats, seq)
                 pfut = self._pings.pop(seq, None)
                 if pfut is not None and not pfut.done():
                     pfut.set_result(stats)
@@ -332,7 +432,7 @@ class ServerConnection:
         if isinstance(exc, EngineDeadError):
             self.mark_dead(f"engine died: {msg.message}", exc)
 
-    def _on_pong(self, stats: ServerStats) -> None:
+    def _on_pong(self, stats: ServerStats, seq: int = 0) -> None:
         if self.replaced:
             return
         if stats.incarnation and self.info is not None and stats.incarnation != self.info.incarnation:
@@ -352,6 +452,9 @@ class ServerConnection:
         # both counts from the same snapshot: our own replies still in transit are not someone else's load
         self.external = max(0, stats.in_flight - stats.client_in_flight)
         self.draining = stats.draining
+        if seq > self._paused_seq and stats.paused != self.paused:
+            self.paused = stats.paused  # paused or resumed by another client
+            self._update_held()
         if not stats.engine_alive:
             self.mark_dead("engine died", EngineDeadError(f"the engine of server {self.server_id} died"))
         elif not self.alive:

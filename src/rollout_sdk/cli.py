@@ -3,6 +3,7 @@
     rollout-sdk demo          the main job on the embedded default (or on --servers)
     rollout-sdk serve         one engine server in this process (cpu, sglang or fake engine)
     rollout-sdk make-model    build the embedded tiny model and print its directory
+    rollout-sdk gateway       an OpenAI-compatible API in front of the engines (docs/gateway.md)
 
 Options are derived from the components' config dataclasses (``_cli_config``).  Multi-process layouts
 are launched with torchrun: ``torchrun ... -m rollout_sdk.launch`` (see docs/launch.md).
@@ -67,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     add_config_args(s, FakeEngineConfig, prefix="fake-", title="fake engine")
     s.add_argument("--sglang", default="{}", help="SglangEngineConfig fields as JSON (engine=sglang)")
 
+    from .gateway import cli as gateway_cli
+
+    gateway_cli.add_parser(sub)
+
     m = sub.add_parser("make-model", help="build the embedded tiny model (offline) and print its path")
     m.add_argument("--home", default=None)
     return p
@@ -91,6 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "serve":
         return int(run_async(_serve(args)))
+    if args.command == "gateway":
+        from .gateway import cli as gateway_cli
+
+        _quiet_transformers()
+        return int(run_async(gateway_cli.run(args)))
     if args.command == "make-model":
         from .models.tiny import ensure_tiny_model
 
@@ -158,7 +168,24 @@ async def _serve(args: argparse.Namespace) -> int:
     finally:
         if endpoint is not None:
             await endpoint.aclose()
+    await _exit_if_threads_hang(loop, grace_s=1.0)
     return 0
+
+
+async def _exit_if_threads_hang(loop: asyncio.AbstractEventLoop, *, grace_s: float) -> None:
+    """Keep the shutdown bound when a thread (a collective stuck in ``to_thread``) cannot be stopped:
+    asyncio would wait for it without a limit at exit, so give it ``grace_s`` and then leave anyway."""
+    try:
+        await asyncio.wait_for(loop.shutdown_default_executor(), grace_s)
+    except TimeoutError:
+        import logging
+        import os
+
+        logging.getLogger("rollout_sdk.server").warning("a worker thread is stuck; exiting without it")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":  # pragma: no cover

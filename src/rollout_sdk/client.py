@@ -697,16 +697,23 @@ class RolloutClient:
         ``retract`` (alias ``hold``): they are held, their KV cache dropped, and they continue after
         :meth:`resume` (re-prefilled, so on the new weights after an update).  ``in_place``: held with their
         KV cache as is (SGLang engines serve it as ``retract``, to keep version segments exact).  New
-        requests wait until :meth:`resume`.
+        requests wait in this client until :meth:`resume`, bounded by their own timeout (the client's
+        ``timeout_s``, None by default: they wait as long as the pause lasts).
         """
         mode = {"hold": "retract"}.get(mode, mode)
         if mode not in ("abort", "retract", "in_place"):
             raise ConfigError("mode", mode, "must be 'abort', 'hold'/'retract' or 'in_place'")
-        await broadcast_control(self._live(), lambda s: PauseGeneration(s.next_call_id(), mode))  # type: ignore[arg-type]
+        live = self._live()
+        for conn in live:  # before the pause lands: nothing new is sent meanwhile
+            conn.set_paused(True)
+        await broadcast_control(live, lambda s: PauseGeneration(s.next_call_id(), mode))  # type: ignore[arg-type]
 
     async def resume(self) -> None:
         """Continue generation after :meth:`pause`."""
-        await broadcast_control(self._live(), lambda s: ResumeGeneration(s.next_call_id()))
+        live = self._live()
+        await broadcast_control(live, lambda s: ResumeGeneration(s.next_call_id()))
+        for conn in live:
+            conn.set_paused(False)
 
     async def flush_cache(self) -> None:
         await broadcast_control(self._live(), lambda s: FlushCache(s.next_call_id()))
@@ -715,17 +722,29 @@ class RolloutClient:
         """Free the engines' GPU memory (``weights``, ``kv_cache``; all by default) for a colocated trainer.
 
         Refused with EngineBusyError while requests are in flight, unless ``wait`` (then it waits for them).
+        New requests wait in this client until :meth:`resume_memory` (bounded by their own timeout).
         """
         t = list(tags) if tags is not None else None
-        await broadcast_control(
-            self._live(),
-            lambda s: ReleaseMemory(s.next_call_id(), t, wait),  # type: ignore[arg-type]
-        )
+        live = self._live()
+        for conn in live:
+            conn.set_released(True)
+        try:
+            await broadcast_control(
+                live,
+                lambda s: ReleaseMemory(s.next_call_id(), t, wait),  # type: ignore[arg-type]
+            )
+        except BaseException:
+            for conn in live:
+                conn.set_released(False)
+            raise
 
     async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
         """Take the memory back; the engines serve with the weights they had (or were sent since)."""
         t = list(tags) if tags is not None else None
-        await broadcast_control(self._live(), lambda s: ResumeMemory(s.next_call_id(), t))  # type: ignore[arg-type]
+        live = self._live()
+        await broadcast_control(live, lambda s: ResumeMemory(s.next_call_id(), t))  # type: ignore[arg-type]
+        for conn in live:
+            conn.set_released(False)
 
     async def set_weight_version(self, version: int) -> None:
         """Tag what the engines generate from now on with ``version`` (never aborts in-flight work)."""

@@ -30,7 +30,10 @@ import msgspec
 from .errors import InvalidRequestError, ProtocolError, RolloutError, error_code
 
 __all__ = [
+    "DEFAULT_MAX_CONTROL_BYTES",
+    "DEFAULT_MAX_GENERATE_BYTES",
     "GREEDY_TEMPERATURE",
+    "MAX_TIMEOUT_S",
     "PENALTY_RANGE",
     "Abort",
     "ClientMessage",
@@ -64,10 +67,12 @@ __all__ = [
     "UpdateWeightsDistributed",
     "UpdateWeightsFromIpc",
     "check_against_limits",
+    "check_timeout",
     "decode_client_message",
     "decode_server_message",
     "encode",
     "error_reply",
+    "is_generate_frame",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -80,6 +85,36 @@ _MAX_SEED = 2**63 - 1
 GREEDY_TEMPERATURE = 1e-5
 #: engines clamp a repetition penalty into this range: beyond it a float32 logit overflows
 PENALTY_RANGE = (1e-6, 1e6)
+
+# -- bounds --------------------------------------------------------------------------------------------
+#: default limit on one encoded GenerateRequest (8 MiB: ~1.6M token ids at the widest encoding)
+DEFAULT_MAX_GENERATE_BYTES = 8 << 20
+#: default limit on one encoded control message, Ping or Abort (1 MiB: ~12k tensor metas in an update)
+DEFAULT_MAX_CONTROL_BYTES = 1 << 20
+#: the longest timeout any message may carry (seconds); nothing in the protocol waits without a bound
+MAX_TIMEOUT_S = 3600.0
+
+# a tagged struct encodes as a map whose first key is "type": fixmap header, "type", then the tag
+_GENERATE_PREFIX = b"\xa4type\xa8generate"
+
+
+def is_generate_frame(data: bytes) -> bool:
+    """Whether ``data`` is (claims to be) a GenerateRequest, read from its first bytes without decoding.
+
+    Only the encoding msgspec writes (tag first) is recognised; anything else is treated as a control
+    message, whose size limit is the smaller one, so a peer gains nothing by reordering keys.
+    """
+    return data[1:15] == _GENERATE_PREFIX and 0x80 <= data[0] <= 0x8F
+
+
+def check_timeout(field: str, value: float | None, *, allow_none: bool = False) -> None:
+    """Every timeout in the protocol (and the configs that feed it) is > 0 and at most MAX_TIMEOUT_S."""
+    if value is None:
+        if allow_none:
+            return
+        raise _bad(field, value, f"must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]")
+    if not 0.0 < value <= MAX_TIMEOUT_S:  # also rejects NaN
+        raise _bad(field, value, f"must be in (0, {MAX_TIMEOUT_S:.0f}] seconds")
 
 
 def _bad(field: str, value: Any, reason: str) -> InvalidRequestError:
@@ -388,6 +423,9 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     weight_version: int = 0
     pid: int = 0
     host: str = ""
+    #: the server refuses larger encoded messages (0: not told, an older server)
+    max_generate_bytes: int = 0
+    max_control_bytes: int = 0
     #: random per server start: ``server_id`` names the slot (``dp0``), this names the process in it
     incarnation: str = ""
 
@@ -447,6 +485,9 @@ class InitWeightGroup(msgspec.Struct, tag="init_weight_group", frozen=True, kw_o
     group_name: str = "rollout_weights"
     backend: str = "gloo"
     timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        check_timeout("timeout_s", self.timeout_s)
 
 
 class TensorMeta(msgspec.Struct, frozen=True, array_like=True):

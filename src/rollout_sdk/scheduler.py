@@ -16,8 +16,16 @@ Concurrency (everything on the client's event loop; no thread, no lock)::
       │                        unblocked by: the reply, the server being marked dead (socket dropped,
       │                                      heartbeat missed, engine dead), or cancellation
       │                        on cancel / timeout: Abort(rid) goes to the server, the slot is freed
-      │                        on server death: retried on another server while retries remain
+      │                        on server death: retried on another server while retries remain, at
+      │                                      most once for a death while serving it (a second death:
+      │                                      PoisonRequestError, never retried)
+      │                        on busy: the server is held for a back-off; acquire again (waits, or
+      │                                 goes elsewhere); no retry is used up
       └─ release() ......... frees the slot, wakes the first waiter
+
+Held servers (paused, memory released, busy) take no new request: callers wait in acquire(), bounded by
+their own timeout (none by default: until the fleet is resumed).  A rid is in flight at most once per
+client: a second request with it fails with DuplicateRequestError and the first is untouched.
 
 Placement: a request with a ``session_id`` goes back to the server that served the session before
 (prefix cache) unless that server's load exceeds ``(1 + affinity_margin) * min_load + affinity_slack``
@@ -42,9 +50,12 @@ import msgspec
 from ._connection import ServerConnection
 from .errors import (
     ConfigError,
+    DuplicateRequestError,
     EngineDeadError,
     NoServersError,
+    PoisonRequestError,
     QueueFullError,
+    ServerBusyError,
     ServerShuttingDownError,
     ServerUnavailableError,
 )
@@ -57,6 +68,7 @@ __all__ = ["Scheduler", "SchedulerConfig", "ServerHandle"]
 ServerHandle = ServerConnection
 
 _RETRYABLE = (ServerUnavailableError, EngineDeadError, ServerShuttingDownError)
+_DEATHS = (ServerUnavailableError, EngineDeadError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +116,8 @@ class Scheduler:
         self.retried = 0
         #: called with every result (its ``lifecycle`` filled), e.g. by the client's metrics
         self.on_result: Callable[[GenerateResult], None] | None = None
+        self.poisoned = 0
+        self._rids: set[str] = set()  # rids in flight in this client
         self.sessions_moved = 0
         self.prefix_tokens_lost = 0
 
@@ -171,7 +185,7 @@ class Scheduler:
         live = [s for s in self.servers if s.accepting]
         if not live:
             raise NoServersError(self._no_servers_message())
-        free = [s for s in live if s.in_flight < cap]
+        free = [s for s in live if s.in_flight < cap and not s.held]
         if exclude:
             preferred = [s for s in free if s not in exclude]
             free = preferred or free
@@ -234,7 +248,18 @@ class Scheduler:
 
         The result carries its :class:`~rollout_sdk.protocol.Lifecycle` (when it was queued, dispatched,
         answered; where; which servers failed it first)."""
+        rid = req.rid
+        if rid in self._rids:
+            raise DuplicateRequestError("rid", rid, "a request with this rid is already in flight in this client")
+        self._rids.add(rid)
+        try:
+            return await self._run(req, payload, retries)
+        finally:
+            self._rids.discard(rid)
+
+    async def _run(self, req: GenerateRequest, payload: bytes, retries: int) -> GenerateResult:
         attempt = 0
+        deaths = 0  # servers that died while serving this request
         exclude: tuple[ServerConnection, ...] = ()
         queued_at = time.time()
         failed_over_from: list[str] = []
@@ -242,17 +267,31 @@ class Scheduler:
             conn = await self.acquire(req, exclude)
             dispatched_at = time.time()
             t0 = time.perf_counter()
+            sent = False
             try:
                 fut = conn.submit(req.rid, payload)
+                sent = True
                 try:
                     result = await fut
                 except asyncio.CancelledError:
                     conn.cancel(req.rid)
                     raise
+            except ServerBusyError:
+                conn.on_busy()  # back-pressure: wait for a slot here or elsewhere
+                continue
             except _RETRYABLE as exc:
                 conn.errors += 1
-                if isinstance(exc, ServerUnavailableError | EngineDeadError) and conn.alive:
-                    conn.mark_dead(str(exc))
+                if isinstance(exc, _DEATHS):
+                    if conn.alive:
+                        conn.mark_dead(str(exc))
+                    if sent:
+                        deaths += 1
+                        if deaths >= 2:
+                            self.poisoned += 1
+                            raise PoisonRequestError(
+                                f"request {req.rid}: server {conn.server_id} died while serving it, and so did "
+                                f"the server it ran on before; not retried again ({exc})"
+                            ) from exc
                 if attempt >= retries:
                     raise
                 attempt += 1
