@@ -61,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve one engine over ZMQ until SIGTERM/SIGINT")
     s.add_argument("--engine", choices=["cpu", "sglang", "fake"], default="cpu")
     s.add_argument("--address-file", default=None, help="write the bound address here once serving")
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics on this port (0: a free one, printed as METRICS <url>); off by default",
+    )
+    s.add_argument("--metrics-host", default=None, help="interface of the /metrics endpoint (default: --host)")
     add_config_args(s, ServerConfig, title="server")
     add_config_args(s, CpuEngineConfig, prefix="cpu-", title="cpu engine")
     add_config_args(s, FakeEngineConfig, prefix="fake-", title="fake engine")
@@ -190,7 +197,15 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
 async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
     from .server import EngineServer
 
-    server = EngineServer(make_engine(args.engine, args), config)
+    metrics = endpoint = None
+    if args.metrics_port is not None:
+        from .metrics import ServerMetrics, start_metrics_endpoint
+
+        metrics = ServerMetrics()
+        host = args.metrics_host or config.host
+        endpoint = await asyncio.to_thread(start_metrics_endpoint, metrics.registry, host=host, port=args.metrics_port)
+        print(f"METRICS {endpoint.url}", flush=True)
+    server = EngineServer(make_engine(args.engine, args), config, metrics=metrics)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)
@@ -205,7 +220,11 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
             os.replace(tmp, args.address_file)
         print(f"READY {address}", flush=True)
 
-    await server.serve(on_ready=ready)
+    try:
+        await server.serve(on_ready=ready)
+    finally:
+        if endpoint is not None:
+            await endpoint.aclose()
     await _exit_if_threads_hang(loop, grace_s=1.0)
     return 0
 

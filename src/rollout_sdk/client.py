@@ -24,10 +24,11 @@ import dataclasses
 import enum
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
@@ -38,7 +39,7 @@ from .admission import AdmissionConfig
 from .auth import Credentials
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.cpu import CpuEngineConfig
-from .errors import ClientStateError, ConfigError, NoServersError, RequestTimeoutError
+from .errors import ClientStateError, ConfigError, NoServersError, RemoteError, RequestTimeoutError
 from .policies import Policy
 from .protocol import (
     FlushCache,
@@ -59,6 +60,9 @@ from .rollouts.results import ResultStream
 from .rollouts.stream import GroupFilter, RolloutMode, RolloutStream
 from .scheduler import Scheduler, SchedulerConfig
 from .weights.sync import WeightSync, broadcast_control, update_weights_ipc
+
+if TYPE_CHECKING:
+    from .metrics import ClientMetrics
 
 __all__ = ["USE_CLIENT_DEFAULT", "ClientConfig", "ClientState", "ClientStats", "RolloutClient", "ServerStatus"]
 
@@ -274,6 +278,11 @@ class RolloutClient:
         self._conn_tasks: dict[ServerConnection, asyncio.Task[None]] = {}
         self._retired: collections.deque[ServerConnection] = collections.deque(maxlen=256)
         self._joining: dict[str, asyncio.Task[ServerConnection]] = {}
+        from .metrics import ClientMetrics  # prometheus-client loads with the first client, not on import
+
+        #: Prometheus metrics (its own registry: ``client.metrics.registry``; see docs/observability.md)
+        self.metrics: ClientMetrics = ClientMetrics(lambda: (self.stats(), self.weight_version))
+        self._scheduler.on_result = self.metrics.observe_result
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -467,6 +476,28 @@ class RolloutClient:
             if scope.expired():
                 raise RequestTimeoutError(f"request {req.rid} timed out after {timeout}s (aborted)") from None
             raise
+
+    async def score(
+        self,
+        input_ids: Sequence[int],
+        /,
+        *,
+        session_id: str | None = None,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        retries: int | UseClientDefault = USE_CLIENT_DEFAULT,
+    ) -> list[float]:
+        """The logprob of every token of ``input_ids`` given the tokens before it, without generating.
+
+        Entry ``i`` is ``log p(input_ids[i + 1] | input_ids[: i + 1])`` under the served weights (one fewer
+        than the ids: the first token has no context): reference-model or teacher logprobs for a trainer.
+        Use :meth:`generate` with ``GenerateRequest(..., score_only=True)`` for the whole result (weight
+        version, lifecycle).
+        """
+        req = GenerateRequest(input_ids=list(input_ids), score_only=True, session_id=session_id)
+        result = await self.generate(req, timeout=timeout, retries=retries)
+        if result.prompt_logprobs is None:
+            raise RemoteError(f"server {result.server_id} answered a score request without prompt logprobs")
+        return result.prompt_logprobs
 
     def generate_many(
         self,
@@ -852,6 +883,8 @@ class RolloutClient:
         A refused update (unknown name, wrong shape) leaves every engine on its old weights and raises
         WeightUpdateError; an engine left half-updated is marked dead.  Returns timings and bytes.
         """
+        t0 = time.perf_counter()
+        ok = False
         if pause is not None:
             await self.pause(pause)
         try:
@@ -864,9 +897,11 @@ class RolloutClient:
                 )
             else:
                 raise ConfigError("method", method, "must be 'distributed' or 'ipc'")
+            ok = True
         finally:
             if pause is not None:
                 await self.resume()
+            self.metrics.observe_weight_update(method, time.perf_counter() - t0, ok=ok)
         self.weight_version = version
         self._admit_all()  # servers that were waiting for these weights now have them
         return stats

@@ -42,6 +42,8 @@ class DemoConfig:
     seed: int = 1234
     #: show a progress bar
     progress: bool = True
+    #: also write every sample as a trajectory (JSONL, rollout_sdk.export) to this file
+    export: str | None = None
 
 
 def _load_tokenizer(path: str) -> Any:
@@ -116,6 +118,9 @@ async def run_demo(
         stats = rc.stats()
 
     results = [r for g in groups for r in g.results]
+    if demo.export:
+        n = await asyncio.to_thread(export_demo_trajectories, demo.export, groups)
+        say(f"wrote {n} trajectories to {demo.export}")
     out_tokens = sum(len(r.output_ids) for r in results)
     lat = sorted(r.timings.total_s for r in results)
     report = {
@@ -180,3 +185,17 @@ def _progress(total: int, enabled: bool) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, unit="sample", desc="generating", mininterval=0.2)
+
+
+def export_demo_trajectories(path: str, groups: list[Any]) -> int:
+    """Write the demo's samples as trajectories (one JSONL line each); returns how many."""
+    from .export import trajectory_from_result, write_jsonl
+
+    trajs = (
+        trajectory_from_result(
+            g.request.input_ids, r, sample_index=g.index, metadata={"prompt": g.index, "sample": k}
+        )
+        for g in groups
+        for k, r in enumerate(g.results)
+    )
+    return write_jsonl(trajs, path)

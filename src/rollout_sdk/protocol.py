@@ -19,8 +19,10 @@ fire both when a struct is built in user code and when it is decoded on the serv
 
 from __future__ import annotations
 
+import array
 import math
 import re
+import sys
 from typing import Any, Literal
 
 import msgspec
@@ -46,6 +48,7 @@ __all__ = [
     "GenerateResult",
     "GetInfo",
     "InitWeightGroup",
+    "Lifecycle",
     "PauseGeneration",
     "PauseMode",
     "Ping",
@@ -53,6 +56,7 @@ __all__ = [
     "ReleaseMemory",
     "ResumeGeneration",
     "ResumeMemory",
+    "RoutedExperts",
     "SamplingParams",
     "ServerInfo",
     "ServerMessage",
@@ -196,6 +200,12 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
     rid: str = ""
     session_id: str | None = None
     return_logprobs: bool = True
+    #: score the prompt instead of generating: the result's ``prompt_logprobs`` holds the logprob of each
+    #: prompt token given the tokens before it, ``output_ids`` is empty and ``sampling`` is not used
+    score_only: bool = False
+    #: MoE models: return the experts each token was routed to (``GenerateResult.routed_experts``); engines
+    #: that cannot refuse it with UnsupportedOperationError
+    return_routed_experts: bool = False
 
     def __post_init__(self) -> None:
         if not self.input_ids:
@@ -218,6 +228,84 @@ class Timings(msgspec.Struct, frozen=True, omit_defaults=True):
     total_s: float = 0.0
 
 
+class Lifecycle(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Where one request went and when (seconds since the epoch, on the client's clock).
+
+    ``queued_at``: the client took the request; ``dispatched_at``: it was sent to the server that answered
+    (the last attempt); ``first_token_at``: its first token, where the engine reports time to first token
+    (placed on the client's clock from the server's durations, so clocks of different machines never mix);
+    ``finished_at``: the reply arrived.  ``attempts`` counts sends (1 + retries); ``failed_over_from`` names
+    the servers that failed it before, in order.  Filled by the client, never sent by a server.
+    """
+
+    queued_at: float
+    dispatched_at: float
+    finished_at: float
+    server_id: str
+    first_token_at: float | None = None
+    attempts: int = 1
+    failed_over_from: list[str] = []
+
+    @property
+    def latency_s(self) -> float:
+        return self.finished_at - self.queued_at
+
+
+class RoutedExperts(msgspec.Struct, frozen=True, kw_only=True):
+    """MoE routing of one request: for every token, the ``top_k`` experts of each of ``num_layers`` layers.
+
+    Carried compactly as little-endian ``int16`` in ``data``, laid out ``[num_tokens, num_layers, top_k]``
+    (2 bytes per entry instead of ~3-9 as a MessagePack list).  Use :meth:`to_list` or :meth:`to_numpy`.
+    """
+
+    num_tokens: int
+    num_layers: int
+    top_k: int
+    data: bytes
+
+    def __post_init__(self) -> None:
+        for name in ("num_tokens", "num_layers", "top_k"):
+            if getattr(self, name) < 0:
+                raise _bad(f"routed_experts.{name}", getattr(self, name), "must be >= 0")
+        want = 2 * self.num_tokens * self.num_layers * self.top_k
+        if len(self.data) != want:
+            raise _bad("routed_experts.data", f"<{len(self.data)} bytes>", f"must hold {want} bytes (int16)")
+
+    @classmethod
+    def from_nested(cls, experts: list[list[list[int]]]) -> RoutedExperts:
+        """From ``experts[token][layer][k]`` (every token with the same layers and k)."""
+        num_tokens = len(experts)
+        num_layers = len(experts[0]) if num_tokens else 0
+        top_k = len(experts[0][0]) if num_layers else 0
+        flat = array.array("h")
+        for t, layers in enumerate(experts):
+            if len(layers) != num_layers or any(len(k) != top_k for k in layers):
+                raise _bad(f"routed_experts[{t}]", "<ragged>", f"must be {num_layers} layers x {top_k} experts")
+            for ks in layers:
+                flat.extend(ks)
+        if sys.byteorder != "little":  # pragma: no cover
+            flat.byteswap()
+        return cls(num_tokens=num_tokens, num_layers=num_layers, top_k=top_k, data=flat.tobytes())
+
+    def to_list(self) -> list[list[list[int]]]:
+        """``[token][layer][k]`` expert ids."""
+        flat = array.array("h")
+        flat.frombytes(self.data)
+        if sys.byteorder != "little":  # pragma: no cover
+            flat.byteswap()
+        n, k = self.num_layers, self.top_k
+        return [
+            [list(flat[(t * n + layer) * k : (t * n + layer + 1) * k]) for layer in range(n)]
+            for t in range(self.num_tokens)
+        ]
+
+    def to_numpy(self) -> Any:
+        """A ``(num_tokens, num_layers, top_k)`` int16 array (numpy)."""
+        import numpy as np
+
+        return np.frombuffer(self.data, dtype="<i2").reshape(self.num_tokens, self.num_layers, self.top_k)
+
+
 class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, omit_defaults=True):
     """The outcome of one :class:`GenerateRequest`.
 
@@ -238,6 +326,14 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     version_segments: list[tuple[int, int]] = []
     timings: Timings = Timings()
     server_id: str = ""
+    #: ``score_only`` requests: logprob of ``input_ids[i + 1]`` given ``input_ids[: i + 1]`` (one fewer
+    #: than the prompt's tokens: the first token has no context)
+    prompt_logprobs: list[float] | None = None
+    #: ``return_routed_experts`` requests: the experts of every token the model was fed (prompt and output
+    #: tokens, all but the last output token, which is never fed forward)
+    routed_experts: RoutedExperts | None = None
+    #: filled by the client: when and where the request ran
+    lifecycle: Lifecycle | None = None
     #: the server process that ran it (a restarted server has a new one; see ServerInfo.incarnation)
     incarnation: str = ""
 
@@ -618,6 +714,12 @@ def check_against_limits(req: GenerateRequest, limits: EngineLimits) -> None:
                 f"({limits.vocab_size} tokens): nothing is left to sample before min_new_tokens={sp.min_new_tokens}",
             )
     n = len(req.input_ids)
+    if req.score_only:
+        if n > limits.max_context:
+            raise InvalidRequestError(
+                "input_ids", f"<{n} tokens>", f"longer than the context ({limits.max_context} tokens)"
+            )
+        return
     if n >= limits.max_context:
         raise InvalidRequestError(
             "input_ids", f"<{n} tokens>", f"prompt longer than the context ({limits.max_context} tokens)"

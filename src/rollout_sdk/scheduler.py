@@ -44,8 +44,10 @@ import asyncio
 import collections
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import msgspec
 
 from ._connection import ServerConnection
 from .admission import AdmissionConfig
@@ -61,7 +63,7 @@ from .errors import (
     ServerUnavailableError,
 )
 from .policies import Policy, make_policy
-from .protocol import GenerateRequest, GenerateResult
+from .protocol import GenerateRequest, GenerateResult, Lifecycle
 
 __all__ = ["Scheduler", "SchedulerConfig", "ServerHandle"]
 
@@ -124,6 +126,8 @@ class Scheduler:
         self._sessions: collections.OrderedDict[str, ServerConnection] = collections.OrderedDict()
         self.latencies: collections.deque[float] = collections.deque(maxlen=10_000)
         self.retried = 0
+        #: called with every result (its ``lifecycle`` filled), e.g. by the client's metrics
+        self.on_result: Callable[[GenerateResult], None] | None = None
         self.poisoned = 0
         self._rids: set[str] = set()  # rids in flight in this client
         self.sessions_moved = 0
@@ -255,7 +259,10 @@ class Scheduler:
     # -- one request -------------------------------------------------------------------------------
 
     async def run(self, req: GenerateRequest, payload: bytes, retries: int) -> GenerateResult:
-        """Place, send and await one request, failing over to another server while retries remain."""
+        """Place, send and await one request, failing over to another server while retries remain.
+
+        The result carries its :class:`~rollout_sdk.protocol.Lifecycle` (when it was queued, dispatched,
+        answered; where; which servers failed it first)."""
         rid = req.rid
         if rid in self._rids:
             raise DuplicateRequestError("rid", rid, "a request with this rid is already in flight in this client")
@@ -269,8 +276,11 @@ class Scheduler:
         attempt = 0
         deaths = 0  # servers that died while serving this request
         exclude: tuple[ServerConnection, ...] = ()
+        queued_at = time.time()
+        failed_over_from: list[str] = []
         while True:
             conn = await self.acquire(req, exclude)
+            dispatched_at = time.time()
             t0 = time.perf_counter()
             sent = False
             try:
@@ -302,6 +312,7 @@ class Scheduler:
                 attempt += 1
                 conn.failed_over += 1
                 self.retried += 1
+                failed_over_from.append(conn.server_id)
                 exclude = (conn,)
                 continue
             except asyncio.CancelledError:
@@ -319,7 +330,37 @@ class Scheduler:
                 conn.aborted += 1
             else:
                 conn.completed += 1
+            result = msgspec.structs.replace(
+                result, lifecycle=_lifecycle(result, queued_at, dispatched_at, dt, attempt + 1, failed_over_from)
+            )
+            if self.on_result is not None:
+                self.on_result(result)
             return result
+
+
+def _lifecycle(
+    result: GenerateResult,
+    queued_at: float,
+    dispatched_at: float,
+    elapsed_s: float,
+    attempts: int,
+    failed_over_from: list[str],
+) -> Lifecycle:
+    """Client timestamps; the first token is placed from the server's durations (no clock mixing)."""
+    finished_at = dispatched_at + elapsed_s  # one wall-clock read per request, durations from perf_counter
+    t = result.timings
+    first_token_at = None
+    if t.ttft_s > 0 and result.output_ids:
+        first_token_at = max(dispatched_at, finished_at - max(0.0, t.total_s - t.ttft_s))
+    return Lifecycle(
+        queued_at=queued_at,
+        dispatched_at=dispatched_at,
+        finished_at=finished_at,
+        server_id=result.server_id,
+        first_token_at=first_token_at,
+        attempts=attempts,
+        failed_over_from=failed_over_from,
+    )
 
 
 def _why_not(s: ServerConnection) -> str:

@@ -61,7 +61,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -116,6 +116,9 @@ from .protocol import (
     error_reply,
     is_generate_frame,
 )
+
+if TYPE_CHECKING:
+    from .metrics import ServerMetrics
 
 __all__ = ["EngineServer", "ServerConfig", "authorize"]
 
@@ -215,10 +218,14 @@ class EngineServer:
             await server.wait_stopped()    # until stop() or a signal handler calls it
     """
 
-    def __init__(self, engine: Engine, config: ServerConfig | None = None) -> None:
+    def __init__(
+        self, engine: Engine, config: ServerConfig | None = None, *, metrics: ServerMetrics | None = None
+    ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
         self.server_id = self.config.server_id or f"srv-{uuid.uuid4().hex[:8]}"
+        #: Prometheus metrics this server reports into while it serves (docs/observability.md)
+        self.metrics = metrics
         #: this start of the server; clients treat a new incarnation at a known address as a new member
         self.incarnation = uuid.uuid4().hex[:12]
         self.address = ""
@@ -274,6 +281,8 @@ class EngineServer:
                     self.address,
                     "on" if self.config.auth is not None else "off",
                 )
+                if self.metrics is not None:
+                    self.metrics.attach(self.server_id, self.stats)
                 async with asyncio.TaskGroup() as tg:
                     self._tg = tg
                     recv = tg.create_task(self._recv_loop(), name=f"{self.server_id}-recv")
@@ -288,6 +297,8 @@ class EngineServer:
                     sweep.cancel()
             finally:
                 self._tg = None
+                if self.metrics is not None:
+                    self.metrics.detach(self.server_id)
                 if self._decoder is not None:
                     self._decoder.shutdown(wait=False, cancel_futures=True)
                     self._decoder = None
@@ -513,6 +524,7 @@ class EngineServer:
                 raise EngineDeadError(f"engine of server {self.server_id} is dead: {self.engine.dead}")
             if not rid:
                 raise InvalidRequestError("rid", rid, "must be a non-empty string")
+            self._check_supported(req)
             key = (ident, rid)
             if key in self._by_client:
                 raise DuplicateRequestError("rid", rid, "a request with this rid is already in flight")
@@ -539,6 +551,18 @@ class EngineServer:
             req = msgspec.structs.replace(req, rid=engine_rid)
         flight.task = self._tg.create_task(self._run_generate(flight, req, engine_rid))
 
+    def _check_supported(self, req: GenerateRequest) -> None:
+        engine = self.engine
+        if req.score_only and not engine.supports_score:
+            raise UnsupportedOperationError(
+                f"score_only=True: the {engine.backend!r} engine of server {self.server_id} cannot score prompts"
+            )
+        if req.return_routed_experts and not engine.supports_routed_experts:
+            raise UnsupportedOperationError(
+                f"return_routed_experts=True: the {engine.backend!r} engine of server {self.server_id} does not "
+                "report MoE routing (SGLang does, for MoE models)"
+            )
+
     async def _run_generate(self, flight: _Flight, req: GenerateRequest, engine_rid: str) -> None:
         reply: msgspec.Struct
         try:
@@ -546,6 +570,8 @@ class EngineServer:
             reply = msgspec.structs.replace(
                 result, rid=flight.rid, server_id=self.server_id, incarnation=self.incarnation
             )
+            if self.metrics is not None:
+                self.metrics.observe_result(self.server_id, result)
             if result.finish_reason == "abort":
                 self._aborted += 1
             else:
@@ -690,6 +716,7 @@ class EngineServer:
     async def _run_control(self, ident: bytes, msg: Any) -> None:
         t0 = time.perf_counter()
         call_id: str = msg.call_id
+        ok = False
         try:
             try:
                 async with asyncio.timeout(self.config.control_timeout_s):
@@ -698,6 +725,7 @@ class EngineServer:
                 raise RequestTimeoutError(
                     f"{type(msg).__name__} did not finish within control_timeout_s={self.config.control_timeout_s}"
                 ) from exc
+            ok = True
             reply: msgspec.Struct = ControlReply(
                 call_id=call_id,
                 message=message,
@@ -713,6 +741,10 @@ class EngineServer:
         except Exception as exc:
             log.exception("server %s: control %s failed", self.server_id, type(msg).__name__)
             reply = error_reply(RemoteError(f"{type(exc).__name__}: {exc}"), call_id=call_id)
+        finally:
+            if self.metrics is not None and not isinstance(msg, GetInfo):
+                op = str(msg.__struct_config__.tag)  # the wire tag: update_weights_dist, pause, ...
+                self.metrics.observe_control(self.server_id, op, time.perf_counter() - t0, ok=ok)
         self._reply(ident, reply)
 
     async def _control(self, msg: Any) -> str:

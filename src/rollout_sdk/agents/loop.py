@@ -137,6 +137,10 @@ class ToolAgent(Agent):
                 )
                 for c, o in zip(parsed.calls, outcomes, strict=True)
             ]
+            metrics = getattr(ctx.client, "metrics", None)  # a generator that exports metrics (RolloutClient)
+            if metrics is not None:
+                for rec in turn.tool_calls:
+                    metrics.observe_tool_call(rec.name, rec.latency_s, error_kind=rec.error_kind)
             turn.parse_errors = [e.message for e in parsed.errors]
             tool_msgs = _tool_messages(parsed, outcomes)
             glue, local = self.chat.glue_ids(messages, tool_msgs, text)

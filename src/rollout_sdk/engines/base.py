@@ -67,6 +67,10 @@ class Engine(abc.ABC):
 
     #: short backend name reported in ServerInfo ("cpu", "sglang", "fake")
     backend: str = "engine"
+    #: ``GenerateRequest.score_only`` (prompt logprobs without generating); the server refuses it otherwise
+    supports_score: bool = False
+    #: ``GenerateRequest.return_routed_experts`` (MoE routing replay); the server refuses it otherwise
+    supports_routed_experts: bool = False
 
     def __init__(self) -> None:
         self._dead: BaseException | None = None

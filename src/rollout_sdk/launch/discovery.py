@@ -75,6 +75,8 @@ class ServerRecord(msgspec.Struct, frozen=True, kw_only=True):
     pid: int
     backend: str
     model: str
+    #: the rank's Prometheus endpoint ("" when --metrics-port is not given)
+    metrics_url: str = ""
     #: the server process (``ServerInfo.incarnation``)
     incarnation: str = ""
 

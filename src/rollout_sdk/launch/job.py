@@ -50,6 +50,7 @@ from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
 from ..errors import ConfigError
 from ..launch_env import ENV_NUM_SERVERS, ENV_PREFIX, ENV_STORE
+from ..metrics import MetricsEndpoint, ServerMetrics, start_metrics_endpoint
 from ..server import EngineServer, ServerConfig
 from .discovery import (
     ROOT,
@@ -93,6 +94,9 @@ class LaunchConfig:
     drain_timeout_s: float = 5.0
     #: root of the store keys (change it to run two jobs on one store)
     store_prefix: str = ROOT
+    #: serve Prometheus /metrics on every serving rank (None: off; 0: a free port, published in the
+    #: server's store record; N: port N + the rank's local rank)
+    metrics_port: int | None = None
     #: times a TP leader rebuilds its engine after it dies (0: never; the server then answers engine_dead)
     max_engine_restarts: int = 3
 
@@ -205,6 +209,8 @@ class _RankJob:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.keys = StoreKeys(f"{cfg.store_prefix}/a{restart}")
         self.server: EngineServer | None = None
+        self.metrics_endpoint: MetricsEndpoint | None = None
+        self._server_metrics: ServerMetrics | None = None  # one per rank, kept across engine restarts
         self.engine_restarts = 0
         self._stop = asyncio.Event()
         self._stop_reason = ""
@@ -265,6 +271,8 @@ class _RankJob:
                 await asyncio.to_thread(self._set, self.keys.shutdown, reason.encode())
             if self.server is not None:
                 await self.server.aclose()
+            if self.metrics_endpoint is not None:
+                await self.metrics_endpoint.aclose()
             await watcher
         return code
 
@@ -301,6 +309,11 @@ class _RankJob:
             if _try_get(store, name) == data:
                 store.delete_key(name)
 
+    def _metrics_url(self, advertise: str) -> str:
+        if self.metrics_endpoint is None:
+            return ""
+        host = f"[{advertise}]" if ":" in advertise else advertise
+        return f"http://{host}:{self.metrics_endpoint.port}/metrics"
     async def _keep_engine(self) -> None:
         """Rebuild this rank's engine in place when it dies, at most ``max_engine_restarts`` times."""
         while True:
@@ -332,6 +345,12 @@ class _RankJob:
         host = bind_host(cfg, layout)
         advertise = cfg.advertise_host or (local_ip() if host in ("0.0.0.0", "*") else host)
         engine = make_engine(cfg, self.engines, layout)
+        if cfg.metrics_port is not None and self._server_metrics is None:
+            self._server_metrics = ServerMetrics()
+            port = cfg.metrics_port + layout.local_rank if cfg.metrics_port > 0 else 0
+            self.metrics_endpoint = await asyncio.to_thread(
+                start_metrics_endpoint, self._server_metrics.registry, host=host, port=port
+            )
         self.server = EngineServer(
             engine,
             ServerConfig(
@@ -343,6 +362,7 @@ class _RankJob:
                 tp_size=layout.tp,
                 auth=self.secret.server_auth() if self.secret is not None else None,
             ),
+            metrics=self._server_metrics,
         )
         await self.server.__aenter__()
         record = ServerRecord(
@@ -354,6 +374,7 @@ class _RankJob:
             pid=os.getpid(),
             backend=engine.backend,
             model=engine.model_name,
+            metrics_url=self._metrics_url(advertise),
             incarnation=self.server.incarnation,
         )
         await asyncio.to_thread(register_server, self.store, self.keys, record, self.store_key)

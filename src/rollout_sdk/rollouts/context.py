@@ -13,10 +13,11 @@ import uuid
 import msgspec
 
 from ..errors import StalenessError
-from ..protocol import GenerateRequest, GenerateResult, SamplingParams
+from ..protocol import GenerateRequest, GenerateResult, Lifecycle, RoutedExperts, SamplingParams
 from .continuation import Continuation
 from .generator import USE_CLIENT_DEFAULT, Generator, UseClientDefault
 from .seeds import sample_seed
+from .trajectory import Trajectory
 
 __all__ = ["RolloutContext"]
 
@@ -37,6 +38,7 @@ class RolloutContext:
         member: int = 0,
         timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
         max_staleness: int | None = None,
+        return_routed_experts: bool = False,
     ) -> None:
         if member < 0:
             raise ValueError(f"member must be >= 0, got {member}")
@@ -45,6 +47,11 @@ class RolloutContext:
         self.session_id = session_id or uuid.uuid4().hex
         self.timeout = timeout
         self.max_staleness = max_staleness
+        self.return_routed_experts = return_routed_experts
+        #: one per engine call, in order: when and where each ran (exported with the trajectory)
+        self.lifecycles: list[Lifecycle] = []
+        #: one per engine call when ``return_routed_experts``: the MoE experts of its tokens
+        self.routed_experts: list[RoutedExperts] = []
         self.first_version: int | None = None
         self.current_rid: str | None = None
         self.preemptions = 0
@@ -86,7 +93,11 @@ class RolloutContext:
             seed = sample_seed(sampling.seed, member=self.member, turn=self._calls - 1)
             sampling = msgspec.structs.replace(sampling, seed=seed)
         req = GenerateRequest(
-            input_ids=input_ids, sampling=sampling, session_id=self.session_id, rid=f"{self.session_id}.{self._calls}"
+            input_ids=input_ids,
+            sampling=sampling,
+            session_id=self.session_id,
+            rid=f"{self.session_id}.{self._calls}",
+            return_routed_experts=self.return_routed_experts,
         )
         cont = Continuation(req)
         segment = 0
@@ -103,6 +114,10 @@ class RolloutContext:
             finally:
                 self.current_rid = None
             cont.add(result)
+            if result.lifecycle is not None:
+                self.lifecycles.append(result.lifecycle)
+            if result.routed_experts is not None:
+                self.routed_experts.append(result.routed_experts)
             if self.first_version is None and result.output_ids:
                 segs = result.version_segments
                 self.first_version = segs[0][0] if segs else result.weight_version
@@ -110,3 +125,11 @@ class RolloutContext:
                 self.preemptions += 1
                 continue  # preempted by the producer: wait, then continue from the tokens so far
             return cont.result()
+
+    def finish(self, traj: Trajectory) -> Trajectory:
+        """Attach what this context recorded (lifecycles, routed experts) to the agent's trajectory."""
+        if not traj.lifecycles:
+            traj.lifecycles = list(self.lifecycles)
+        if not traj.routed_experts:
+            traj.routed_experts = list(self.routed_experts)
+        return traj

@@ -39,7 +39,7 @@ async def run_trajectory(
     agent: Agent, ctx: RolloutContext, sample: Any, *, reward: RewardFn | None, sample_index: int
 ) -> Trajectory:
     """One trajectory of ``sample`` in ``ctx``, tagged with its sample index and rewarded when it finishes."""
-    traj = await agent.run(ctx, sample)
+    traj = ctx.finish(await agent.run(ctx, sample))
     traj.sample_index = sample_index
     if reward is not None and traj.finish_reason != "stale":
         traj.reward = await reward_of(reward, traj, sample)

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from ..protocol import GenerateResult
+from ..protocol import GenerateResult, Lifecycle, RoutedExperts
 from .segments import append_segments, result_segments
 
 __all__ = ["ToolCallRecord", "Trajectory", "TrajectoryBuilder", "Turn"]
@@ -68,6 +68,12 @@ class Trajectory(msgspec.Struct, kw_only=True):
     template_rewrites: bool = False
     error: str | None = None
     sample_index: int = -1
+    #: the caller's own facts about this trajectory (dataset row, task id, ...); exported as is
+    metadata: dict[str, Any] = {}
+    #: one per engine call, in order: when it was queued, dispatched, answered, where, retries/failovers
+    lifecycles: list[Lifecycle] = []
+    #: one per engine call, for requests with ``return_routed_experts`` (MoE routing replay)
+    routed_experts: list[RoutedExperts] = []
 
     @property
     def ids(self) -> list[int]:

@@ -53,6 +53,7 @@ from ...protocol import (
     GenerateResult,
     InitWeightGroup,
     PauseMode,
+    Timings,
     UpdateWeightsDistributed,
 )
 from ..base import Engine, EngineLoad, NamedTensors
@@ -71,6 +72,7 @@ class CpuEngine(Engine):
     """A transformers causal LM on CPU with continuous batching (see the module docstring)."""
 
     backend = "cpu"
+    supports_score = True
 
     def __init__(self, config: CpuEngineConfig | None = None) -> None:
         super().__init__()
@@ -140,6 +142,8 @@ class CpuEngine(Engine):
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
+        if req.score_only:
+            return await self._score(req)
         if req.rid in self._scheduler.seqs:
             raise InvalidRequestError("rid", req.rid, "a request with this rid is already in flight")
         fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
@@ -150,6 +154,25 @@ class CpuEngine(Engine):
         self._scheduler.add(seq)
         self._wake.set()
         return await fut
+
+    async def _score(self, req: GenerateRequest) -> GenerateResult:
+        """Prompt logprobs: one forward over the prompt on the worker, between two decode steps (so on one
+        set of weights), after a pause has been lifted."""
+        t0 = time.perf_counter()
+        await self._resumed.wait()
+        if "weights" in self._released:
+            raise EngineBusyError("weights are released; resume_memory(['weights']) first")
+        queued = time.perf_counter() - t0
+        logprobs, version = await self._in_worker(self._runner.score_prompt, req.input_ids)
+        return GenerateResult(
+            rid=req.rid,
+            output_ids=[],
+            finish_reason="stop",
+            prompt_tokens=len(req.input_ids),
+            weight_version=version,
+            prompt_logprobs=logprobs,
+            timings=Timings(queue_s=queued, total_s=time.perf_counter() - t0),
+        )
 
     def abort(self, rid: str) -> None:
         seq = self._scheduler.seqs.get(rid)

@@ -246,6 +246,27 @@ class ModelRunner:
 
     # -- weights and memory ------------------------------------------------------------------------
 
+    def score_prompt(self, input_ids: list[int]) -> tuple[list[float], int]:
+        """Logprob of each prompt token given the ones before it (one forward, no KV cache kept), and the
+        weight version it ran on.  The head runs ``_HEAD_CHUNK`` positions at a time: never [n, vocab]."""
+        import torch
+
+        ids = torch.tensor([input_ids], dtype=torch.long)
+        with torch.inference_mode():
+            if self._body is not None:
+                hidden = self._body(input_ids=ids, use_cache=False).last_hidden_state[0]
+                head = self._head
+            else:
+                hidden = self.model(input_ids=ids, use_cache=False).logits[0]
+                head = _identity
+            targets = ids[0, 1:]
+            out: list[float] = []
+            for lo in range(0, len(targets), _HEAD_CHUNK):
+                logits = head(hidden[lo : min(lo + _HEAD_CHUNK, len(targets))]).float()
+                lp = torch.log_softmax(logits, dim=-1)
+                out.extend(lp.gather(1, targets[lo : lo + _HEAD_CHUNK, None])[:, 0].tolist())
+        return out, self.version
+
     def apply_weights(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> None:
         """Load named tensors, all or nothing (checked against the model's manifest first)."""
         import torch

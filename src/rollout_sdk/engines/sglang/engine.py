@@ -51,7 +51,7 @@ from ...protocol import (
 from ..base import Engine, EngineLoad
 from .config import SglangEngineConfig
 from .control import Control, Flight
-from .translate import Parts, load_from_snapshot, sampling_params
+from .translate import Parts, load_from_snapshot, sampling_params, score_result
 
 __all__ = ["SglangEngine"]
 
@@ -75,10 +75,13 @@ class SglangEngine(Engine):
     """An SGLang engine behind the Engine interface (see the module docstring)."""
 
     backend = "sglang"
+    supports_score = True
 
     def __init__(self, config: SglangEngineConfig) -> None:
         super().__init__()
         self.config = config
+        self.supports_routed_experts = bool(config.extra.get("enable_return_routed_experts"))
+        self._top_k = 0  # experts per token of an MoE model (num_experts_per_tok), read at start
         self._engine: Any = None
         self._tm: Any = None
         self._limits: EngineLimits | None = None
@@ -146,6 +149,10 @@ class SglangEngine(Engine):
         mc = tm.model_config
         eos = sorted(getattr(mc, "hf_eos_token_id", None) or [])
         self._limits = EngineLimits(vocab_size=int(mc.vocab_size), max_context=int(tm.context_len), eos_token_ids=eos)
+        hf_text = getattr(mc, "hf_text_config", None) or getattr(mc, "hf_config", None)
+        self._top_k = int(getattr(hf_text, "num_experts_per_tok", 0) or 0)
+        if self.supports_routed_experts and self._top_k <= 0:
+            self.supports_routed_experts = False  # not an MoE model: refuse the flag instead of failing later
         self._load_task = asyncio.create_task(self._refresh_load(), name="sglang-load")
         log.info("SGLang engine ready in %.1fs: %s", self.startup_s, self.config.model_path)
 
@@ -279,6 +286,8 @@ class SglangEngine(Engine):
             raise InvalidRequestError("rid", req.rid, "already in flight")
         from sglang.srt.managers.io_struct import GenerateReqInput
 
+        if req.score_only:
+            return await self._score(req)
         base = sampling_params(req.sampling, self.config)
         if req.sampling.seed is not None and not self.config.deterministic and not self._warned_seed:
             self._warned_seed = True
@@ -305,7 +314,9 @@ class SglangEngine(Engine):
                     input_ids=[*req.input_ids, *parts.ids],
                     sampling_params=sp,
                     return_logprob=req.return_logprobs,
+                    return_routed_experts=req.return_routed_experts,
                 )
+                seq_len = len(obj.input_ids)
                 flight.task = task = asyncio.ensure_future(self._one(obj))
                 try:
                     out = await asyncio.shield(task)
@@ -320,6 +331,9 @@ class SglangEngine(Engine):
                 except Exception as exc:  # this request alone: the engine dies only by a child's death
                     raise RequestFailedError(f"SGLang failed the request: {type(exc).__name__}: {exc}") from exc
                 kind = parts.add(out, version)
+                if req.return_routed_experts:
+                    n_out = len(out.get("output_ids") or [])
+                    parts.add_routed(out.get("meta_info", {}), seq_len + n_out, self._top_k)
                 if kind == "abort" and flight.held and not flight.user_aborted:
                     flight.held = False  # checkpointed: continue from its tokens once the gate opens
                     continue
@@ -327,6 +341,45 @@ class SglangEngine(Engine):
         finally:
             if self._flights.get(req.rid) is flight:
                 del self._flights[req.rid]
+
+    async def _score(self, req: GenerateRequest) -> GenerateResult:
+        """Prompt logprobs: a prefill-only request (``max_new_tokens=0``, ``logprob_start_len=0``); SGLang
+        returns ``input_token_logprobs`` as ``(logprob, id, text)``, the first one ``None`` (no context)."""
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        if req.rid in self._flights:
+            raise InvalidRequestError("rid", req.rid, "already in flight")
+        flight = self._flights[req.rid] = Flight()
+        t0 = time.perf_counter()
+        try:
+            await self._control.wait_gate(flight)
+            if self._dead is not None:
+                raise EngineDeadError(str(self._dead))
+            flight.sid = uuid.uuid4().hex
+            version = self._weight_version
+            obj = GenerateReqInput(
+                rid=flight.sid,
+                input_ids=list(req.input_ids),
+                sampling_params={"max_new_tokens": 0},
+                return_logprob=True,
+                logprob_start_len=0,
+            )
+            flight.task = task = asyncio.ensure_future(self._one(obj))
+            try:
+                out = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if self._tm is not None:
+                    self._tm.abort_request(rid=flight.sid)
+                task.cancel()
+                raise
+            except ValueError as exc:
+                raise InvalidRequestError("input_ids", f"<{len(req.input_ids)} tokens>", str(exc)) from exc
+            except Exception as exc:
+                raise RequestFailedError(f"SGLang failed the score request: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if self._flights.get(req.rid) is flight:
+                del self._flights[req.rid]
+        return score_result(req, out, version, time.perf_counter() - t0)
 
     async def _one(self, obj: Any) -> dict[str, Any]:
         agen = self._tm.generate_request(obj, None)

@@ -3,11 +3,12 @@ into one GenerateResult out, and SGLang's load snapshot read as an EngineLoad.""
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import Any
 
-from ...errors import InvalidRequestError
-from ...protocol import PENALTY_RANGE, GenerateRequest, GenerateResult, SamplingParams, Timings
+from ...errors import InvalidRequestError, RequestFailedError
+from ...protocol import PENALTY_RANGE, GenerateRequest, GenerateResult, RoutedExperts, SamplingParams, Timings
 from ..base import EngineLoad
 from .config import SglangEngineConfig
 
@@ -51,6 +52,23 @@ class Parts:
         self.e2e_s = 0.0
         self.count = 0
         self.matched: int | None = None
+        self.routed: Any = None  # int32 [tokens, layers, top_k] over the sequence so far (MoE replay)
+
+    def add_routed(self, meta: dict[str, Any], seq_len: int, top_k: int) -> None:
+        """SGLang's routed experts of one part: base64 int32 ``[seq_len - 1, layers, top_k]`` (the last token
+        is never fed forward).  A later part re-prefills the sequence; keep what earlier parts measured and
+        take only the new positions from it."""
+        import numpy as np
+
+        b64 = meta.get("routed_experts")
+        if b64 is None:
+            raise RequestFailedError("SGLang returned no routed experts (start it with enable_return_routed_experts)")
+        flat = np.frombuffer(base64.b64decode(b64), dtype=np.int32)
+        tokens = max(0, seq_len - 1)
+        if tokens == 0 or top_k <= 0 or flat.size % (tokens * top_k):
+            raise RequestFailedError(f"routed experts of {flat.size} ids do not fit {tokens} tokens x top_k {top_k}")
+        arr = flat.reshape(tokens, flat.size // (tokens * top_k), top_k)
+        self.routed = arr if self.routed is None else np.concatenate([self.routed, arr[len(self.routed) :]])
 
     def add(self, out: dict[str, Any], version: int) -> str:
         meta = out.get("meta_info", {})
@@ -84,12 +102,45 @@ class Parts:
             logprobs=self.logprobs,
             matched_stop=self.matched,
             version_segments=self.segments,
+            routed_experts=_routed(self.routed),
             timings=Timings(
                 queue_s=self.queue_s or 0.0,
                 ttft_s=0.0,
                 total_s=self.e2e_s if self.count == 1 and self.e2e_s else total,
             ),
         )
+
+
+def _routed(arr: Any) -> RoutedExperts | None:
+    """SGLang's int32 routing as the wire's compact int16 (expert ids are far below 32768)."""
+    if arr is None:
+        return None
+    import numpy as np
+
+    t, layers, k = arr.shape
+    if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int16).max):
+        raise RequestFailedError(f"routed expert ids outside int16: [{arr.min()}, {arr.max()}]")
+    return RoutedExperts(num_tokens=t, num_layers=layers, top_k=k, data=arr.astype("<i2").tobytes())
+
+
+def score_result(req: GenerateRequest, out: dict[str, Any], version: int, total_s: float) -> GenerateResult:
+    """A score request's result from SGLang's ``input_token_logprobs`` (the first entry, without context,
+    is dropped)."""
+    meta = out.get("meta_info", {})
+    entries = list(meta.get("input_token_logprobs") or [])
+    if len(entries) == len(req.input_ids):
+        entries = entries[1:]
+    if len(entries) != len(req.input_ids) - 1 or any(e[0] is None for e in entries):
+        raise RequestFailedError(f"SGLang returned {len(entries)} prompt logprobs for {len(req.input_ids)} tokens")
+    return GenerateResult(
+        rid=req.rid,
+        output_ids=[],
+        finish_reason="stop",
+        prompt_tokens=len(req.input_ids),
+        weight_version=version,
+        prompt_logprobs=[float(e[0]) for e in entries],
+        timings=Timings(queue_s=float(meta.get("queue_time") or 0.0), total_s=total_s),
+    )
 
 
 def load_from_snapshot(s: Any, config: SglangEngineConfig) -> EngineLoad:
