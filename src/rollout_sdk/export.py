@@ -23,8 +23,8 @@ from typing import IO, Any
 
 import msgspec
 
-from .agents.trajectory import Trajectory
 from .protocol import GenerateResult
+from .rollouts.trajectory import Trajectory
 
 __all__ = ["ExportError", "iter_jsonl", "read_jsonl", "trajectory_from_result", "write_jsonl"]
 
