@@ -57,7 +57,7 @@ def run(main: Main | None = None, argv: Sequence[str] | None = None) -> int:
     """Run this torchrun rank: parse the launch options from ``argv`` (default ``sys.argv``), serve, and
     on rank 0 run ``main`` (an ``async def`` taking no arguments) as the driver.  Returns the exit code.
 
-    Example driver script (``torchrun --nproc-per-node 4 driver.py --tp 2``)::
+    Example driver script (``torchrun --standalone --nproc-per-node 4 driver.py --tp 2``)::
 
         from rollout_sdk import RolloutClient
         from rollout_sdk.launch import run
