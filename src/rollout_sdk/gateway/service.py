@@ -201,6 +201,22 @@ class TurnService:
             session.in_flight -= 1
             session.last_used = time.monotonic()
 
+    async def _run_choices(
+        self, session: Session, prompt: list[int], opts: RequestOptions, parse: bool
+    ) -> tuple[list[GenerateResult], list[_Decoded], float]:
+        """Generate the ``n`` choices of one call and decode them (off the loop when large); returns the
+        results, their decodings and the seconds generation took.  Refuses a session closed meanwhile."""
+        sampling = self._fit(len(prompt), opts)
+        t0 = time.perf_counter()
+        results = await self._generate_n(session, prompt, sampling, opts.n)
+        elapsed = time.perf_counter() - t0
+        decoded = await self._cpu(
+            lambda: [self._decode(r, opts.stop, parse, opts.logprobs) for r in results],
+            4 * sum(len(r.output_ids) for r in results),
+        )
+        session.check_open()
+        return results, decoded, elapsed
+
     def _decode(self, result: GenerateResult, stops: Sequence[str], parse: bool, logprobs: bool) -> _Decoded:
         """Runs on the tokenizer thread."""
         tok = self.tokenizer
@@ -262,15 +278,7 @@ class TurnService:
                 raise bad_request("messages", f"the chat template refused these messages: {exc}") from None
             raise
         prompt = (parent.ids() if parent is not None else []) + context
-        sampling = self._fit(len(prompt), opts)
-        t0 = time.perf_counter()
-        results = await self._generate_n(session, prompt, sampling, opts.n)
-        elapsed = time.perf_counter() - t0
-        decoded = await self._cpu(
-            lambda: [self._decode(r, opts.stop, parse, opts.logprobs) for r in results],
-            4 * sum(len(r.output_ids) for r in results),
-        )
-        session.check_open()
+        results, decoded, elapsed = await self._run_choices(session, prompt, opts, parse)
         choices = []
         for k, (result, dec) in enumerate(zip(results, decoded, strict=True)):
             kept = _cut(result, dec.cut) if dec.cut < len(result.output_ids) else result
@@ -343,15 +351,7 @@ class TurnService:
             raise unsupported("prompt", "prompt must be one string or one non-empty list of token ids (no batches)")
         if not context:
             raise bad_request("prompt", "the prompt adds nothing after the text already served")
-        sampling = self._fit(len(prompt), opts)
-        t0 = time.perf_counter()
-        results = await self._generate_n(session, prompt, sampling, opts.n)
-        elapsed = time.perf_counter() - t0
-        decoded = await self._cpu(
-            lambda: [self._decode(r, opts.stop, False, opts.logprobs) for r in results],
-            4 * sum(len(r.output_ids) for r in results),
-        )
-        session.check_open()
+        results, decoded, elapsed = await self._run_choices(session, prompt, opts, False)
         prefix_text = prompt_in if isinstance(prompt_in, str) else ""
         choices = []
         for k, (result, dec) in enumerate(zip(results, decoded, strict=True)):
