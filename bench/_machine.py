@@ -19,7 +19,30 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["QUIET_PCT", "ForeignCpu", "ServerProcs", "log", "sigterm_as_interrupt", "stop_processes", "wait_quiet"]
+__all__ = [
+    "QUIET_PCT",
+    "ForeignCpu",
+    "ServerProcs",
+    "log",
+    "save_results",
+    "sigterm_as_interrupt",
+    "stop_processes",
+    "wait_quiet",
+]
+
+
+def save_results(path: str, rows: list[Any], args: dict[str, Any]) -> dict[str, Any]:
+    """Write ``{"meta": ..., "rows": rows}`` as JSON to ``path`` (meta: date, machine and load, ``args``);
+    return the meta."""
+    import json
+
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+        "args": args,
+    }
+    Path(path).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return meta
 
 
 def log(msg: str) -> None:

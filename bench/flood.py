@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -40,7 +38,7 @@ import zmq
 import zmq.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import ServerProcs, log, sigterm_as_interrupt
+from _machine import ServerProcs, log, save_results, sigterm_as_interrupt
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -161,12 +159,7 @@ def main() -> None:
     t0 = time.time()
     with sigterm_as_interrupt():
         rows = uvloop.run(_drive(args))
-    meta = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
-        "args": vars(args),
-    }
-    Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    meta = save_results(args.json, rows, vars(args))
     print(
         f"{'config':10s} {'p50 ms':>9s} {'p99 ms':>9s} {'max ms':>9s} {'flood answered':>15s} {'flood busy':>11s}"
         "   (normal client, 4-token requests; medians over repeats)"

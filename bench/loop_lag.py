@@ -46,7 +46,6 @@ import argparse
 import asyncio
 import collections
 import json
-import os
 import signal
 import statistics
 import sys
@@ -59,7 +58,7 @@ import zmq
 import zmq.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import ServerProcs, log, sigterm_as_interrupt
+from _machine import ServerProcs, log, save_results, sigterm_as_interrupt
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -308,12 +307,7 @@ def main() -> None:
     t0 = time.time()
     with sigterm_as_interrupt():
         rows = uvloop.run(_drive(args))
-    meta = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
-        "args": {k: v for k, v in vars(args).items() if k not in ("serve", "samples", "json")},
-    }
-    Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    meta = save_results(args.json, rows, {k: v for k, v in vars(args).items() if k not in ("serve", "samples", "json")})
     print(_table(rows))
     print(f"runtime {time.time() - t0:.0f} s; {meta['machine']}; numbers in {args.json}")
 
