@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import resource
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -523,8 +524,16 @@ async def test_500_concurrent_sessions_on_cpu_fakes(fake_servers, tok) -> None:
         handles = [gw.session() for _ in range(500)]
         # one process plays 500 agents: the clients' own work slows connects past openai's 5 s default
         shared = openai.AsyncOpenAI(base_url=gw.url, api_key="unused", max_retries=0, timeout=300)
+        # 500 agents' sockets plus the gateway's 500 pass a 1024 open-file limit (CI's soft limit): raise it
+        # to the hard limit, and where that is still short, let at most 200 agents hold a request at once
+        # (the 500 sessions stay open side by side either way)
+        in_flight = asyncio.Semaphore(500 if raise_open_file_limit(4096) >= 4096 else 200)
 
         async def one(h: Any) -> None:
+            async with in_flight:
+                await two_turns(h)
+
+        async def two_turns(h: Any) -> None:
             oa = shared.with_options(api_key=h.api_key)
             msgs: list[dict[str, Any]] = [{"role": "user", "content": f"1+2? ({h.id})"}]
             r = await oa.chat.completions.create(model=gw.model_name, messages=msgs, tools=TOOLS)
@@ -570,6 +579,16 @@ async def test_a_client_that_disconnects_aborts_its_generation_and_records_nothi
         r = await oa.chat.completions.create(**body)
         await oa.close()
         assert r.choices[0].message.content == "late" and gw.get_session(s.id).num_turns == 1
+
+
+def raise_open_file_limit(want: int) -> int:
+    """Raise this process's soft open-file limit toward ``want`` (never above the hard limit); returns it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft
 
 
 async def wait_for(cond: Callable[[], bool], timeout: float = 60) -> None:

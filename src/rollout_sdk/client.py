@@ -276,6 +276,9 @@ class RolloutClient:
         self._member_seq = itertools.count()
         self._tg: asyncio.TaskGroup | None = None
         self._conn_tasks: dict[ServerConnection, asyncio.Task[None]] = {}
+        #: every channel this client opened and has not closed: a join cut short by close (or a retire
+        #: interrupted by cancellation) must not leave a socket open, or the context's term() never returns
+        self._channels: list[_transport.DealerChannel] = []
         self._retired: collections.deque[ServerConnection] = collections.deque(maxlen=256)
         self._joining: dict[str, asyncio.Task[ServerConnection]] = {}
         from .metrics import ClientMetrics  # prometheus-client loads with the first client, not on import
@@ -324,10 +327,12 @@ class RolloutClient:
 
     def _new_connection(self, address: str) -> ServerConnection:
         cfg = self.config
+        channel = _transport.DealerChannel(self._ctx, address, self._creds)
+        self._channels = [c for c in self._channels if not c.closed] + [channel]
         conn = ServerConnection(
             next(self._member_seq),
             address,
-            _transport.DealerChannel(self._ctx, address, self._creds),
+            channel,
             on_change=self._on_server_change,
             heartbeat_interval_s=cfg.heartbeat_interval_s,
             heartbeat_timeout_s=cfg.heartbeat_timeout_s,
@@ -410,8 +415,9 @@ class RolloutClient:
             cancelled = exc
         except Exception:
             pass  # the supervisor's failure was logged (and recorded in _broken) when it happened
-        for conn in self._scheduler.servers:
-            await conn.channel.close()
+        for channel in self._channels:  # members, and any a cut-short join or retire left open
+            await channel.close()
+        self._channels = []
         if self._ctx is not None:
             ctx, self._ctx = self._ctx, None
             await asyncio.to_thread(ctx.term)  # bounded by the sockets' linger
