@@ -5,7 +5,7 @@ learning: samples are drawn with top_k=8 and the reward of a sample is the fract
 even id, so the policy has to move probability towards even ids among its top candidates.
 
     python examples/custom_trainer.py --steps 4                      # embedded CPU engine in this process
-    torchrun --nproc-per-node 3 examples/custom_trainer.py --steps 4 # rank 0 trains, every rank serves
+    torchrun --standalone --nproc-per-node 3 examples/custom_trainer.py --steps 4 # rank 0 trains, every rank serves
 
 Each step prints the mean reward, the largest gap between the engine's logprobs and the trainer's own
 (on-policy check: the same weights must give the same numbers), the loss and the weight-sync time.

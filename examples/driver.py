@@ -1,6 +1,6 @@
 """A driver launched by torchrun: rank 0 runs main() while every TP leader serves an engine.
 
-    torchrun --nproc-per-node 4 examples/driver.py --tp 2 --requests 100
+    torchrun --standalone --nproc-per-node 4 examples/driver.py --tp 2 --requests 100
 
 The launch options (--tp, --engine, --model, ...) are rollout_sdk.launch's; --requests is this script's.
 """

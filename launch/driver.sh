@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-exec torchrun --nproc-per-node "${NPROC:-4}" examples/driver.py --tp "${TP:-1}" --engine "${ENGINE:-cpu}" "$@"
+exec torchrun --standalone --nproc-per-node "${NPROC:-4}" examples/driver.py --tp "${TP:-1}" --engine "${ENGINE:-cpu}" "$@"

@@ -1,7 +1,7 @@
 """A standalone rollout service: every torchrun rank runs this; TP leaders serve engines until SIGTERM.
 
-    torchrun --nproc-per-node 4 launch/serve.py --tp 2 --engine cpu
-    torchrun --nproc-per-node 8 launch/serve.py --tp 2 --engine sglang --model /models/qwen2.5-7b
+    torchrun --standalone --nproc-per-node 4 launch/serve.py --tp 2 --engine cpu
+    torchrun --standalone --nproc-per-node 8 launch/serve.py --tp 2 --engine sglang --model /models/qwen2.5-7b
 
 Clients elsewhere connect with the job's store address (MASTER_ADDR:MASTER_PORT, printed at start):
     RolloutClient(discovery=StoreDiscovery("host:port"))   or   ROLLOUT_SDK_STORE=host:port

@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-exec torchrun --nproc-per-node "${NPROC:-2}" launch/serve.py --tp "${TP:-1}" --engine "${ENGINE:-cpu}" \
+exec torchrun --standalone --nproc-per-node "${NPROC:-2}" launch/serve.py --tp "${TP:-1}" --engine "${ENGINE:-cpu}" \
   ${MODEL:+--model "$MODEL"} "$@"

@@ -1,7 +1,7 @@
 """Launch under torchrun: DP x TP servers, discovery through the job's c10d store, optional driver.
 
-    torchrun --nproc-per-node 4 -m rollout_sdk.launch --tp 2               # a standalone rollout service
-    torchrun --nproc-per-node 4 my_driver.py --tp 2                         # my_driver.py calls run(main)
+    torchrun --standalone --nproc-per-node 4 -m rollout_sdk.launch --tp 2               # a standalone rollout service
+    torchrun --standalone --nproc-per-node 4 my_driver.py --tp 2                         # my_driver.py calls run(main)
 
 See docs/launch.md.
 """

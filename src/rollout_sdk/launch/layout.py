@@ -44,7 +44,9 @@ class Layout:
         missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if k not in env]
         if missing:
             raise ConfigError(
-                "environment", missing, "not set: run this under torchrun (torchrun --nproc-per-node N ...)"
+                "environment",
+                missing,
+                "not set: run this under torchrun (torchrun --standalone --nproc-per-node N ...)",
             )
         world = int(env["WORLD_SIZE"])
         local_world = int(env.get("LOCAL_WORLD_SIZE", world))
