@@ -61,7 +61,7 @@ ENGINE = "rollout-sdk CpuEngine"
 HF_CB = "transformers CB"
 IMPLS = (ENGINE, HF_CB)
 
-#: Per-request SamplingParams features, as read in the sources (rollout_sdk/engines/cpu.py, _sampling.py and
+#: Per-request SamplingParams features, as read in the sources (rollout_sdk/engines/cpu/, _sampling.py and
 #: transformers 5.24 generation/continuous_batching/*.py).
 FEATURES: dict[str, dict[str, str]] = {
     ENGINE: {

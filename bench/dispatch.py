@@ -609,7 +609,10 @@ async def run_all(args: argparse.Namespace, report: Report, procs: FakeServers) 
     if not args.no_memory:
         async with (
             procs.fleet(1) as instant,
-            procs.fleet(1, "--fake-step-base-s", "3600", "--fake-max-batch", "1") as stalled,
+            # this measures the client: lift the server's admission cap (4,096 by default) above N
+            procs.fleet(
+                1, "--fake-step-base-s", "3600", "--fake-max-batch", "1", "--max-requests", str(10 * args.mem_inflight)
+            ) as stalled,
         ):
             tracemalloc.start()
             try:

@@ -99,7 +99,7 @@ def spawn_server(sdk_home: Path) -> Iterator:
     """Start ``python -m rollout_sdk serve ...`` processes; every one is stopped at teardown."""
     procs: list[subprocess.Popen[str]] = []
 
-    def spawn(*args: str, timeout: float = 90) -> ServerProcess:
+    def spawn(*args: str, timeout: float = 300) -> ServerProcess:  # a hang guard: loaded machines are slow
         env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
         proc = subprocess.Popen(
             [sys.executable, "-m", "rollout_sdk", "serve", *args],

@@ -682,10 +682,10 @@ async def test_async_tool_is_cancelled_at_its_timeout() -> None:
     start = time.perf_counter()
     result = await registry.execute(call("slow"))
     elapsed = time.perf_counter() - start
-    assert 0.09 <= elapsed < 1.5
+    assert elapsed >= 0.09  # never early; how late depends on the machine, so no upper bound
     assert (result.ok, result.error_kind, result.content) == (False, "timeout", "tool 'slow' timed out after 0.1 s")
     assert cancelled.is_set()
-    assert 0.09 <= result.latency_s < 1.5
+    assert result.latency_s >= 0.09
 
 
 async def test_sync_tool_is_abandoned_at_its_timeout() -> None:
@@ -698,38 +698,34 @@ async def test_sync_tool_is_abandoned_at_its_timeout() -> None:
         release.wait(5)
         return "late"
 
-    start = time.perf_counter()
     try:
-        result = await registry.execute(call("stuck"))
+        result = await registry.execute(call("stuck"))  # had the timeout not worked: "late", after 5 s
     finally:
         release.set()  # let the abandoned thread finish so the loop shuts down promptly
-    assert time.perf_counter() - start < 1.5
     assert (result.error_kind, result.content) == ("timeout", "tool 'stuck' timed out after 0.1 s")
 
 
 async def test_sync_tool_does_not_block_the_event_loop() -> None:
+    """A condition, not tick counting: the tool blocks until a coroutine on the loop has run while the tool
+    was running, which is only possible if the tool runs off the loop."""
     registry = ToolRegistry()
+    tool_started = threading.Event()
+    loop_ran = threading.Event()
 
     @registry.register
     def sleepy() -> str:
-        time.sleep(0.2)
-        return "rested"
+        tool_started.set()
+        return "rested" if loop_ran.wait(timeout=60) else "the event loop was blocked"
 
-    ticks = 0
-    done = False
+    async def on_the_loop() -> None:
+        while not tool_started.is_set():
+            await asyncio.sleep(0.001)
+        loop_ran.set()
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done:
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    ticking = asyncio.create_task(ticker())
+    beside = asyncio.create_task(on_the_loop())
     result = await registry.execute(call("sleepy"))
-    done = True
-    await ticking
+    beside.cancel()
     assert result.content == "rested"
-    assert ticks >= 8  # ~20 if the loop stayed free; 1 if the sleep had blocked it
 
 
 async def test_max_concurrency_is_honoured() -> None:

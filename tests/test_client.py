@@ -50,7 +50,8 @@ async def test_close_fails_waiting_callers_with_a_clear_error(fake_servers) -> N
     client = RolloutClient(servers=[server.address])
     await client.open()
     task = asyncio.create_task(client.generate(_req(1)))
-    await asyncio.sleep(0.05)
+    while server.stats().in_flight < 1:  # a condition, not a sleep: the request is on the server
+        await asyncio.sleep(0.005)
     await client.aclose()
     with pytest.raises(ClientStateError, match="closed"):
         await task

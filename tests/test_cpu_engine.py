@@ -84,7 +84,9 @@ async def test_abort_returns_partial_tokens_and_frees_the_slot(engine: CpuEngine
     task = asyncio.create_task(engine.generate(_req(p, "ab", max_new_tokens=2000, ignore_eos=True)))
     while not engine.load().running:
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.2)
+    # a condition, not a sleep: a 1-token request admitted after "ab" finishes only after a step that
+    # also decoded "ab", so "ab" has tokens
+    await engine.generate(_req(p, "ab-probe", max_new_tokens=1))
     engine.abort("ab")
     r = await asyncio.wait_for(task, 5)
     assert r.finish_reason == "abort"
@@ -145,7 +147,9 @@ async def test_pause_modes(engine: CpuEngine) -> None:
         r = await asyncio.wait_for(task, 20)
         assert r.output_ids == want, mode
     task = asyncio.create_task(engine.generate(_req(p, "pm-abort", max_new_tokens=4000, ignore_eos=True)))
-    await asyncio.sleep(0.2)
+    while not engine.load().running:
+        await asyncio.sleep(0.01)
+    await engine.generate(_req(p, "pm-probe", max_new_tokens=1))  # "pm-abort" has tokens (see above)
     await engine.pause("abort")
     r = await asyncio.wait_for(task, 5)
     assert r.finish_reason == "abort"

@@ -22,7 +22,7 @@ import pytest
 
 from rollout_sdk import EngineBusyError, EngineDeadError, GenerateRequest, SamplingParams, WeightUpdateError
 from rollout_sdk.engines.sglang import SglangEngine, SglangEngineConfig
-from rollout_sdk.protocol import EngineLimits, TensorMeta
+from rollout_sdk.protocol import EngineLimits, TensorMeta, UpdateWeightsDistributed, UpdateWeightsFromIpc
 
 STEP_S = 0.002
 PROMPT = [7, 8, 9, 10]
@@ -118,8 +118,8 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> tuple[SglangEngine, FakeTokenizer
     tm = FakeTokenizerManager()
     eng._tm = tm
     eng._limits = EngineLimits(vocab_size=1000, max_context=4096, eos_token_ids=[0])
-    eng._groups.add("g")
-    eng._manifest = {"model.norm.weight": (16,), "lm_head.weight": (1000, 16)}
+    eng._control.groups.add("g")
+    eng._control.manifest = {"model.norm.weight": (16,), "lm_head.weight": (1000, 16)}
     return eng, tm
 
 
@@ -130,6 +130,14 @@ def req(rid: str, n: int) -> GenerateRequest:
 def exact(r: Any, n: int) -> bool:
     start = len(PROMPT)
     return r.output_ids == list(range(start, start + n)) and r.logprobs == [-0.5] * n
+
+
+def dist(buckets: list[list[TensorMeta]], version: int) -> UpdateWeightsDistributed:
+    return UpdateWeightsDistributed(call_id="c", group_name="g", buckets=buckets, version=version)
+
+
+def ipc(buckets: list[list[TensorMeta]], version: int) -> UpdateWeightsFromIpc:
+    return UpdateWeightsFromIpc(call_id="c", handles=[b"h"], buckets=buckets, version=version)
 
 
 NORM = [[TensorMeta(name="model.norm.weight", dtype="bfloat16", shape=[16])]]
@@ -145,7 +153,7 @@ async def test_unpaused_update_checkpoints_running_requests_into_exact_segments(
     eng, tm = engine
     tasks = [asyncio.ensure_future(eng.generate(req(f"r{i}", 200))) for i in range(20)]
     await until_tokens(tm, 20)
-    await eng.update_weights_distributed(group_name="g", buckets=NORM, version=1, flush_cache=True)
+    await eng.update_weights_distributed(dist(NORM, 1))
     results = await asyncio.gather(*tasks)
     for r in results:
         assert r.finish_reason == "length" and exact(r, 200)
@@ -168,7 +176,7 @@ async def test_hold_keeps_new_requests_out_until_resume(engine) -> None:
     new = [asyncio.ensure_future(eng.generate(req(f"n{i}", 30))) for i in range(5)]
     await asyncio.sleep(0.05)
     assert not tm.running and not any(t.done() for t in [*old, *new])  # all wait at the gate
-    await eng.update_weights_distributed(group_name="g", buckets=NORM, version=2, flush_cache=True)
+    await eng.update_weights_distributed(dist(NORM, 2))
     assert not tm.running  # still paused after the update
     await eng.resume()
     for r in await asyncio.gather(*old):
@@ -218,7 +226,7 @@ async def test_refused_update_loads_nothing_but_receives_the_broadcast(engine) -
         ]
     ]
     with pytest.raises(WeightUpdateError) as info:
-        await eng.update_weights_distributed(group_name="g", buckets=bad, version=5, flush_cache=True)
+        await eng.update_weights_distributed(dist(bad, 5))
     assert info.value.applied is False
     assert "'model.norm.weight_typo'" in str(info.value) and "(1000, 17)" in str(info.value)
     # the collective ran (the trainer was sending) under names no model has: nothing loaded
@@ -226,7 +234,7 @@ async def test_refused_update_loads_nothing_but_receives_the_broadcast(engine) -
     r = await running
     assert exact(r, 100) and r.version_segments == [(0, 100)]  # a refused update holds nothing
     with pytest.raises(WeightUpdateError) as info:
-        await eng.update_weights_from_ipc(handles=[b"h"], buckets=bad, version=5, flush_cache=True)
+        await eng.update_weights_from_ipc(ipc(bad, 5))
     assert info.value.applied is False and len(tm.loaded) == 1  # IPC: refused before anything is sent
 
 
@@ -234,7 +242,7 @@ async def test_failure_after_the_check_means_half_updated(engine) -> None:
     eng, tm = engine
     tm.fail_update = True
     with pytest.raises(WeightUpdateError) as info:
-        await eng.update_weights_distributed(group_name="g", buckets=NORM, version=1, flush_cache=True)
+        await eng.update_weights_distributed(dist(NORM, 1))
     assert info.value.applied is None  # SGLang loads tensor by tensor: the client marks this engine dead
 
 
@@ -271,5 +279,36 @@ async def test_ipc_refused_up_front_with_tensor_parallel_engines(engine) -> None
     eng, tm = engine
     eng.config = SglangEngineConfig(model_path="/nonexistent", tp_size=2)
     with pytest.raises(WeightUpdateError, match="one CUDA handle per TP rank") as info:
-        await eng.update_weights_from_ipc(handles=[b"h"], buckets=NORM, version=1, flush_cache=True)
+        await eng.update_weights_from_ipc(ipc(NORM, 1))
     assert info.value.applied is False and tm.loaded == []
+
+
+async def test_load_never_shows_more_than_runs_here(engine) -> None:
+    """SGLang's load snapshot is read once a second: one taken mid-run must not outlive the run."""
+    from types import SimpleNamespace
+
+    from rollout_sdk.engines.base import EngineLoad
+    from rollout_sdk.engines.sglang.translate import load_from_snapshot
+
+    eng, tm = engine
+    snap = SimpleNamespace(
+        num_running_reqs=128,
+        num_waiting_reqs=7,
+        num_waiting_uncached_tokens=900,
+        num_used_tokens=50_000,
+        max_total_num_tokens=400_000,
+        max_running_requests=256,
+        token_usage=0.125,
+    )
+    eng._load = load_from_snapshot(snap, eng.config)
+    assert (eng._load.max_running_requests, eng._load.kv_capacity_tokens) == (256, 400_000)
+    idle = eng.load()
+    assert (idle.running, idle.queued, idle.queued_tokens) == (0, 0, 0)
+    assert idle.max_running_requests == 256 and idle.kv_capacity_tokens == 400_000
+    tasks = [asyncio.ensure_future(eng.generate(req(f"r{i}", 100))) for i in range(3)]
+    await until_tokens(tm, 3)
+    busy = eng.load()
+    assert busy.running + busy.queued == 3
+    eng._load = EngineLoad(running=1, queued=0)
+    assert eng.load().running == 1  # a fresh snapshot below what runs is kept as it is
+    await asyncio.gather(*tasks)

@@ -12,7 +12,19 @@ Each connection runs three loops (under the client's supervisor task group)::
 
 Marking a server dead fails every future waiting on it at once with ServerUnavailableError, so no
 ``await`` outlives its server.  A dead server that answers a heartbeat again (same process, reconnected)
-is taken back.
+is taken back.  A heartbeat answered by a *different* process at the same address (a new
+``incarnation``: the server was restarted on its old port) is not: this connection stays dead, marked
+``replaced``, and ``on_replaced`` tells the client, which admits the newcomer as a new member.
+
+Membership state, besides alive/dead: ``admitted`` (the client routes to it only once it serves the
+client's weight version; ``admission`` says why not) and ``removing`` (``remove_server``: no new work).
+
+Orphans: the rids that were in flight when a server was marked dead (their callers failed over) are kept
+(bounded, ``_MAX_ORPHANS``); an Abort for each is sent the moment the server can be reached again, and
+whatever it still sends for them is dropped without touching a counter.
+
+Held: new requests are not placed on a server that is paused, has released its memory, or answered
+``busy`` moments ago (``held``); they wait in the client's scheduler instead of in the engine.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from . import _transport
 from .errors import (
     ClientStateError,
     EngineDeadError,
+    MessageTooLargeError,
     ProtocolError,
     ServerUnavailableError,
     error_from_reply,
@@ -53,6 +66,12 @@ __all__ = ["ServerConnection"]
 
 log = logging.getLogger("rollout_sdk.client")
 
+#: rids of failed-over requests remembered per server, to abort there once it is reachable
+_MAX_ORPHANS = 100_000
+#: back-off after a busy reply: first, and largest (doubling in between)
+_BUSY_BACKOFF_S = 0.02
+_BUSY_BACKOFF_MAX_S = 1.0
+
 
 class ServerConnection:
     """One server as the scheduler sees it.  All fields are touched on the client's event loop only."""
@@ -66,6 +85,7 @@ class ServerConnection:
         on_change: Callable[[ServerConnection], Any],
         heartbeat_interval_s: float,
         heartbeat_timeout_s: float,
+        on_replaced: Callable[[ServerConnection], Any] | None = None,
     ) -> None:
         self.index = index
         self.address = address
@@ -74,6 +94,15 @@ class ServerConnection:
         self.alive = False
         self.dead_reason = "not connected yet"
         self.draining = False
+        #: routed to only while admitted (it serves the client's weight version); why not, when not
+        self.admitted = True
+        self.admission = ""
+        #: remove_server() was called: no new work
+        self.removing = False
+        #: a new process answered at this address; this connection is retired for good
+        self.replaced = False
+        #: the weight version the server last reported (Pong or control reply)
+        self.reported_version = 0
         # live load
         self.in_flight = 0
         self.outstanding_tokens = 0
@@ -86,15 +115,29 @@ class ServerConnection:
         self.failed_over = 0
         self.latencies: collections.deque[float] = collections.deque(maxlen=4096)
         self.stats: ServerStats | None = None
+        self._stats_at: float | None = None
+        self._last_refresh = 0.0
         self._pending: dict[str, asyncio.Future[GenerateResult]] = {}
         self._calls: dict[str, asyncio.Future[ControlReply]] = {}
         self._on_change = on_change
+        self._on_replaced = on_replaced
+        self._idle: asyncio.Event | None = None
         self._hb_interval = heartbeat_interval_s
         self._hb_timeout = heartbeat_timeout_s
         self._last_pong = time.monotonic()
         self._ping_seq = 0
         self._call_seq = 0
         self._pings: dict[int, asyncio.Future[ServerStats]] = {}
+        # faults (docs/reliability.md)
+        self._orphans: dict[str, None] = {}  # insertion-ordered set of rids to abort once reachable
+        self.paused = False  # paused (client.pause(), or a Pong that says so)
+        self.released = False  # memory released by client.release_memory()
+        self.busy = False  # answered busy moments ago
+        self.held = False  # any of the three: place nothing new here
+        self.busy_replies = 0
+        self._busy_backoff = _BUSY_BACKOFF_S
+        self._busy_timer: asyncio.TimerHandle | None = None
+        self._paused_seq = 0  # Pongs up to this seq predate our last pause/resume: their flag is stale
 
     def __repr__(self) -> str:
         state = "alive" if self.alive else f"dead: {self.dead_reason}"
@@ -105,8 +148,12 @@ class ServerConnection:
         return self.info.server_id if self.info is not None else self.address
 
     @property
+    def incarnation(self) -> str:
+        return self.info.incarnation if self.info is not None else ""
+
+    @property
     def accepting(self) -> bool:
-        return self.alive and not self.draining
+        return self.alive and self.admitted and not self.draining and not self.removing
 
     @property
     def load(self) -> int:
@@ -123,6 +170,15 @@ class ServerConnection:
         """Send an encoded GenerateRequest; the future completes with its result or typed error."""
         if not self.alive:
             raise ServerUnavailableError(f"server {self.server_id} is dead: {self.dead_reason}")
+        info = self.info
+        if info is not None and 0 < info.max_generate_bytes < len(payload):
+            raise MessageTooLargeError(
+                "input_ids",
+                f"<{len(payload)} bytes encoded>",
+                f"server {self.server_id} accepts requests up to {info.max_generate_bytes} bytes (max_generate_bytes)",
+            )
+        if self._orphans:
+            self._orphans.pop(rid, None)
         fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
         self.channel.send(payload)  # raises ServerUnavailableError when not connected
         self._pending[rid] = fut
@@ -131,11 +187,11 @@ class ServerConnection:
 
     def cancel(self, rid: str) -> None:
         """Forget ``rid`` and tell the server to abort it (best effort: the server may be gone)."""
-        if self._pending.pop(rid, None) is not None and self.alive:
+        if self._pending.pop(rid, None) is not None:
             try:
                 self.channel.send(encode(Abort(rid)))
             except ServerUnavailableError:
-                pass
+                self._adopt_orphans({rid: None})  # aborted there once it is reachable
 
     def abort(self, rid: str) -> bool:
         """Ask the server to abort ``rid``; its caller still gets the (abort) result.  False if unknown."""
@@ -197,10 +253,24 @@ class ServerConnection:
         reply = await self._call(GetInfo(call_id=self.next_call_id()), max(0.1, deadline - time.monotonic()))
         assert reply.info is not None
         self.info = reply.info
+        self.reported_version = reply.info.weight_version
         self.alive = True
         self.dead_reason = ""
         self._last_pong = time.monotonic()
         return reply.info
+
+    async def wait_idle(self) -> None:
+        """Until none of this client's requests is in flight here (or the server is dead)."""
+        while self.in_flight > 0 and self.alive:
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            await self._idle.wait()
+
+    def notify_idle(self) -> None:
+        """Wake :meth:`wait_idle` (the scheduler calls it when ``in_flight`` drops to 0)."""
+        if self._idle is not None:
+            self._idle.set()
+            self._idle = None
 
     # -- health --------------------------------------------------------------------------------------
 
@@ -215,6 +285,8 @@ class ServerConnection:
             log.warning("server %s (%s) marked dead: %s", self.server_id, self.address, reason)
         err = error or ServerUnavailableError(f"server {self.server_id} ({self.address}) is dead: {reason}")
         pending, self._pending = self._pending, {}
+        if not isinstance(error, ClientStateError):
+            self._adopt_orphans(pending)
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -226,14 +298,78 @@ class ServerConnection:
         for pfut in pings.values():
             if not pfut.done():
                 pfut.set_exception(err)
+        self.notify_idle()
         self._on_change(self)
 
     def _revive(self) -> None:
-        if not self.alive and self.info is not None:
+        if not self.alive and self.info is not None and not self.replaced:
             log.info("server %s (%s) is back", self.server_id, self.address)
             self.alive = True
             self.dead_reason = ""
+            self._abort_orphans()
             self._on_change(self)
+
+    # -- orphans: requests that failed over while this server still held them ---------------------------
+
+    def _adopt_orphans(self, pending: dict[str, Any]) -> None:
+        for rid in pending:
+            self._orphans[rid] = None
+        while len(self._orphans) > _MAX_ORPHANS:
+            del self._orphans[next(iter(self._orphans))]
+        self._abort_orphans()  # reachable already when it was only slow (a missed heartbeat)
+
+    def _abort_orphans(self) -> None:
+        """Send an Abort for every orphan; keep those that could not be sent for the next chance."""
+        while self._orphans:
+            rid = next(iter(self._orphans))
+            try:
+                self.channel.send(encode(Abort(rid)))
+            except ServerUnavailableError:
+                return
+            del self._orphans[rid]
+
+    @property
+    def num_orphans(self) -> int:
+        return len(self._orphans)
+
+    # -- held: paused, released, busy -------------------------------------------------------------------
+
+    def set_paused(self, paused: bool) -> None:
+        """This client paused / resumed the server (Pongs sent before now no longer say otherwise)."""
+        self._paused_seq = self._ping_seq
+        self.paused = paused
+        self._update_held()
+
+    def set_released(self, released: bool) -> None:
+        self.released = released
+        self._update_held()
+
+    def on_busy(self) -> None:
+        """The server answered busy: place nothing here for a back-off (doubling), or until a reply
+        shows that a slot freed."""
+        self.busy_replies += 1
+        self.busy = True
+        self._update_held()
+        if self._busy_timer is None:
+            delay = self._busy_backoff
+            self._busy_backoff = min(_BUSY_BACKOFF_MAX_S, delay * 2)
+            self._busy_timer = asyncio.get_running_loop().call_later(delay, self._clear_busy, False)
+
+    def _clear_busy(self, reset_backoff: bool = True) -> None:
+        if self._busy_timer is not None:
+            self._busy_timer.cancel()
+            self._busy_timer = None
+        if reset_backoff:
+            self._busy_backoff = _BUSY_BACKOFF_S
+        self.busy = False
+        self._update_held()
+
+    def _update_held(self) -> None:
+        held = self.paused or self.released or self.busy
+        if held != self.held:
+            self.held = held
+            if not held:
+                self._on_change(self)  # waiters may take this server again
 
     # -- loops -------------------------------------------------------------------------------------
 
@@ -263,14 +399,19 @@ class ServerConnection:
                 fut = self._pending.pop(rid, None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
+                self._refresh_if_idle()
+                if self.busy:
+                    self._clear_busy()  # a slot freed on the server
             case ErrorReply():
                 self._dispatch_error(msg)
             case Pong(seq=seq, stats=stats):
-                self._on_pong(stats)
+                self._on_pong(stats, seq)
                 pfut = self._pings.pop(seq, None)
                 if pfut is not None and not pfut.done():
                     pfut.set_result(stats)
             case ControlReply(call_id=call_id):
+                if msg.weight_version is not None and msg.info is None:
+                    self.reported_version = msg.weight_version
                 cfut = self._calls.pop(call_id, None)
                 if cfut is not None and not cfut.done():
                     cfut.set_result(msg)
@@ -284,20 +425,65 @@ class ServerConnection:
             target = self._calls.pop(msg.call_id, None)
         if target is not None and not target.done():
             target.set_exception(exc)
+        if msg.rid is not None:
+            self._refresh_if_idle()
         elif msg.rid is None and msg.call_id is None:
             log.error("server %s reported: [%s] %s", self.server_id, msg.code, msg.message)
         if isinstance(exc, EngineDeadError):
             self.mark_dead(f"engine died: {msg.message}", exc)
 
-    def _on_pong(self, stats: ServerStats) -> None:
+    def _on_pong(self, stats: ServerStats, seq: int = 0) -> None:
+        if self.replaced:
+            return
+        if stats.incarnation and self.info is not None and stats.incarnation != self.info.incarnation:
+            # another process answers at this address: the server we knew is gone for good
+            self.replaced = True
+            reason = f"replaced by a new server process ({stats.incarnation}) at this address"
+            self.mark_dead(reason)
+            self.dead_reason = reason
+            if self._on_replaced is not None:
+                self._on_replaced(self)
+            return
         self._last_pong = time.monotonic()
+        moved = stats.weight_version != self.reported_version
+        self.reported_version = stats.weight_version
         self.stats = stats
-        self.external = max(0, stats.in_flight - len(self._pending))
+        self._stats_at = time.monotonic()
+        # both counts from the same snapshot: our own replies still in transit are not someone else's load
+        self.external = max(0, stats.in_flight - stats.client_in_flight)
         self.draining = stats.draining
+        if seq > self._paused_seq and stats.paused != self.paused:
+            self.paused = stats.paused  # paused or resumed by another client
+            self._update_held()
         if not stats.engine_alive:
             self.mark_dead("engine died", EngineDeadError(f"the engine of server {self.server_id} died"))
         elif not self.alive:
             self._revive()
+        elif moved and not self.admitted:
+            self._on_change(self)  # it may now serve the client's version
+
+    @property
+    def stats_age_s(self) -> float | None:
+        """Seconds since ``stats`` arrived (None before the first Pong)."""
+        return None if self._stats_at is None else time.monotonic() - self._stats_at
+
+    def _refresh_if_idle(self) -> None:
+        """Our last request here just ended: ask for fresh stats now rather than at the next heartbeat, so
+        a server seen busy does not look busy for a heartbeat interval after it went idle.  At most one such
+        Ping per 50 ms (a request-at-a-time caller would otherwise send one per request)."""
+        if self._pending or not self.alive or self.stats is None:
+            return
+        if not (self.stats.in_flight or self.stats.running or self.stats.queued):
+            return
+        now = time.monotonic()
+        if now - self._last_refresh < 0.05:
+            return
+        self._last_refresh = now
+        self._ping_seq += 1
+        try:
+            self.channel.send(encode(Ping(self._ping_seq)))
+        except ServerUnavailableError:
+            pass
 
     async def _heartbeat(self) -> None:
         while True:

@@ -12,12 +12,18 @@ non-blocking receives (bench/dispatch.py: ~6x the throughput of one awaited ``re
 concurrent requests).  Sends are non-blocking; a full high-water mark raises instead of blocking.
 
 Sockets: the server binds a ROUTER on an ephemeral port; each client connects one DEALER per server.
+
+Bounds on the wire: the ROUTER sets ``MAXMSGSIZE``, so libzmq drops (and disconnects) a peer whose frame is
+larger than the server's largest limit before a byte of it reaches Python; the server checks the smaller
+per-kind limit on the frame's length before decoding.  Each DEALER carries a fixed routing id, so a
+reconnect keeps its identity (``ROUTER_HANDOVER``): replies and aborts still reach the requests it owns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -83,6 +89,8 @@ class _Readiness:
     def recheck(self) -> int:
         """Read EVENTS (which may consume the descriptor's signal) and re-arm the waiter if needed."""
         self._recheck_pending = False
+        if self._sock.closed:  # a recheck scheduled by a last send (an Abort) before close
+            return 0
         events: int = self._sock.getsockopt(_EVENTS)  # type: ignore[assignment]
         if events & _POLLIN:
             self._event.set()
@@ -109,12 +117,29 @@ class _Readiness:
 class RouterEndpoint:
     """The server's ROUTER socket: drain-reads ``(identity, payload)`` pairs, sends without blocking."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        host: str,
+        port: int,
+        *,
+        max_msg_bytes: int = -1,
+        peer_timeout_s: float | None = None,
+    ) -> None:
         self._sock = ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, _HWM)
         self._sock.setsockopt(zmq.RCVHWM, _HWM)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its routing id
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)  # -1: no limit
+        if peer_timeout_s is not None:
+            # ZMTP heartbeats, answered by the peer's libzmq I/O thread: a peer whose process stopped is
+            # disconnected after peer_timeout_s; one whose event loop is merely blocked stays connected
+            self._sock.setsockopt(zmq.HEARTBEAT_IVL, int(min(2.0, peer_timeout_s / 4) * 1000))
+            self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(peer_timeout_s * 1000))
+        #: why the last send() returned False: "gone" (the peer is not connected) or "full" (not reading)
+        self.last_failure = ""
         try:
             if port == 0:
                 self.port = self._sock.bind_to_random_port(f"tcp://{host}")
@@ -127,13 +152,20 @@ class RouterEndpoint:
         self.host = host
         self._ready = _Readiness(self._sock)
 
-    async def recv_batch(self) -> list[list[bytes]]:
-        """Wait for at least one message; return all that are ready."""
+    async def recv_batch(self, max_n: int = 256) -> list[list[bytes]]:
+        """Wait for at least one message; return those ready, at most ``max_n``.
+
+        The bound keeps peers fair: libzmq's ROUTER takes messages from its peers in turn, so a peer's
+        Ping is read within ``max_n`` messages even while another peer floods (draining everything ready
+        into one batch would put it behind the whole flood)."""
         out: list[list[bytes]] = []
         recv = self._sock.recv_multipart
         while True:
             try:
                 out.append(recv(_NOBLOCK))
+                if len(out) >= max_n:
+                    self._ready.recheck()
+                    return out
             except zmq.Again:
                 if out:
                     self._ready.recheck()
@@ -148,6 +180,7 @@ class RouterEndpoint:
         except zmq.ZMQError as exc:
             if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 # EHOSTUNREACH: the peer disconnected; EAGAIN: it stopped reading (a million replies queued)
+                self.last_failure = "gone" if exc.errno == zmq.EHOSTUNREACH else "full"
                 return False
             raise
         finally:
@@ -160,8 +193,15 @@ class RouterEndpoint:
         self._sock.close(linger=int(linger_s * 1000))
 
 
-def bind_router(ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int = 0) -> RouterEndpoint:
-    return RouterEndpoint(ctx, host, port)
+def bind_router(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    host: str,
+    port: int = 0,
+    *,
+    max_msg_bytes: int = -1,
+    peer_timeout_s: float | None = None,
+) -> RouterEndpoint:
+    return RouterEndpoint(ctx, host, port, max_msg_bytes=max_msg_bytes, peer_timeout_s=peer_timeout_s)
 
 
 class DealerChannel:
@@ -178,6 +218,8 @@ class DealerChannel:
         self._sock.setsockopt(zmq.SNDHWM, _HWM)
         self._sock.setsockopt(zmq.RCVHWM, _HWM)
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
+        # a fixed identity across reconnects: the server keeps our requests (and our aborts reach them)
+        self._sock.setsockopt(zmq.ROUTING_ID, b"c" + os.urandom(15))
         self._sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self._sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         self._monitor = self._sock.get_monitor_socket(

@@ -4,6 +4,7 @@
   rollout-sdk demo --rl       GRPO on CPU: the tool model learns to delegate, success printed per step
   rollout-sdk serve           one engine server (cpu, sglang or fake) until Ctrl-C / SIGTERM
   rollout-sdk make-model      build a local model (tiny, tool, tool-undertrained); print its directory
+  rollout-sdk gateway         an OpenAI-compatible API in front of the engines (docs/gateway.md)
 
 Many servers (DP x TP) are launched with torchrun:
   torchrun --standalone --nproc-per-node 4 -m rollout_sdk.launch --tp 2 --engine sglang --model DIR
@@ -68,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     add_config_args(s, FakeEngineConfig, prefix="fake-", title="fake engine (--engine fake)")
     add_sglang_args(s)
 
+    from .gateway import cli as gateway_cli
+
+    gateway_cli.add_parser(sub)
+
     m = sub.add_parser("make-model", help="build a local model (offline) and print its directory")
     m.add_argument(
         "which",
@@ -113,6 +118,11 @@ def _command(args: argparse.Namespace) -> int:
         return 0
     if args.command == "serve":
         return int(run_async(_serve(args)))
+    if args.command == "gateway":
+        from .gateway import cli as gateway_cli
+
+        _quiet_transformers()
+        return int(run_async(gateway_cli.run(args)))
     if args.command == "make-model":
         from .models import ensure_tiny_model, ensure_tool_model
 
@@ -122,6 +132,19 @@ def _command(args: argparse.Namespace) -> int:
             print(ensure_tool_model(args.home, stage="trained" if args.which == "tool" else "undertrained"))
         return 0
     return 2  # pragma: no cover
+
+
+def _quiet_transformers() -> None:
+    """A command whose output is a report: no weight-loading progress bars (a CLI may set this; a library not)."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    except Exception:  # transformers missing or changed: the bars are cosmetic
+        pass
 
 
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
@@ -163,7 +186,24 @@ async def _serve(args: argparse.Namespace) -> int:
         print(f"READY {address}", flush=True)
 
     await server.serve(on_ready=ready)
+    await _exit_if_threads_hang(loop, grace_s=1.0)
     return 0
+
+
+async def _exit_if_threads_hang(loop: asyncio.AbstractEventLoop, *, grace_s: float) -> None:
+    """Keep the shutdown bound when a thread (a collective stuck in ``to_thread``) cannot be stopped:
+    asyncio would wait for it without a limit at exit, so give it ``grace_s`` and then leave anyway."""
+    try:
+        await asyncio.wait_for(loop.shutdown_default_executor(), grace_s)
+    except TimeoutError:
+        import logging
+        import os
+
+        logging.getLogger("rollout_sdk.server").warning("a worker thread is stuck; exiting without it")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":  # pragma: no cover

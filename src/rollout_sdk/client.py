@@ -19,17 +19,19 @@ cancels the supervisor and every stream, closes the sockets and stops embedded s
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
 
 from . import _transport
+from ._aio import await_unless, cancel_and_wait, ended_with
 from ._connection import ServerConnection
 from ._control import WeightSync, broadcast_control, update_weights_ipc
 from ._stream import Prompt, ResultStream
@@ -115,8 +117,15 @@ class ServerStatus(msgspec.Struct, frozen=True, kw_only=True):
 
     address: str
     server_id: str
+    #: the server process (a restarted server at the same address is a new member with a new one)
+    incarnation: str
     alive: bool
     dead_reason: str
+    #: routed to (it serves the fleet's weight version); ``admission`` says why not
+    admitted: bool
+    admission: str
+    #: ``remove_server`` was called: it takes no new work
+    removing: bool
     in_flight: int
     engine_running: int
     engine_queued: int
@@ -127,6 +136,13 @@ class ServerStatus(msgspec.Struct, frozen=True, kw_only=True):
     failed_over: int
     weight_version: int
     latency_p50_s: float | None
+    #: capacity and KV use as the engine reports them (ServerStats documents each); None: unknown / no limit
+    engine_max_running: int | None = None
+    engine_kv_capacity_tokens: int | None = None
+    engine_kv_used_tokens: int | None = None
+    engine_kv_usage: float | None = None
+    #: seconds since these engine numbers arrived (the last Pong); None before the first
+    stats_age_s: float | None = None
 
 
 class ClientStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,6 +158,13 @@ class ClientStats(msgspec.Struct, frozen=True, kw_only=True):
     latency_p50_s: float | None
     latency_p90_s: float | None
     latency_p99_s: float | None
+    #: sessions that moved to another server (theirs left, filled up or waits for weights), and the prompt
+    #: tokens of the requests that moved, whose cached prefix stayed behind
+    sessions_moved: int = 0
+    prefix_tokens_lost: int = 0
+    #: members that left for good (removed, or replaced by a restarted process), newest last, with the
+    #: counters of the work they did
+    retired: list[ServerStatus] = []
 
 
 class RolloutClient:
@@ -196,8 +219,16 @@ class RolloutClient:
         self._rid_prefix = uuid.uuid4().hex[:10]
         self._rid_counter = itertools.count()
         self._weight_sync: WeightSync | None = None
+        self._weight_sync_args: dict[str, Any] | None = None
+        self._weight_sync_generation = 0
         #: the last weight version pushed through this client
         self.weight_version = 0
+        # membership (docs/design.md, "Fleet membership")
+        self._member_seq = itertools.count()
+        self._tg: asyncio.TaskGroup | None = None
+        self._conn_tasks: dict[ServerConnection, asyncio.Task[None]] = {}
+        self._retired: collections.deque[ServerConnection] = collections.deque(maxlen=256)
+        self._joining: dict[str, asyncio.Task[ServerConnection]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -225,31 +256,45 @@ class RolloutClient:
         cfg = self.config
         addresses = await self._discovery.open(cfg.connect_timeout_s)
         self._ctx = _transport.new_context()
-        for i, addr in enumerate(addresses):
-            channel = _transport.DealerChannel(self._ctx, addr)
-            conn = ServerConnection(
-                i,
-                addr,
-                channel,
-                on_change=self._scheduler.on_server_change,
-                heartbeat_interval_s=cfg.heartbeat_interval_s,
-                heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-            )
-            self._scheduler.add(conn)
+        for addr in addresses:
+            self._scheduler.add(self._new_connection(addr))
         ready = asyncio.Event()
-        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(ready), name="rollout-client")
-        waiter = asyncio.ensure_future(ready.wait())
-        await asyncio.wait([waiter, self._supervisor], return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if self._supervisor.done():
-            self._supervisor.result()
+        sup = self._supervisor = asyncio.get_running_loop().create_task(self._supervise(ready), name="rollout-client")
+        stopped = ClientStateError("the client's supervisor stopped before it was ready")
+        await await_unless(ready.wait(), sup, error=lambda: ended_with(sup, stopped))
         await asyncio.gather(*(c.handshake(cfg.connect_timeout_s) for c in self._scheduler.servers))
+        # the servers found at open define the fleet's weights; later members must match them
+        self.weight_version = max([self.weight_version, *(c.reported_version for c in self._scheduler.servers)])
+
+    def _new_connection(self, address: str) -> ServerConnection:
+        cfg = self.config
+        conn = ServerConnection(
+            next(self._member_seq),
+            address,
+            _transport.DealerChannel(self._ctx, address),
+            on_change=self._on_server_change,
+            heartbeat_interval_s=cfg.heartbeat_interval_s,
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+            on_replaced=self._on_replaced,
+        )
+        if self._tg is not None:
+            self._start_connection(conn)
+        return conn
+
+    def _start_connection(self, conn: ServerConnection) -> None:
+        assert self._tg is not None
+        self._conn_tasks[conn] = self._tg.create_task(conn.run(), name=f"server-{conn.index}")
 
     async def _supervise(self, ready: asyncio.Event) -> None:
         try:
             async with asyncio.TaskGroup() as tg:
+                self._tg = tg
                 for conn in self._scheduler.servers:
-                    tg.create_task(conn.run(), name=f"server-{conn.index}")
+                    self._start_connection(conn)
+                watch = getattr(self._discovery, "watch", None)
+                if watch is not None:
+                    tg.create_task(self._follow_discovery(watch), name="rollout-client-discovery")
+                tg.create_task(asyncio.Event().wait(), name="rollout-client-keepalive")  # servers may all leave
                 ready.set()
         except asyncio.CancelledError:
             raise
@@ -259,6 +304,8 @@ class RolloutClient:
             for conn in self._scheduler.servers:
                 conn.mark_dead(f"client failed: {exc!r}")
             raise
+        finally:
+            self._tg = None
 
     async def aclose(self) -> None:
         """Abort this client's requests, stop its tasks, close its sockets.  Idempotent."""
@@ -464,11 +511,150 @@ class RolloutClient:
         for conn in self._scheduler.servers:
             conn.abort_all()
 
+    # -- membership --------------------------------------------------------------------------------
+
+    async def add_server(self, address: str, *, timeout: float | None = None) -> ServerStatus:
+        """Add the server at ``address`` while the client runs; returns its status once it has answered.
+
+        It takes requests as soon as it serves the fleet's weight version (:meth:`fleet_weight_version`).
+        A server on older weights stays out, with the reason in :meth:`stats`, until the next
+        :meth:`update_weights` brings it up to date (the weight group is re-formed with it), or until it
+        reports the fleet's version by any other path.  ``timeout``: how long to wait for it to answer
+        (default ``connect_timeout_s``).  Adding an address already in the fleet returns its status.
+        """
+        self._check_open()
+        StaticServers([address])  # validates the address
+        for conn in self._scheduler.servers:
+            if conn.address == address and not conn.replaced:
+                return self._status(conn)
+        task = self._joining.get(address)
+        if task is None:
+            task = self._own(self._join(address, timeout), name=f"join {address}")
+            self._joining[address] = task
+            task.add_done_callback(lambda _t: self._joining.pop(address, None))
+        return self._status(await asyncio.shield(task))
+
+    async def _join(self, address: str, timeout: float | None) -> ServerConnection:
+        conn = self._new_connection(address)
+        try:
+            await conn.handshake(self.config.connect_timeout_s if timeout is None else timeout)
+        except BaseException:
+            await self._retire(conn, "did not answer when added")
+            raise
+        # a restarted server takes its slot: the dead member of that name leaves the fleet for good
+        for old in list(self._scheduler.servers):
+            if not old.alive and old.server_id == conn.server_id:
+                await self._retire(old, f"replaced by {conn.address} ({conn.incarnation})")
+        self._admit(conn)
+        self._scheduler.add(conn)
+        log.info(
+            "server %s (%s, %s) joined: %s",
+            conn.server_id,
+            address,
+            conn.incarnation,
+            "admitted" if conn.admitted else conn.admission,
+        )
+        return conn
+
+    async def remove_server(self, address: str, *, drain: bool = True, timeout: float | None = None) -> None:
+        """Take the server at ``address`` out of the fleet.
+
+        No new request goes there.  ``drain=True``: the requests in flight there finish (waiting at most
+        ``timeout`` seconds, default no bound), then the server leaves; what is still running then, or
+        everything with ``drain=False``, is aborted there and moves to another server (as a failover,
+        within the call's ``retries``).  Sessions that lived there move at their next request, once, and
+        the move is counted in :meth:`stats` (``sessions_moved``, ``prefix_tokens_lost``).
+        """
+        self._check_open()
+        conns = [c for c in self._scheduler.servers if c.address == address]
+        if not conns:
+            raise ConfigError("address", address, "is not a server of this client")
+        for conn in conns:
+            conn.removing = True
+            if drain and conn.alive:
+                try:
+                    async with asyncio.timeout(timeout):
+                        await conn.wait_idle()
+                except TimeoutError:
+                    log.info(
+                        "server %s: %d request(s) still running after %ss; moving them",
+                        conn.server_id,
+                        conn.in_flight,
+                        timeout,
+                    )
+            await self._retire(conn, "removed from the fleet")
+
+    async def _retire(self, conn: ServerConnection, reason: str) -> None:
+        """Leave the fleet for good: what waits on it fails over, its loops stop, its socket closes."""
+        conn.removing = True
+        conn.abort_all()  # nothing keeps running there for this client
+        conn.mark_dead(reason)
+        conn.dead_reason = reason
+        self._scheduler.remove(conn)
+        task = self._conn_tasks.pop(conn, None)
+        if task is not None:
+            await cancel_and_wait(task)
+        await conn.channel.close()
+        self._retired.append(conn)
+
+    def _on_replaced(self, conn: ServerConnection) -> None:
+        """A new process answers at a member's address: retire the member, admit the newcomer."""
+        if self._state == "open":
+            self._own(self._replace(conn), name=f"replace {conn.address}")
+
+    async def _replace(self, conn: ServerConnection) -> None:
+        await self._retire(conn, conn.dead_reason)
+        try:
+            await self.add_server(conn.address)
+        except Exception as exc:
+            log.warning("the new server at %s did not join: %s", conn.address, exc)
+
+    async def _follow_discovery(self, watch: Callable[[], AsyncIterator[str]]) -> None:
+        """Servers that register after open (a restarted rank, a new node) join without anyone asking."""
+        async for address in watch():
+            if self._state != "open" or any(c.address == address and c.alive for c in self._scheduler.servers):
+                continue  # a same-address restart is caught by its new incarnation (_on_replaced)
+            self._own(self._join_quietly(address), name=f"join {address}")
+
+    async def _join_quietly(self, address: str) -> None:
+        try:
+            await self.add_server(address)
+        except Exception as exc:
+            log.warning("server %s registered but did not join: %s", address, exc)
+
+    def fleet_weight_version(self) -> int:
+        """The weight version a server must serve to be routed to: the newest this client pushed or saw
+        its admitted servers serve (another client may push weights)."""
+        seen = [c.reported_version for c in self._scheduler.servers if c.alive and c.admitted]
+        return max([self.weight_version, *seen])
+
+    def _admit(self, conn: ServerConnection) -> None:
+        want = self.fleet_weight_version()
+        if conn.reported_version == want:
+            conn.admitted, conn.admission = True, ""
+        else:
+            conn.admitted = False
+            conn.admission = (
+                f"serves weight version {conn.reported_version}, the fleet is at {want}: "
+                "waits for the next update_weights()"
+            )
+
+    def _on_server_change(self, conn: ServerConnection) -> None:
+        if conn.alive and not conn.admitted and conn in self._scheduler.servers:
+            self._admit(conn)
+        self._scheduler.on_server_change(conn)
+
+    def _admit_all(self) -> None:
+        for conn in self._scheduler.servers:
+            if conn.alive and not conn.admitted:
+                self._admit(conn)
+                self._scheduler.on_server_change(conn)
+
     # -- control: trainer embedding ----------------------------------------------------------------
 
-    def _live(self) -> list[ServerConnection]:
+    def _live(self, *, admitted_only: bool = False) -> list[ServerConnection]:
         self._check_open()
-        live = [s for s in self._scheduler.servers if s.alive]
+        live = [s for s in self._scheduler.servers if s.alive and (s.admitted or not admitted_only)]
         if not live:
             raise NoServersError(self._scheduler._no_servers_message())
         return live
@@ -480,16 +666,23 @@ class RolloutClient:
         ``retract`` (alias ``hold``): they are held, their KV cache dropped, and they continue after
         :meth:`resume` (re-prefilled, so on the new weights after an update).  ``in_place``: held with their
         KV cache as is (SGLang engines serve it as ``retract``, to keep version segments exact).  New
-        requests wait until :meth:`resume`.
+        requests wait in this client until :meth:`resume`, bounded by their own timeout (the client's
+        ``timeout_s``, None by default: they wait as long as the pause lasts).
         """
         mode = {"hold": "retract"}.get(mode, mode)
         if mode not in ("abort", "retract", "in_place"):
             raise ConfigError("mode", mode, "must be 'abort', 'hold'/'retract' or 'in_place'")
-        await broadcast_control(self._live(), lambda s: PauseGeneration(s.next_call_id(), mode))  # type: ignore[arg-type]
+        live = self._live()
+        for conn in live:  # before the pause lands: nothing new is sent meanwhile
+            conn.set_paused(True)
+        await broadcast_control(live, lambda s: PauseGeneration(s.next_call_id(), mode))  # type: ignore[arg-type]
 
     async def resume(self) -> None:
         """Continue generation after :meth:`pause`."""
-        await broadcast_control(self._live(), lambda s: ResumeGeneration(s.next_call_id()))
+        live = self._live()
+        await broadcast_control(live, lambda s: ResumeGeneration(s.next_call_id()))
+        for conn in live:
+            conn.set_paused(False)
 
     async def flush_cache(self) -> None:
         await broadcast_control(self._live(), lambda s: FlushCache(s.next_call_id()))
@@ -498,21 +691,34 @@ class RolloutClient:
         """Free the engines' GPU memory (``weights``, ``kv_cache``; all by default) for a colocated trainer.
 
         Refused with EngineBusyError while requests are in flight, unless ``wait`` (then it waits for them).
+        New requests wait in this client until :meth:`resume_memory` (bounded by their own timeout).
         """
         t = list(tags) if tags is not None else None
-        await broadcast_control(
-            self._live(),
-            lambda s: ReleaseMemory(s.next_call_id(), t, wait),  # type: ignore[arg-type]
-        )
+        live = self._live()
+        for conn in live:
+            conn.set_released(True)
+        try:
+            await broadcast_control(
+                live,
+                lambda s: ReleaseMemory(s.next_call_id(), t, wait),  # type: ignore[arg-type]
+            )
+        except BaseException:
+            for conn in live:
+                conn.set_released(False)
+            raise
 
     async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
         """Take the memory back; the engines serve with the weights they had (or were sent since)."""
         t = list(tags) if tags is not None else None
-        await broadcast_control(self._live(), lambda s: ResumeMemory(s.next_call_id(), t))  # type: ignore[arg-type]
+        live = self._live()
+        await broadcast_control(live, lambda s: ResumeMemory(s.next_call_id(), t))  # type: ignore[arg-type]
+        for conn in live:
+            conn.set_released(False)
 
     async def set_weight_version(self, version: int) -> None:
         """Tag what the engines generate from now on with ``version`` (never aborts in-flight work)."""
-        await broadcast_control(self._live(), lambda s: SetWeightVersion(s.next_call_id(), version))
+        # a label, not weights: servers still waiting for weights keep waiting
+        await broadcast_control(self._live(admitted_only=True), lambda s: SetWeightVersion(s.next_call_id(), version))
         self.weight_version = version
 
     async def init_weight_sync(
@@ -531,14 +737,37 @@ class RolloutClient:
         """
         if self._weight_sync is not None:
             raise ClientStateError("a weight sync exists already; close_weight_sync() first")
-        self._weight_sync = await WeightSync.create(
-            self._live(),
-            backend=backend,
-            master_address=master_address,
-            group_name=group_name,
-            device=device,
-            timeout_s=timeout_s,
+        args: dict[str, Any] = dict(
+            backend=backend, master_address=master_address, group_name=group_name, device=device, timeout_s=timeout_s
         )
+        self._weight_sync = await WeightSync.create(self._live(), **args)
+        self._weight_sync_args = args
+        self._weight_sync_generation = 0
+        return self._weight_sync
+
+    async def _weight_sync_for_members(self) -> WeightSync:
+        """The weight group, re-formed first when the fleet changed since it was made.
+
+        A process group has a fixed world size: a member that died makes its broadcasts fail, and a newcomer
+        is not in it.  So the group is re-formed with the servers alive now (newcomers included) at the next
+        update, which then brings every member to the same version (docs/design.md, "Fleet membership").
+        """
+        sync = self._weight_sync
+        if sync is None or self._weight_sync_args is None:
+            raise ClientStateError("call init_weight_sync() before update_weights(method='distributed')")
+        members = self._live()
+        if {id(s) for s in members} == {id(s) for s in sync.servers}:
+            return sync
+        self._weight_sync = None
+        try:
+            await sync.close()
+        except Exception:
+            log.warning("closing the old weight group failed (a member is gone); re-forming anyway", exc_info=True)
+        self._weight_sync_generation += 1
+        args = dict(self._weight_sync_args)
+        args["group_name"] = f"{args['group_name']}.{self._weight_sync_generation}"
+        log.info("re-forming the weight group with %d server(s)", len(members))
+        self._weight_sync = await WeightSync.create(members, **args)
         return self._weight_sync
 
     async def close_weight_sync(self) -> None:
@@ -569,11 +798,8 @@ class RolloutClient:
             await self.pause(pause)
         try:
             if method == "distributed":
-                if self._weight_sync is None:
-                    raise ClientStateError("call init_weight_sync() before update_weights(method='distributed')")
-                stats = await self._weight_sync.update(
-                    named, version=version, bucket_bytes=bucket_bytes, flush_cache=flush_cache
-                )
+                sync = await self._weight_sync_for_members()
+                stats = await sync.update(named, version=version, bucket_bytes=bucket_bytes, flush_cache=flush_cache)
             elif method == "ipc":
                 stats = await update_weights_ipc(
                     self._live(), named, version=version, bucket_bytes=bucket_bytes, flush_cache=flush_cache
@@ -584,6 +810,7 @@ class RolloutClient:
             if pause is not None:
                 await self.resume()
         self.weight_version = version
+        self._admit_all()  # servers that were waiting for these weights now have them
         return stats
 
     # -- introspection -----------------------------------------------------------------------------
@@ -607,28 +834,9 @@ class RolloutClient:
 
     def stats(self) -> ClientStats:
         s = self._scheduler
-        servers = [
-            ServerStatus(
-                address=c.address,
-                server_id=c.server_id,
-                alive=c.alive,
-                dead_reason=c.dead_reason,
-                in_flight=c.in_flight,
-                engine_running=c.stats.running if c.stats else 0,
-                engine_queued=c.stats.queued if c.stats else 0,
-                sent=c.sent,
-                completed=c.completed,
-                aborted=c.aborted,
-                errors=c.errors,
-                failed_over=c.failed_over,
-                weight_version=c.stats.weight_version if c.stats else (c.info.weight_version if c.info else 0),
-                latency_p50_s=_pct(sorted(c.latencies), 0.5),
-            )
-            for c in s.servers
-        ]
         lat = sorted(s.latencies)
         return ClientStats(
-            servers=servers,
+            servers=[self._status(c) for c in s.servers],
             in_flight=sum(c.in_flight for c in s.servers),
             waiting=s.num_waiting,
             completed=sum(c.completed for c in s.servers),
@@ -638,6 +846,36 @@ class RolloutClient:
             latency_p50_s=_pct(lat, 0.5),
             latency_p90_s=_pct(lat, 0.9),
             latency_p99_s=_pct(lat, 0.99),
+            sessions_moved=s.sessions_moved,
+            prefix_tokens_lost=s.prefix_tokens_lost,
+            retired=[self._status(c) for c in self._retired],
+        )
+
+    def _status(self, c: ServerConnection) -> ServerStatus:
+        return ServerStatus(
+            address=c.address,
+            server_id=c.server_id,
+            incarnation=c.incarnation,
+            alive=c.alive,
+            dead_reason=c.dead_reason,
+            admitted=c.admitted,
+            admission=c.admission,
+            removing=c.removing,
+            in_flight=c.in_flight,
+            engine_running=c.stats.running if c.stats else 0,
+            engine_queued=c.stats.queued if c.stats else 0,
+            engine_max_running=c.stats.max_running_requests if c.stats else None,
+            engine_kv_capacity_tokens=c.stats.kv_capacity_tokens if c.stats else None,
+            engine_kv_used_tokens=c.stats.kv_used_tokens if c.stats else None,
+            engine_kv_usage=c.stats.kv_usage if c.stats else None,
+            stats_age_s=c.stats_age_s,
+            sent=c.sent,
+            completed=c.completed,
+            aborted=c.aborted,
+            errors=c.errors,
+            failed_over=c.failed_over,
+            weight_version=c.reported_version,
+            latency_p50_s=_pct(sorted(c.latencies), 0.5),
         )
 
 

@@ -34,6 +34,9 @@ class Discovery(Protocol):
         """Release whatever ``open`` started.  Idempotent."""
         ...
 
+    # Optional: ``def watch(self) -> AsyncIterator[str]`` yielding the address of each server that appears
+    # after ``open`` (StoreDiscovery has it); the client then adds each one by itself.
+
 
 class StaticServers:
     """Servers at known addresses (``RolloutClient(servers=[...])``)."""

@@ -5,6 +5,8 @@
     RolloutError                          base of everything below
     ├── ConfigError (ValueError)          a config field has a bad value (client, server, engine, launch)
     ├── InvalidRequestError (ValueError)  a request field has a bad value; ``.field`` and ``.value`` name it
+    │   ├── DuplicateRequestError         a request with this rid is already in flight (the first one is kept)
+    │   └── MessageTooLargeError          the encoded message exceeds the server's size limit for its kind
     ├── ClientStateError (RuntimeError)   the client is used outside its lifecycle (not open, closed, reopened)
     ├── ProtocolError                     bytes that are not a valid message of the endpoint
     ├── RequestTimeoutError (TimeoutError) a per-call timeout expired; the request was aborted on the server
@@ -12,12 +14,16 @@
     ├── TransportError                    the request could not be completed by the server it went to
     │   ├── ServerUnavailableError        that server was marked dead (socket dropped, heartbeat missed)
     │   ├── ServerShuttingDownError       that server is draining and refuses new work
-    │   └── NoServersError                no live server is left to route to
+    │   ├── NoServersError                no live server is left to route to
+    │   ├── ServerBusyError               the server's admission cap (or this client's fair share) is full:
+    │   │                                 back-pressure, the client waits or routes elsewhere
+    │   └── PoisonRequestError            two servers died while serving this request; never retried again
     ├── EngineError                       the engine behind a server failed
     │   ├── EngineDeadError               the engine died; every request it held fails with this
     │   ├── EngineStartupError            the engine could not start (bad model path, out of memory, TP size)
     │   ├── UnsupportedOperationError     the backend has no such lifecycle hook (e.g. a pinned SGLang lacks it)
-    │   └── EngineBusyError               the operation needs an idle engine (e.g. releasing memory mid-flight)
+    │   ├── EngineBusyError               the operation needs an idle engine (e.g. releasing memory mid-flight)
+    │   └── RequestFailedError            the engine failed this one request; it keeps serving the others
     ├── WeightUpdateError                 a weight update was refused or failed; ``.applied`` says what state
     │                                     the engine was left in
     ├── StalenessError                    work would mix weights more versions apart than its bound allows
@@ -38,17 +44,22 @@ __all__ = [
     "ClientStateError",
     "ConfigError",
     "DiscoveryError",
+    "DuplicateRequestError",
     "EngineBusyError",
     "EngineDeadError",
     "EngineError",
     "EngineStartupError",
     "InvalidRequestError",
+    "MessageTooLargeError",
     "NoServersError",
+    "PoisonRequestError",
     "ProtocolError",
     "QueueFullError",
     "RemoteError",
+    "RequestFailedError",
     "RequestTimeoutError",
     "RolloutError",
+    "ServerBusyError",
     "ServerShuttingDownError",
     "ServerUnavailableError",
     "StalenessError",
@@ -87,6 +98,15 @@ class InvalidRequestError(RolloutError, ValueError):
         return (type(self), (self.field, self.value, self.reason))
 
 
+class DuplicateRequestError(InvalidRequestError):
+    """A second request used the rid of one still in flight.  The second is refused; the first keeps running
+    and gets its own result."""
+
+
+class MessageTooLargeError(InvalidRequestError):
+    """The encoded message is larger than the server accepts for its kind (generate or control)."""
+
+
 class ClientStateError(RolloutError, RuntimeError):
     """The client was used outside its lifecycle: before ``async with``, after close, or opened twice."""
 
@@ -119,6 +139,16 @@ class NoServersError(TransportError):
     """No live server is left to route to."""
 
 
+class ServerBusyError(TransportError):
+    """The server refused a request at admission: its cap on accepted requests, or this client's fair share
+    of it, is full.  Back-pressure: nothing ran; the scheduler waits for a slot or routes elsewhere."""
+
+
+class PoisonRequestError(TransportError):
+    """The request's server died while serving it, and so did the server it was retried on.  The request is
+    treated as the likely cause and never sent again (resubmitting the same request fails at once)."""
+
+
 class EngineError(RolloutError):
     """The engine behind a server failed."""
 
@@ -137,6 +167,11 @@ class UnsupportedOperationError(EngineError):
 
 class EngineBusyError(EngineError):
     """The operation needs an engine with no request in flight."""
+
+
+class RequestFailedError(EngineError):
+    """The engine failed while processing this one request (the request alone, in isolation); the engine
+    is healthy and keeps serving every other request.  Not retried: the same request would fail again."""
 
 
 class WeightUpdateError(RolloutError):
@@ -179,11 +214,16 @@ class RemoteError(RolloutError):
 
 _CODES: dict[str, type[RolloutError]] = {
     "invalid_request": InvalidRequestError,
+    "duplicate_rid": DuplicateRequestError,
+    "too_large": MessageTooLargeError,
+    "busy": ServerBusyError,
+    "poison_request": PoisonRequestError,
     "protocol": ProtocolError,
     "engine_dead": EngineDeadError,
     "engine_startup": EngineStartupError,
     "unsupported": UnsupportedOperationError,
     "engine_busy": EngineBusyError,
+    "request_failed": RequestFailedError,
     "shutting_down": ServerShuttingDownError,
     "weight_update": WeightUpdateError,
     "timeout": RequestTimeoutError,
@@ -206,8 +246,8 @@ def error_from_reply(
 ) -> RolloutError:
     """Rebuild the exception a server reported."""
     cls = _CODES.get(code, RemoteError)
-    if cls is InvalidRequestError:
-        return InvalidRequestError(field or "?", value, message)
+    if issubclass(cls, InvalidRequestError):
+        return cls(field or "?", value, message)
     if cls is WeightUpdateError:
         return WeightUpdateError(message, applied=applied)
     return cls(message)

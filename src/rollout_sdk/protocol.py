@@ -19,6 +19,7 @@ fire both when a struct is built in user code and when it is decoded on the serv
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
@@ -27,6 +28,11 @@ import msgspec
 from .errors import InvalidRequestError, ProtocolError, RolloutError, error_code
 
 __all__ = [
+    "DEFAULT_MAX_CONTROL_BYTES",
+    "DEFAULT_MAX_GENERATE_BYTES",
+    "GREEDY_TEMPERATURE",
+    "MAX_TIMEOUT_S",
+    "PENALTY_RANGE",
     "Abort",
     "ClientMessage",
     "ControlReply",
@@ -57,10 +63,12 @@ __all__ = [
     "UpdateWeightsDistributed",
     "UpdateWeightsFromIpc",
     "check_against_limits",
+    "check_timeout",
     "decode_client_message",
     "decode_server_message",
     "encode",
     "error_reply",
+    "is_generate_frame",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -68,6 +76,41 @@ PauseMode = Literal["abort", "retract", "in_place"]
 MemoryTag = Literal["weights", "kv_cache"]
 
 _MAX_SEED = 2**63 - 1
+#: temperatures below this are greedy in every engine: dividing a float32 logit by less overflows (SGLang's
+#: own threshold is 1e-6)
+GREEDY_TEMPERATURE = 1e-5
+#: engines clamp a repetition penalty into this range: beyond it a float32 logit overflows
+PENALTY_RANGE = (1e-6, 1e6)
+
+# -- bounds --------------------------------------------------------------------------------------------
+#: default limit on one encoded GenerateRequest (8 MiB: ~1.6M token ids at the widest encoding)
+DEFAULT_MAX_GENERATE_BYTES = 8 << 20
+#: default limit on one encoded control message, Ping or Abort (1 MiB: ~12k tensor metas in an update)
+DEFAULT_MAX_CONTROL_BYTES = 1 << 20
+#: the longest timeout any message may carry (seconds); nothing in the protocol waits without a bound
+MAX_TIMEOUT_S = 3600.0
+
+# a tagged struct encodes as a map whose first key is "type": fixmap header, "type", then the tag
+_GENERATE_PREFIX = b"\xa4type\xa8generate"
+
+
+def is_generate_frame(data: bytes) -> bool:
+    """Whether ``data`` is (claims to be) a GenerateRequest, read from its first bytes without decoding.
+
+    Only the encoding msgspec writes (tag first) is recognised; anything else is treated as a control
+    message, whose size limit is the smaller one, so a peer gains nothing by reordering keys.
+    """
+    return data[1:15] == _GENERATE_PREFIX and 0x80 <= data[0] <= 0x8F
+
+
+def check_timeout(field: str, value: float | None, *, allow_none: bool = False) -> None:
+    """Every timeout in the protocol (and the configs that feed it) is > 0 and at most MAX_TIMEOUT_S."""
+    if value is None:
+        if allow_none:
+            return
+        raise _bad(field, value, f"must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]")
+    if not 0.0 < value <= MAX_TIMEOUT_S:  # also rejects NaN
+        raise _bad(field, value, f"must be in (0, {MAX_TIMEOUT_S:.0f}] seconds")
 
 
 def _bad(field: str, value: Any, reason: str) -> InvalidRequestError:
@@ -80,9 +123,18 @@ def _bad(field: str, value: Any, reason: str) -> InvalidRequestError:
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """How to sample one response.  Defaults sample from the model's distribution at temperature 1.
 
-    ``temperature == 0`` is greedy.  ``top_k`` of 0 or -1 and ``top_p`` of 1 turn those filters off.
-    Logprobs are those of the distribution sampled from after temperature, before top-k/top-p/min-p.
+    ``temperature == 0`` is greedy, and so is any temperature below :data:`GREEDY_TEMPERATURE` (1e-5):
+    dividing float32 logits by a smaller one overflows, and the distribution is one-hot long before.
+    ``top_k`` of 0 or -1 and ``top_p`` of 1 turn those filters off.  Logprobs are those of the
+    distribution sampled from after temperature, before top-k/top-p/min-p (temperature 1 when greedy).
     ``seed`` makes one request reproducible whatever else is in the batch.
+
+    Every value accepted here is safe in every engine (engines clamp a repetition penalty into
+    ``[1e-6, 1e6]``, where a float32 logit cannot overflow).  Rejected, with
+    :class:`~rollout_sdk.errors.InvalidRequestError` naming the field: non-finite temperature or penalties,
+    values outside the ranges below, and (by the server, which knows the vocabulary,
+    :func:`check_against_limits`) ``top_k`` beyond the vocabulary or ``min_new_tokens`` with stop ids
+    (EOS included unless ``ignore_eos``) that cover the whole vocabulary, which leaves nothing to sample.
     """
 
     max_new_tokens: int = 128
@@ -103,16 +155,16 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             raise _bad("sampling.max_new_tokens", self.max_new_tokens, "must be >= 1")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise _bad("sampling.min_new_tokens", self.min_new_tokens, "must be in [0, max_new_tokens]")
-        if not self.temperature >= 0.0:  # also rejects NaN
-            raise _bad("sampling.temperature", self.temperature, "must be >= 0")
+        if not 0.0 <= self.temperature < math.inf:  # also rejects NaN
+            raise _bad("sampling.temperature", self.temperature, "must be finite and >= 0")
         if not 0.0 < self.top_p <= 1.0:
             raise _bad("sampling.top_p", self.top_p, "must be in (0, 1]")
         if self.top_k < -1:
             raise _bad("sampling.top_k", self.top_k, "must be >= 1, or 0 / -1 for no limit")
         if not 0.0 <= self.min_p <= 1.0:
             raise _bad("sampling.min_p", self.min_p, "must be in [0, 1]")
-        if not self.repetition_penalty > 0.0:
-            raise _bad("sampling.repetition_penalty", self.repetition_penalty, "must be > 0")
+        if not 0.0 < self.repetition_penalty < math.inf:
+            raise _bad("sampling.repetition_penalty", self.repetition_penalty, "must be finite and > 0")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise _bad("sampling.frequency_penalty", self.frequency_penalty, "must be in [-2, 2]")
         if not -2.0 <= self.presence_penalty <= 2.0:
@@ -125,7 +177,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 _DEFAULT_SAMPLING = SamplingParams()
@@ -186,6 +238,8 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     version_segments: list[tuple[int, int]] = []
     timings: Timings = Timings()
     server_id: str = ""
+    #: the server process that ran it (a restarted server has a new one; see ServerInfo.incarnation)
+    incarnation: str = ""
 
     @property
     def num_output_tokens(self) -> int:
@@ -205,10 +259,31 @@ class Ping(msgspec.Struct, tag="ping", frozen=True):
 
 
 class ServerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Live load and counters of one server (and its engine)."""
+    """Live load, capacity and counters of one server and its engine, as of the moment it answered a Ping.
+
+    Load (what runs now):
+
+    * ``in_flight``: requests the server holds for every client (queued, running, or held by a pause);
+    * ``client_in_flight``: of those, the ones sent by the client this Pong answers, so a client computes
+      the load *others* put there (``in_flight - client_in_flight``) from one consistent snapshot;
+    * ``running`` / ``queued``: requests the engine decodes now / has accepted and not yet started;
+    * ``queued_tokens``: tokens the queued requests hold;
+    * ``kv_used_tokens``: tokens the engine's KV cache holds now; ``kv_usage``: that as a fraction of
+      ``kv_capacity_tokens`` where the engine knows it.
+
+    Capacity (what the engine can run at once; for admission control):
+
+    * ``max_running_requests``: the most requests the engine decodes at once (CPU: ``max_running``;
+      SGLang: the scheduler's effective ``max_running_requests``); None where there is no fixed limit;
+    * ``kv_capacity_tokens``: tokens the KV pool holds (SGLang: ``max_total_num_tokens``); None where the
+      cache grows on demand (CPU engine).
+
+    An idle server reports ``in_flight == running == queued == 0``.
+    """
 
     server_id: str
     in_flight: int = 0
+    client_in_flight: int = 0
     running: int = 0
     queued: int = 0
     queued_tokens: int = 0
@@ -220,6 +295,11 @@ class ServerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     paused: bool = False
     draining: bool = False
     kv_usage: float | None = None
+    kv_used_tokens: int | None = None
+    kv_capacity_tokens: int | None = None
+    max_running_requests: int | None = None
+    #: which process this is: a server restarted at the same address answers with a new one
+    incarnation: str = ""
 
 
 class Pong(msgspec.Struct, tag="pong", frozen=True):
@@ -247,6 +327,11 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     weight_version: int = 0
     pid: int = 0
     host: str = ""
+    #: the server refuses larger encoded messages (0: not told, an older server)
+    max_generate_bytes: int = 0
+    max_control_bytes: int = 0
+    #: random per server start: ``server_id`` names the slot (``dp0``), this names the process in it
+    incarnation: str = ""
 
 
 # -- control ---------------------------------------------------------------------------------------
@@ -304,6 +389,9 @@ class InitWeightGroup(msgspec.Struct, tag="init_weight_group", frozen=True, kw_o
     group_name: str = "rollout_weights"
     backend: str = "gloo"
     timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        check_timeout("timeout_s", self.timeout_s)
 
 
 class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
@@ -514,6 +602,20 @@ def check_against_limits(req: GenerateRequest, limits: EngineLimits) -> None:
         if tok >= limits.vocab_size:
             raise InvalidRequestError(
                 f"sampling.stop_token_ids[{i}]", tok, f"token id out of vocabulary (size {limits.vocab_size})"
+            )
+    sp = req.sampling
+    if sp.top_k > limits.vocab_size:
+        raise InvalidRequestError("sampling.top_k", sp.top_k, f"exceeds the vocabulary ({limits.vocab_size} tokens)")
+    if sp.min_new_tokens > 0:
+        stops = set(sp.stop_token_ids)
+        if not sp.ignore_eos:
+            stops.update(limits.eos_token_ids)
+        if len(stops) >= limits.vocab_size:
+            raise InvalidRequestError(
+                "sampling.stop_token_ids",
+                f"<{len(sp.stop_token_ids)} ids>",
+                f"stop ids{'' if sp.ignore_eos else ' and EOS'} cover the whole vocabulary "
+                f"({limits.vocab_size} tokens): nothing is left to sample before min_new_tokens={sp.min_new_tokens}",
             )
     n = len(req.input_ids)
     if n >= limits.max_context:

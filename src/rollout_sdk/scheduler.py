@@ -16,12 +16,25 @@ Concurrency (everything on the client's event loop; no thread, no lock)::
       │                        unblocked by: the reply, the server being marked dead (socket dropped,
       │                                      heartbeat missed, engine dead), or cancellation
       │                        on cancel / timeout: Abort(rid) goes to the server, the slot is freed
-      │                        on server death: retried on another server while retries remain
+      │                        on server death: retried on another server while retries remain, at
+      │                                      most once for a death while serving it (a second death:
+      │                                      PoisonRequestError, never retried)
+      │                        on busy: the server is held for a back-off; acquire again (waits, or
+      │                                 goes elsewhere); no retry is used up
       └─ release() ......... frees the slot, wakes the first waiter
 
+Held servers (paused, memory released, busy) take no new request: callers wait in acquire(), bounded by
+their own timeout (none by default: until the fleet is resumed).  A rid is in flight at most once per
+client: a second request with it fails with DuplicateRequestError and the first is untouched.
+
 Placement: a request with a ``session_id`` goes back to the server that served the session before
-(prefix cache) unless that server's load exceeds ``(1 + affinity_margin) * min_load + affinity_slack``;
-then the session moves to the server the policy picks.  Everything else goes where the policy says.
+(prefix cache) unless that server's load exceeds ``(1 + affinity_margin) * min_load + affinity_slack``
+or it no longer takes work (dead, removed, waiting for weights); then the session moves to the server the
+policy picks, once, and the move is counted (``sessions_moved``, and the prompt tokens whose cached prefix
+stays behind, ``prefix_tokens_lost``).  Everything else goes where the policy says.
+
+The server set changes at run time (``add`` / ``remove``): a request only ever sees the servers that take
+work at the moment it is placed.
 """
 
 from __future__ import annotations
@@ -35,9 +48,12 @@ from dataclasses import dataclass
 from ._connection import ServerConnection
 from .errors import (
     ConfigError,
+    DuplicateRequestError,
     EngineDeadError,
     NoServersError,
+    PoisonRequestError,
     QueueFullError,
+    ServerBusyError,
     ServerShuttingDownError,
     ServerUnavailableError,
 )
@@ -50,6 +66,7 @@ __all__ = ["Scheduler", "SchedulerConfig", "ServerHandle"]
 ServerHandle = ServerConnection
 
 _RETRYABLE = (ServerUnavailableError, EngineDeadError, ServerShuttingDownError)
+_DEATHS = (ServerUnavailableError, EngineDeadError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,11 +112,23 @@ class Scheduler:
         self._sessions: collections.OrderedDict[str, ServerConnection] = collections.OrderedDict()
         self.latencies: collections.deque[float] = collections.deque(maxlen=10_000)
         self.retried = 0
+        self.poisoned = 0
+        self._rids: set[str] = set()  # rids in flight in this client
+        self.sessions_moved = 0
+        self.prefix_tokens_lost = 0
 
     # -- server set --------------------------------------------------------------------------------
 
     def add(self, conn: ServerConnection) -> None:
         self.servers.append(conn)
+        self.on_server_change(conn)
+
+    def remove(self, conn: ServerConnection) -> None:
+        """Forget a server (its sessions move at their next request)."""
+        if conn in self.servers:
+            self.servers.remove(conn)
+        for w in self._waiters:  # re-check: it may have been the last one
+            w.event.set()
 
     def on_server_change(self, conn: ServerConnection) -> None:
         """A server died or came back: let waiters re-check (and fail if nothing is left)."""
@@ -152,7 +181,7 @@ class Scheduler:
         live = [s for s in self.servers if s.accepting]
         if not live:
             raise NoServersError(self._no_servers_message())
-        free = [s for s in live if s.in_flight < cap]
+        free = [s for s in live if s.in_flight < cap and not s.held]
         if exclude:
             preferred = [s for s in free if s not in exclude]
             free = preferred or free
@@ -175,15 +204,20 @@ class Scheduler:
             if conn.load <= (1.0 + cfg.affinity_margin) * floor + cfg.affinity_slack:
                 sessions.move_to_end(sid)
                 return conn
-        conn = self.policy.choose(free, req)
-        sessions[sid] = conn
+        chosen = self.policy.choose(free, req)
+        if conn is not None and conn is not chosen:
+            self.sessions_moved += 1
+            self.prefix_tokens_lost += len(req.input_ids)
+        sessions[sid] = chosen
         sessions.move_to_end(sid)
         if len(sessions) > self.config.max_sessions:
             sessions.popitem(last=False)
-        return conn
+        return chosen
 
     def release(self, conn: ServerConnection, req: GenerateRequest) -> None:
         conn.in_flight -= 1
+        if conn.in_flight == 0:
+            conn.notify_idle()
         conn.outstanding_tokens -= len(req.input_ids) + req.sampling.max_new_tokens
         self._wake_next()
 
@@ -200,29 +234,54 @@ class Scheduler:
     def _no_servers_message(self) -> str:
         if not self.servers:
             return "no servers configured"
-        reasons = "; ".join(f"{s.address}: {s.dead_reason or 'draining'}" for s in self.servers)
+        reasons = "; ".join(f"{s.address}: {_why_not(s)}" for s in self.servers)
         return f"no live server left ({reasons})"
 
     # -- one request -------------------------------------------------------------------------------
 
     async def run(self, req: GenerateRequest, payload: bytes, retries: int) -> GenerateResult:
         """Place, send and await one request, failing over to another server while retries remain."""
+        rid = req.rid
+        if rid in self._rids:
+            raise DuplicateRequestError("rid", rid, "a request with this rid is already in flight in this client")
+        self._rids.add(rid)
+        try:
+            return await self._run(req, payload, retries)
+        finally:
+            self._rids.discard(rid)
+
+    async def _run(self, req: GenerateRequest, payload: bytes, retries: int) -> GenerateResult:
         attempt = 0
+        deaths = 0  # servers that died while serving this request
         exclude: tuple[ServerConnection, ...] = ()
         while True:
             conn = await self.acquire(req, exclude)
             t0 = time.perf_counter()
+            sent = False
             try:
                 fut = conn.submit(req.rid, payload)
+                sent = True
                 try:
                     result = await fut
                 except asyncio.CancelledError:
                     conn.cancel(req.rid)
                     raise
+            except ServerBusyError:
+                conn.on_busy()  # back-pressure: wait for a slot here or elsewhere
+                continue
             except _RETRYABLE as exc:
                 conn.errors += 1
-                if isinstance(exc, ServerUnavailableError | EngineDeadError) and conn.alive:
-                    conn.mark_dead(str(exc))
+                if isinstance(exc, _DEATHS):
+                    if conn.alive:
+                        conn.mark_dead(str(exc))
+                    if sent:
+                        deaths += 1
+                        if deaths >= 2:
+                            self.poisoned += 1
+                            raise PoisonRequestError(
+                                f"request {req.rid}: server {conn.server_id} died while serving it, and so did "
+                                f"the server it ran on before; not retried again ({exc})"
+                            ) from exc
                 if attempt >= retries:
                     raise
                 attempt += 1
@@ -246,3 +305,13 @@ class Scheduler:
             else:
                 conn.completed += 1
             return result
+
+
+def _why_not(s: ServerConnection) -> str:
+    if not s.alive:
+        return s.dead_reason
+    if s.removing:
+        return "being removed"
+    if not s.admitted:
+        return s.admission or "not admitted"
+    return "draining"

@@ -24,19 +24,34 @@ Concurrency (all on one event loop; the engine's model work runs in its own thre
                               then: marks the server failed; in-flight requests already fail with
                               EngineDeadError from the engine; new ones get it at once
 
-    Bound: the server does not queue on its own; the number of request tasks is the number of requests
-    clients sent, and clients cap it (back-pressure lives in the client's scheduler, per server).
+      ├── decode worker .... a spawned process (made on first use) that decodes GenerateRequests larger
+      │                       than ``offload_decode_bytes``; at most ``max_offloaded_decodes`` wait for it
+      │                       (beyond that the recv loop waits: back-pressure into ZMQ and TCP)
+      │
+      └── client sweeper ... waits on: a timer; aborts the requests of a client silent (no message, not
+                              even a heartbeat Ping) for ``client_timeout_s``
 
-Shutdown (``stop()``): new requests are refused with ServerShuttingDownError, in-flight ones get
-``drain_timeout_s`` to finish, then the rest are aborted (they answer with ``finish_reason='abort'``), the
-request tasks are awaited so that every request is answered, and only then the socket closes.
+    Bounds (docs/reliability.md): a frame larger than the bigger size limit never reaches Python
+    (ZMQ MAXMSGSIZE); one larger than its kind's limit is refused before decoding; the recv loop yields to
+    the event loop every ``_HANDLE_BUDGET_S`` of handling; at most ``max_requests`` requests are accepted,
+    and a client beyond its fair share (``max_requests`` / clients heard from recently) is answered
+    ``busy`` (ServerBusyError) without running anything.
+
+Shutdown (``stop()``), all within ``shutdown_timeout_s``: new requests are refused with
+ServerShuttingDownError, pending control calls are cancelled and answered with it, in-flight requests get
+``drain_timeout_s`` to finish, then the rest are aborted (they answer with ``finish_reason='abort'``), then
+cancelled (they answer ``shutting_down``), and only then the socket closes.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import concurrent.futures
 import logging
+import multiprocessing
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -46,21 +61,32 @@ from typing import Any
 import msgspec
 
 from . import _transport
+from ._aio import await_unless, ended_with
 from .engines.base import Engine
 from .errors import (
+    ConfigError,
+    DuplicateRequestError,
     EngineBusyError,
     EngineDeadError,
     InvalidRequestError,
+    MessageTooLargeError,
     ProtocolError,
     RemoteError,
+    RequestFailedError,
+    RequestTimeoutError,
     RolloutError,
+    ServerBusyError,
     ServerShuttingDownError,
     UnsupportedOperationError,
 )
 from .protocol import (
+    DEFAULT_MAX_CONTROL_BYTES,
+    DEFAULT_MAX_GENERATE_BYTES,
+    MAX_TIMEOUT_S,
     Abort,
     ControlReply,
     DestroyWeightGroup,
+    EngineLimits,
     FlushCache,
     GenerateRequest,
     GenerateResult,
@@ -81,11 +107,17 @@ from .protocol import (
     decode_client_message,
     encode,
     error_reply,
+    is_generate_frame,
 )
 
 __all__ = ["EngineServer", "ServerConfig"]
 
 log = logging.getLogger("rollout_sdk.server")
+
+#: the recv loop hands the event loop back after this much handling in one go (seconds)
+_HANDLE_BUDGET_S = 0.001
+#: token ids are turned into Python ints this many at a time, yielding in between
+_IDS_CHUNK = 16384
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,16 +134,46 @@ class ServerConfig:
     server_id: str | None = None
     #: seconds in-flight requests get to finish on stop() before they are aborted
     drain_timeout_s: float = 5.0
+    #: stop() returns within this many seconds, whatever is pending (drain included)
+    shutdown_timeout_s: float = 10.0
+    #: bound on every control call (a ReleaseMemory that waits for idle, an engine hook that hangs)
+    control_timeout_s: float = 900.0
     dp_rank: int = 0
     tp_size: int = 1
+    #: largest encoded GenerateRequest accepted (bytes); larger frames are refused before decoding
+    max_generate_bytes: int = DEFAULT_MAX_GENERATE_BYTES
+    #: largest encoded control message, Ping or Abort accepted (bytes)
+    max_control_bytes: int = DEFAULT_MAX_CONTROL_BYTES
+    #: GenerateRequests larger than this are decoded in a worker process, off the event loop
+    offload_decode_bytes: int = 256 << 10
+    #: offloaded decodes waiting at once; beyond that the recv loop waits for one to finish
+    max_offloaded_decodes: int = 8
+    #: requests accepted at once (running or queued in the engine); more are answered ``busy``
+    max_requests: int = 4096
+    #: a client silent this long (no message, not even a Ping) is gone: its requests are aborted
+    client_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("drain_timeout_s", "shutdown_timeout_s", "control_timeout_s", "client_timeout_s"):
+            value = getattr(self, name)
+            if not 0.0 < value <= MAX_TIMEOUT_S:
+                raise ConfigError(name, value, f"must be in (0, {MAX_TIMEOUT_S:.0f}] seconds")
+        if self.drain_timeout_s >= self.shutdown_timeout_s:
+            raise ConfigError("drain_timeout_s", self.drain_timeout_s, "must be < shutdown_timeout_s")
+        for name in ("max_generate_bytes", "max_control_bytes", "max_requests", "max_offloaded_decodes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, getattr(self, name), "must be >= 1")
+        if self.offload_decode_bytes < 0:
+            raise ConfigError("offload_decode_bytes", self.offload_decode_bytes, "must be >= 0")
 
 
 class _Flight:
-    __slots__ = ("ident", "rid", "task")
+    __slots__ = ("big", "ident", "rid", "task")
 
-    def __init__(self, ident: bytes, rid: str) -> None:
+    def __init__(self, ident: bytes, rid: str, big: bool = False) -> None:
         self.ident = ident
         self.rid = rid
+        self.big = big  # decoded off the loop: its ids are also freed a chunk at a time
         self.task: asyncio.Task[None] | None = None
 
 
@@ -130,6 +192,8 @@ class EngineServer:
         self.engine = engine
         self.config = config or ServerConfig()
         self.server_id = self.config.server_id or f"srv-{uuid.uuid4().hex[:8]}"
+        #: this start of the server; clients treat a new incarnation at a known address as a new member
+        self.incarnation = uuid.uuid4().hex[:12]
         self.address = ""
         self._flights: dict[str, _Flight] = {}  # engine rid -> flight
         self._by_client: dict[tuple[bytes, str], str] = {}  # (ident, client rid) -> engine rid
@@ -146,6 +210,15 @@ class EngineServer:
         self._idle.set()
         self._started_at = time.monotonic()
         self._failure: BaseException | None = None
+        # faults and bounds (docs/reliability.md)
+        self._per_client: dict[bytes, int] = {}  # ident -> requests accepted and not yet answered
+        self._last_seen: dict[bytes, float] = {}  # ident -> loop time of its last message
+        self._now = 0.0  # loop time of the batch being handled
+        self._busy = 0  # requests answered busy
+        self._controls: set[asyncio.Task[None]] = set()
+        self._decoder: concurrent.futures.ProcessPoolExecutor | None = None
+        self._offload_slots = asyncio.Semaphore(self.config.max_offloaded_decodes)
+        self._stop_deadline: float | None = None
 
     # -- running -----------------------------------------------------------------------------------
 
@@ -155,7 +228,13 @@ class EngineServer:
         try:
             await self.engine.start()
             try:
-                self._endpoint = _transport.bind_router(ctx, self.config.host, self.config.port)
+                self._endpoint = _transport.bind_router(
+                    ctx,
+                    self.config.host,
+                    self.config.port,
+                    max_msg_bytes=max(self.config.max_generate_bytes, self.config.max_control_bytes),
+                    peer_timeout_s=self.config.client_timeout_s,
+                )
                 host = self.config.advertise_host or (
                     _transport.local_ip() if self.config.host in ("0.0.0.0", "*") else self.config.host
                 )
@@ -165,25 +244,42 @@ class EngineServer:
                     self._tg = tg
                     recv = tg.create_task(self._recv_loop(), name=f"{self.server_id}-recv")
                     watch = tg.create_task(self._watch_engine(), name=f"{self.server_id}-watchdog")
+                    sweep = tg.create_task(self._sweep_clients(), name=f"{self.server_id}-sweeper")
                     if on_ready is not None:
                         on_ready(self.address)
                     await self._stop.wait()
                     await self._drain()
                     recv.cancel()
                     watch.cancel()
+                    sweep.cancel()
             finally:
                 self._tg = None
+                if self._decoder is not None:
+                    self._decoder.shutdown(wait=False, cancel_futures=True)
+                    self._decoder = None
                 if self._endpoint is not None:
                     await self._endpoint.close()
-                await self.engine.close()
+                try:
+                    await asyncio.wait_for(self.engine.close(), timeout=max(1.0, self._time_left(0.5)))
+                except TimeoutError:
+                    log.warning("server %s: engine did not close within the shutdown bound", self.server_id)
         finally:
             await asyncio.to_thread(ctx.term)  # waits (bounded by linger) for the last replies to leave
             self._stopped.set()
 
     def stop(self) -> None:
-        """Ask the server to shut down (drain, then abort what is left).  Safe from signal handlers."""
+        """Ask the server to shut down (drain, then abort what is left) within ``shutdown_timeout_s``.
+        Safe from signal handlers; idempotent (the first call starts the clock)."""
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.config.shutdown_timeout_s
         self._draining = True
         self._stop.set()
+
+    def _time_left(self, reserve: float = 0.0) -> float:
+        """Seconds left of the shutdown bound, keeping ``reserve`` for closing sockets and the engine."""
+        if self._stop_deadline is None:
+            return self.config.shutdown_timeout_s
+        return max(0.0, self._stop_deadline - reserve - time.monotonic())
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -196,13 +292,10 @@ class EngineServer:
             if not ready.done():
                 ready.set_result(addr)
 
-        self._runner = loop.create_task(self.serve(on_ready=_ready), name=f"{self.server_id}-serve")
-        both: list[asyncio.Future[Any]] = [ready, self._runner]
-        done, _ = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-        if self._runner in done and not ready.done():
-            ready.cancel()
-            self._runner.result()  # raises the start-up error
-            raise RemoteError("server stopped before it was ready")
+        runner = self._runner = loop.create_task(self.serve(on_ready=_ready), name=f"{self.server_id}-serve")
+        await await_unless(
+            ready, runner, error=lambda: ended_with(runner, RemoteError("server stopped before it was ready"))
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -216,11 +309,14 @@ class EngineServer:
 
     # -- stats -------------------------------------------------------------------------------------
 
-    def stats(self) -> ServerStats:
+    def stats(self, client: bytes | None = None) -> ServerStats:
+        """Live stats; ``client`` (a peer's identity) fills ``client_in_flight`` with that peer's requests."""
         load = self.engine.load()
+        mine = sum(1 for who, _ in self._by_client if who == client) if client is not None else 0
         return ServerStats(
             server_id=self.server_id,
             in_flight=len(self._flights),
+            client_in_flight=mine,
             running=load.running,
             queued=load.queued,
             queued_tokens=load.queued_tokens,
@@ -232,6 +328,10 @@ class EngineServer:
             paused=self.engine.paused,
             draining=self._draining,
             kv_usage=load.kv_usage,
+            kv_used_tokens=load.kv_used_tokens,
+            kv_capacity_tokens=load.kv_capacity_tokens,
+            max_running_requests=load.max_running_requests,
+            incarnation=self.incarnation,
         )
 
     def info(self) -> ServerInfo:
@@ -245,6 +345,9 @@ class EngineServer:
             weight_version=self.engine.weight_version,
             pid=os.getpid(),
             host=self.address,
+            max_generate_bytes=self.config.max_generate_bytes,
+            max_control_bytes=self.config.max_control_bytes,
+            incarnation=self.incarnation,
         )
 
     # -- loops -------------------------------------------------------------------------------------
@@ -252,19 +355,35 @@ class EngineServer:
     async def _recv_loop(self) -> None:
         assert self._endpoint is not None
         endpoint = self._endpoint
+        loop = asyncio.get_running_loop()
+        offload = self.config.offload_decode_bytes
+        perf = time.perf_counter
         while True:
-            for frames in await endpoint.recv_batch():
+            batch = await endpoint.recv_batch()
+            self._now = loop.time()
+            t0 = perf()
+            for frames in batch:
                 if len(frames) != 2:
                     self._errors += 1
                     if frames:
                         self._reply(frames[0], error_reply(ProtocolError("expected exactly one frame")))
                     continue
+                ident, payload = frames
                 try:
-                    self._handle(frames[0], frames[1])
+                    if len(payload) > offload and is_generate_frame(payload):
+                        if not self._refuse_size(ident, payload):
+                            await self._offload_slots.acquire()  # back-pressure: bounded decodes waiting
+                            self._start_offloaded(ident, payload)
+                    else:
+                        self._handle(ident, payload)
                 except Exception as exc:  # a bug here must not take the server down
                     log.exception("server %s: unexpected error handling a message", self.server_id)
                     self._errors += 1
-                    self._reply(frames[0], error_reply(RemoteError(f"{type(exc).__name__}: {exc}")))
+                    self._reply(ident, error_reply(RemoteError(f"{type(exc).__name__}: {exc}")))
+                if perf() - t0 > _HANDLE_BUDGET_S:
+                    await asyncio.sleep(0)  # a long batch never holds the loop: timers and replies run
+                    self._now = loop.time()
+                    t0 = perf()
 
     async def _watch_engine(self) -> None:
         exc = await self.engine.wait_dead()
@@ -275,8 +394,30 @@ class EngineServer:
         assert self._endpoint is not None
         if not self._endpoint.send(ident, encode(msg)):
             log.debug("server %s: peer gone, reply dropped", self.server_id)
+            if self._endpoint.last_failure == "gone":
+                self._forget_client(ident, "it disconnected (a reply could not be delivered)")
+
+    def _refuse_size(self, ident: bytes, payload: bytes) -> bool:
+        """Refuse a frame over its kind's size limit before decoding it (True when refused)."""
+        n = len(payload)
+        cfg = self.config
+        if n <= cfg.max_control_bytes and n <= cfg.max_generate_bytes:
+            return False
+        generate = is_generate_frame(payload)
+        limit = cfg.max_generate_bytes if generate else cfg.max_control_bytes
+        if n <= limit:
+            return False
+        self._errors += 1
+        what = "GenerateRequest" if generate else "control message"
+        self._reply(
+            ident, error_reply(MessageTooLargeError("message", f"<{n} bytes>", f"a {what} may take {limit} bytes"))
+        )
+        return True
 
     def _handle(self, ident: bytes, payload: bytes) -> None:
+        self._last_seen[ident] = self._now
+        if self._refuse_size(ident, payload):
+            return
         try:
             msg = decode_client_message(payload)
         except (InvalidRequestError, ProtocolError) as exc:
@@ -287,13 +428,13 @@ class EngineServer:
             case GenerateRequest():
                 self._start_generate(ident, msg)
             case Ping(seq=seq):
-                self._reply(ident, Pong(seq, self.stats()))
+                self._reply(ident, Pong(seq, self.stats(ident)))
             case Abort(rid=rid):
                 self._abort(ident, rid)
             case _:
                 self._start_control(ident, msg)
 
-    def _start_generate(self, ident: bytes, req: GenerateRequest) -> None:
+    def _start_generate(self, ident: bytes, req: GenerateRequest, *, checked: bool = False) -> None:
         rid = req.rid
         try:
             if self._draining:
@@ -304,27 +445,37 @@ class EngineServer:
                 raise InvalidRequestError("rid", rid, "must be a non-empty string")
             key = (ident, rid)
             if key in self._by_client:
-                raise InvalidRequestError("rid", rid, "a request with this rid is already in flight")
-            check_against_limits(req, self.engine.limits)
+                raise DuplicateRequestError("rid", rid, "a request with this rid is already in flight")
+            self._admit(ident)
+            if not checked:
+                check_against_limits(req, self.engine.limits)
         except RolloutError as exc:
-            self._errors += 1
+            if isinstance(exc, ServerBusyError):
+                self._busy += 1
+            else:
+                self._errors += 1
             self._reply(ident, error_reply(exc, rid=rid))
             return
         engine_rid = f"{ident.hex()}:{rid}"
-        flight = _Flight(ident, rid)
+        flight = _Flight(ident, rid, big=checked)
         self._flights[engine_rid] = flight
         self._by_client[key] = engine_rid
+        self._per_client[ident] = self._per_client.get(ident, 0) + 1
         self._idle.clear()
         assert self._tg is not None
-        flight.task = self._tg.create_task(
-            self._run_generate(flight, msgspec.structs.replace(req, rid=engine_rid), engine_rid)
-        )
+        if checked:  # our own object (decoded off the loop): no copy, no second pass over its ids
+            msgspec.structs.force_setattr(req, "rid", engine_rid)
+        else:
+            req = msgspec.structs.replace(req, rid=engine_rid)
+        flight.task = self._tg.create_task(self._run_generate(flight, req, engine_rid))
 
     async def _run_generate(self, flight: _Flight, req: GenerateRequest, engine_rid: str) -> None:
         reply: msgspec.Struct
         try:
             result: GenerateResult = await self.engine.generate(req)
-            reply = msgspec.structs.replace(result, rid=flight.rid, server_id=self.server_id)
+            reply = msgspec.structs.replace(
+                result, rid=flight.rid, server_id=self.server_id, incarnation=self.incarnation
+            )
             if result.finish_reason == "abort":
                 self._aborted += 1
             else:
@@ -336,38 +487,147 @@ class EngineServer:
         except RolloutError as exc:
             self._errors += 1
             reply = error_reply(exc, rid=flight.rid)
-        except Exception as exc:
+        except Exception as exc:  # one request's failure: the engine dies only through wait_dead()
             log.exception("server %s: engine failed request %s", self.server_id, flight.rid)
             self._errors += 1
-            reply = error_reply(RemoteError(f"{type(exc).__name__}: {exc}"), rid=flight.rid)
+            reply = error_reply(RequestFailedError(f"{type(exc).__name__}: {exc}"), rid=flight.rid)
         finally:
             self._flights.pop(engine_rid, None)
             self._by_client.pop((flight.ident, flight.rid), None)
+            left = self._per_client.get(flight.ident, 1) - 1
+            if left > 0:
+                self._per_client[flight.ident] = left
+            else:
+                self._per_client.pop(flight.ident, None)
             if not self._flights:
                 self._idle.set()
         self._reply(flight.ident, reply)
+        if flight.big:
+            await _free_ids_in_chunks(req)
 
-    def _abort(self, ident: bytes, rid: str) -> None:
+    def _abort(self, ident: bytes, rid: str) -> int:
         if rid:
             engine_rid = self._by_client.get((ident, rid))
             if engine_rid is not None:
                 self.engine.abort(engine_rid)
-            return
+                return 1
+            return 0
+        if ident not in self._per_client:
+            return 0
+        n = 0
         for (who, _), engine_rid in list(self._by_client.items()):
             if who == ident:
                 self.engine.abort(engine_rid)
+                n += 1
+        return n
+
+    # -- admission and orphans -----------------------------------------------------------------------
+
+    def _admit(self, ident: bytes) -> None:
+        """Raise ServerBusyError beyond the server's cap or this client's fair share of it."""
+        cap = self.config.max_requests
+        total = len(self._flights)
+        clients = max(1, len(self._last_seen))
+        share = max(1, cap // clients)
+        mine = self._per_client.get(ident, 0)
+        if total >= cap or mine >= share:
+            raise ServerBusyError(
+                f"server {self.server_id} is busy: {total}/{cap} requests accepted, this client holds {mine} "
+                f"(fair share {share} of {clients} client(s))"
+            )
+
+    def _forget_client(self, ident: bytes, why: str) -> None:
+        """The client is gone: abort what it left running (its results would go nowhere)."""
+        self._last_seen.pop(ident, None)
+        n = self._abort(ident, "")
+        if n:
+            log.warning("server %s: aborted %d request(s) of a client: %s", self.server_id, n, why)
+
+    async def _sweep_clients(self) -> None:
+        """A client silent for ``client_timeout_s`` is probed with a Pong: one still connected (its event
+        loop blocked by a training step, say; libzmq answers the ZMTP heartbeats) keeps its requests; one
+        whose connection is gone (closed, or dropped by the ZMTP heartbeat timeout) has them aborted."""
+        timeout = self.config.client_timeout_s
+        loop = asyncio.get_running_loop()
+        assert self._endpoint is not None
+        endpoint = self._endpoint
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = loop.time()
+            silent = [ident for ident, seen in self._last_seen.items() if now - seen > timeout]
+            if not silent:
+                continue
+            probe = encode(Pong(0, self.stats()))
+            for ident in silent:
+                if endpoint.send(ident, probe):
+                    continue
+                if endpoint.last_failure == "gone":
+                    self._forget_client(ident, f"silent for {timeout:.0f}s and disconnected")
+                else:
+                    self._last_seen.pop(ident, None)  # connected but not reading: no longer counted
+
+    # -- large frames ---------------------------------------------------------------------------------
+
+    def _start_offloaded(self, ident: bytes, payload: bytes) -> None:
+        self._last_seen[ident] = self._now
+        assert self._tg is not None
+        self._tg.create_task(self._run_offloaded(ident, payload))
+
+    async def _run_offloaded(self, ident: bytes, payload: bytes) -> None:
+        """Decode a large GenerateRequest in the worker process; turn its ids into ints a chunk at a time."""
+        try:
+            if self._decoder is None:
+                self._decoder = concurrent.futures.ProcessPoolExecutor(
+                    max_workers=1, mp_context=multiprocessing.get_context("spawn")
+                )
+            loop = asyncio.get_running_loop()
+            ok, head, raw_ids = await loop.run_in_executor(
+                self._decoder, _decode_generate_frame, payload, self.engine.limits
+            )
+            del payload
+            if not ok:
+                self._errors += 1
+                assert self._endpoint is not None
+                self._endpoint.send(ident, head)
+                return
+            stub = decode_client_message(head)
+            assert isinstance(stub, GenerateRequest)
+            view = memoryview(raw_ids).cast("I")
+            ids: list[int] = []
+            for i in range(0, len(view), _IDS_CHUNK):
+                ids.extend(view[i : i + _IDS_CHUNK].tolist())
+                await asyncio.sleep(0)
+            msgspec.structs.force_setattr(stub, "input_ids", ids)  # validated in the worker already
+            self._start_generate(ident, stub, checked=True)
+        except Exception as exc:  # a broken worker fails this request, not the server
+            log.exception("server %s: decoding a large request failed", self.server_id)
+            self._errors += 1
+            self._reply(ident, error_reply(RemoteError(f"decoding failed: {type(exc).__name__}: {exc}")))
+        finally:
+            self._offload_slots.release()
 
     # -- control -----------------------------------------------------------------------------------
 
     def _start_control(self, ident: bytes, msg: Any) -> None:
         assert self._tg is not None
-        self._tg.create_task(self._run_control(ident, msg))
+        if self._draining and not isinstance(msg, GetInfo):
+            self._reply(ident, error_reply(ServerShuttingDownError("server is shutting down"), call_id=msg.call_id))
+            return
+        task = self._tg.create_task(self._run_control(ident, msg))
+        self._controls.add(task)
+        task.add_done_callback(self._controls.discard)
 
     async def _run_control(self, ident: bytes, msg: Any) -> None:
         t0 = time.perf_counter()
         call_id: str = msg.call_id
         try:
-            message = await self._control(msg)
+            try:
+                async with asyncio.timeout(self.config.control_timeout_s):
+                    message = await self._control(msg)
+            except TimeoutError as exc:
+                raise RequestTimeoutError(
+                    f"{type(msg).__name__} did not finish within control_timeout_s={self.config.control_timeout_s}"
+                ) from exc
             reply: msgspec.Struct = ControlReply(
                 call_id=call_id,
                 message=message,
@@ -405,26 +665,11 @@ class EngineServer:
             case SetWeightVersion(version=v):
                 await engine.set_weight_version(v)
             case InitWeightGroup():
-                await engine.init_weight_group(
-                    master_address=msg.master_address,
-                    master_port=msg.master_port,
-                    rank_offset=msg.rank_offset,
-                    world_size=msg.world_size,
-                    group_name=msg.group_name,
-                    backend=msg.backend,
-                    timeout_s=msg.timeout_s,
-                )
+                await engine.init_weight_group(msg)
             case UpdateWeightsDistributed():
-                await engine.update_weights_distributed(
-                    group_name=msg.group_name,
-                    buckets=msg.buckets,
-                    version=msg.version,
-                    flush_cache=msg.flush_cache,
-                )
+                await engine.update_weights_distributed(msg)
             case UpdateWeightsFromIpc():
-                await engine.update_weights_from_ipc(
-                    handles=msg.handles, buckets=msg.buckets, version=msg.version, flush_cache=msg.flush_cache
-                )
+                await engine.update_weights_from_ipc(msg)
             case DestroyWeightGroup(group_name=name):
                 await engine.destroy_weight_group(name)
             case _:  # pragma: no cover - the decoder only admits the types above
@@ -445,15 +690,59 @@ class EngineServer:
     # -- shutdown ----------------------------------------------------------------------------------
 
     async def _drain(self) -> None:
+        """Within the shutdown bound: cancel control calls, drain, abort, cancel; every request answered."""
         self._draining = True
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.config.shutdown_timeout_s
+        reserve = min(2.5, 0.25 * self.config.shutdown_timeout_s)  # closing the socket (linger) and the engine
+        controls = list(self._controls)
+        for ctask in controls:  # they answer ServerShuttingDownError
+            ctask.cancel()
         tasks = [f.task for f in self._flights.values() if f.task is not None]
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.config.drain_timeout_s)
+            _, pending = await asyncio.wait(tasks, timeout=min(self.config.drain_timeout_s, self._time_left(reserve)))
             if pending:
                 log.info("server %s: aborting %d request(s) still in flight", self.server_id, len(pending))
                 self.engine.abort_all()
-                _, pending = await asyncio.wait(pending, timeout=5.0)
+                _, pending = await asyncio.wait(pending, timeout=self._time_left(reserve) / 2)
                 for task in pending:  # an engine that ignores abort: cancel; the task still replies
                     task.cancel()
                 if pending:
-                    await asyncio.wait(pending)
+                    await asyncio.wait(pending, timeout=self._time_left(reserve))
+        if controls:
+            await asyncio.wait(controls, timeout=self._time_left(reserve))
+
+
+def _decode_generate_frame(data: bytes, limits: EngineLimits) -> tuple[bool, bytes, bytes]:
+    """In the decode worker: decode and check one large GenerateRequest.
+
+    Returns ``(True, the request without its ids (encoded), the ids as uint32 bytes)``, or ``(False, an
+    encoded ErrorReply, b"")``.  Bytes both ways: cheap to pass between processes, cheap to read back.
+    """
+    req: Any = None
+    try:
+        req = decode_client_message(data)
+        if not isinstance(req, GenerateRequest):
+            raise ProtocolError("expected a GenerateRequest")
+        check_against_limits(req, limits)
+    except RolloutError as exc:
+        rid = req.rid if isinstance(req, GenerateRequest) else None
+        return False, encode(error_reply(exc, rid=rid)), b""
+    head = msgspec.structs.replace(req, input_ids=[0])
+    return True, encode(head), array.array("I", req.input_ids).tobytes()  # ids < vocab_size < 2**32
+
+
+async def _free_ids_in_chunks(req: GenerateRequest) -> None:
+    """Free a large request's ids a chunk at a time (one ``del`` of millions of ints stalls the loop), but
+    only once nothing else holds the request (the refs left are this frame, the caller's, getrefcount's).
+    An engine may hold it a moment after answering (until its next step): look again for up to ~1 s."""
+    for _ in range(100):
+        if sys.getrefcount(req) <= 3 and sys.getrefcount(req.input_ids) <= 2:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        return  # kept (a test fake's history, say): leave it alone
+    ids = req.input_ids
+    while ids:
+        del ids[-_IDS_CHUNK:]
+        await asyncio.sleep(0)

@@ -1,4 +1,4 @@
-"""Token sampling for the CPU engine, exact and cheap on a 150k-token vocabulary.
+"""Token sampling for the CPU engine, exact, cheap on a 150k-token vocabulary, and unable to fail.
 
 The cost of a small model's decode step on CPU is passes over the ``[rows, vocab]`` logits, so the common
 path (no top-k / top-p / min-p) makes one full pass, a softmax, then sums the probabilities per block of
@@ -8,6 +8,18 @@ uniform number per token.  Rows with top-k / top-p / min-p take the exact full-v
 
 The returned logprob of a token is ``log softmax(logits / T)[token]`` (T = 1 for greedy rows): after
 penalties and temperature, before truncation — the same definition SGLang uses.
+
+Numerics (every value SamplingParams accepts is safe here):
+
+* logits are float32; each row's maximum is subtracted before the temperature divides (so no finite logit
+  overflows into a wrong token) and again in the softmax;
+* a temperature below :data:`GREEDY_TEMPERATURE` is greedy (``logits / 1e-40`` overflows float32), one
+  above :data:`MAX_TEMPERATURE` is clamped to it;
+* repetition penalties are clamped to :data:`PENALTY_RANGE` (``logit / 1e-300`` overflows);
+* NaN logits count as impossible and ``+inf`` as the largest float; a row left with no possible token
+  (the server refuses requests that would ask for that) samples uniformly rather than failing;
+* a drawn index always has positive probability, so it is inside the vocabulary and its logprob is
+  finite (a float tie at the top of a cumulative sum falls back to the row's most likely token).
 """
 
 from __future__ import annotations
@@ -16,7 +28,13 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["RowSampling", "sample"]
+from ..protocol import GREEDY_TEMPERATURE, PENALTY_RANGE
+
+__all__ = ["GREEDY_TEMPERATURE", "MAX_TEMPERATURE", "PENALTY_RANGE", "RowSampling", "sample"]
+
+#: temperatures above this are clamped to it (the distribution is uniform to float32 precision long before)
+MAX_TEMPERATURE = 1e6
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 class RowSampling:
@@ -32,6 +50,10 @@ class RowSampling:
         self.u = u  # the row's uniform draw in [0, 1)
 
     @property
+    def greedy(self) -> bool:
+        return not self.temperature >= GREEDY_TEMPERATURE
+
+    @property
     def filtered(self) -> bool:
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
@@ -45,14 +67,19 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSampling]) -> tuple[torch.Ten
     Returns ``(tokens [n] int64, logprobs [n] float32)``.
     """
     n, vocab = logits.shape
-    temps = [r.temperature if r.temperature > 0.0 else 1.0 for r in rows]
+    temps = [1.0 if r.greedy else min(r.temperature, MAX_TEMPERATURE) for r in rows]
+    _sanitize_(logits)
     if any(t != 1.0 for t in temps):
+        # shift each row's maximum to 0 first: dividing a large finite logit by T < 1 would overflow to
+        # -inf (or +inf) and wipe out the very token that should win; after the shift the best token stays
+        # at 0 and what overflows is only ever "impossible" (-inf)
+        logits.sub_(logits.amax(dim=-1, keepdim=True))
         logits.div_(torch.tensor(temps, dtype=logits.dtype)[:, None])
-    probs = torch.softmax(logits, dim=-1)  # the one full pass
+    probs = torch.softmax(logits, dim=-1)  # the one full pass (max-subtracted)
     toks = torch.empty(n, dtype=torch.long)
-    greedy = [i for i, r in enumerate(rows) if r.temperature == 0.0]
-    plain = [i for i, r in enumerate(rows) if r.temperature != 0.0 and not r.filtered]
-    filtered = [i for i, r in enumerate(rows) if r.temperature != 0.0 and r.filtered]
+    greedy = [i for i, r in enumerate(rows) if r.greedy]
+    plain = [i for i, r in enumerate(rows) if not r.greedy and not r.filtered]
+    filtered = [i for i, r in enumerate(rows) if not r.greedy and r.filtered]
 
     if greedy:
         gi = torch.tensor(greedy, dtype=torch.long)
@@ -84,11 +111,27 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSampling]) -> tuple[torch.Ten
         r = rows[i]
         kept = _filter(probs[i], r.top_k, r.top_p, r.min_p).double()
         cdf1 = kept.cumsum(0)
-        x = torch.tensor([r.u * float(cdf1[-1])], dtype=torch.float64)
-        toks[i] = min(int(torch.searchsorted(cdf1, x, right=True)), vocab - 1)
+        total = float(cdf1[-1])
+        x = torch.tensor([min(r.u * total, total * (1.0 - 1e-12))], dtype=torch.float64)
+        toks[i] = int(torch.searchsorted(cdf1, x, right=True))
 
-    lps = probs.gather(1, toks[:, None]).squeeze(1).log()
-    return toks, lps
+    toks.clamp_(0, vocab - 1)
+    picked = probs.gather(1, toks[:, None]).squeeze(1)
+    zero = ~(picked > 0.0)
+    if bool(zero.any()):  # a float tie at the top of a cumulative sum: take the row's most likely token
+        toks[zero] = probs[zero].argmax(dim=-1)
+        picked = probs.gather(1, toks[:, None]).squeeze(1)
+    return toks, picked.log()
+
+
+def _sanitize_(logits: torch.Tensor) -> None:
+    """NaN → impossible, +inf → the largest float; a row with no possible token becomes uniform."""
+    if bool(torch.isfinite(logits.amax(dim=-1)).all()):  # amax propagates NaN: one pass in the usual case
+        return
+    torch.nan_to_num_(logits, nan=float("-inf"), posinf=_FLOAT32_MAX, neginf=float("-inf"))
+    dead = ~torch.isfinite(logits.max(dim=-1).values)
+    if bool(dead.any()):
+        logits[dead] = 0.0
 
 
 def _filter(probs: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:

@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ..errors import UnsupportedOperationError
-from ..protocol import EngineLimits, GenerateRequest, GenerateResult, PauseMode, TensorMeta
+from ..protocol import (
+    EngineLimits,
+    GenerateRequest,
+    GenerateResult,
+    InitWeightGroup,
+    PauseMode,
+    UpdateWeightsDistributed,
+    UpdateWeightsFromIpc,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -35,12 +43,23 @@ NamedTensors = Sequence[tuple[str, "torch.Tensor"]]
 
 
 class EngineLoad(msgspec.Struct, frozen=True, kw_only=True):
-    """Live load: requests being decoded, requests waiting for the engine, tokens those hold or want."""
+    """Live load and capacity of an engine (carried in every Pong as :class:`~rollout_sdk.protocol.ServerStats`).
+
+    ``running``: requests being decoded; ``queued``: requests accepted and waiting for a slot;
+    ``queued_tokens``: tokens those waiting requests hold; ``max_running_requests``: the most requests the
+    engine decodes at once (None: no fixed limit); ``kv_capacity_tokens``: tokens its KV pool holds (None:
+    the cache grows on demand, as in the CPU engine); ``kv_used_tokens``: tokens the KV cache holds now;
+    ``kv_usage``: ``kv_used_tokens / kv_capacity_tokens`` where the engine knows it.  An idle engine reports
+    zero running, zero queued.
+    """
 
     running: int = 0
     queued: int = 0
     queued_tokens: int = 0
     kv_usage: float | None = None
+    max_running_requests: int | None = None
+    kv_capacity_tokens: int | None = None
+    kv_used_tokens: int | None = None
 
 
 class Engine(abc.ABC):
@@ -161,27 +180,16 @@ class Engine(abc.ABC):
         """Load tensors already in this process (all-or-nothing)."""
         raise self._unsupported("update_weights")
 
-    async def init_weight_group(
-        self,
-        *,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str,
-        backend: str,
-        timeout_s: float,
-    ) -> None:
+    async def init_weight_group(self, msg: InitWeightGroup) -> None:
+        """Join the trainer's weight-update process group (the wire message, as received)."""
         raise self._unsupported("init_weight_group")
 
-    async def update_weights_distributed(
-        self, *, group_name: str, buckets: list[list[TensorMeta]], version: int | None, flush_cache: bool
-    ) -> None:
+    async def update_weights_distributed(self, msg: UpdateWeightsDistributed) -> None:
+        """Receive ``msg.buckets`` by broadcast from the group's rank 0 and load them."""
         raise self._unsupported("update_weights_distributed")
 
-    async def update_weights_from_ipc(
-        self, *, handles: list[bytes], buckets: list[list[TensorMeta]], version: int | None, flush_cache: bool
-    ) -> None:
+    async def update_weights_from_ipc(self, msg: UpdateWeightsFromIpc) -> None:
+        """Load buckets shared by CUDA IPC handles (colocated trainer)."""
         raise self._unsupported("update_weights_from_ipc")
 
     async def destroy_weight_group(self, group_name: str) -> None:

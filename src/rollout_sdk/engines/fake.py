@@ -27,9 +27,8 @@ import collections
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from .._aio import cancel_and_wait
+from .._aio import await_unless, cancel_and_wait
 from ..errors import (
     EngineDeadError,
     EngineStartupError,
@@ -54,6 +53,8 @@ class FakeEngineConfig:
     max_batch: int = 256
     #: fail start() with this message (tests of start-up failure)
     fail_start: str | None = None
+    #: fault injection: the engine dies (kill()) once it has accepted this many requests
+    die_after_requests: int | None = None
     #: named weights and their sizes, for update_weights checks
     weight_shapes: dict[str, tuple[int, ...]] = field(default_factory=lambda: {"w": (4,)})
 
@@ -155,12 +156,12 @@ class FakeEngine(Engine):
         fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
         r = _Req(req, self._target(req), fut)
         self._reqs[req.rid] = r
+        limit = self.config.die_after_requests
+        if limit is not None and len(self.requests_seen) >= limit:
+            self.kill(f"fault injection: died after {limit} requests")
+            return await fut
         if self.gate is not None and not self.gate.is_set():
-            gate_task: asyncio.Future[Any] = asyncio.ensure_future(self.gate.wait())
-            try:
-                await asyncio.wait([gate_task, fut], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                gate_task.cancel()
+            await await_unless(self.gate.wait(), fut)  # the gate, unless the request ends meanwhile (abort)
             if fut.done():
                 return fut.result()
         if self.config.instant:
@@ -266,6 +267,8 @@ class FakeEngine(Engine):
             running=running,
             queued=max(0, queued),
             queued_tokens=sum(len(r.req.input_ids) + r.req.sampling.max_new_tokens for r in self._waiting),
+            max_running_requests=None if self.config.instant else self.config.max_batch,
+            kv_used_tokens=sum(len(r.req.input_ids) + len(r.out) for r in self._running if not r.done),
         )
 
     # -- hooks -------------------------------------------------------------------------------------

@@ -5,31 +5,50 @@ job attempt's prefix, ``rollout_sdk/a<restart count>``, so a restarted job never
 
     rollout_sdk/latest        -> {p}                    set by global rank 0 first
     {p}/num_servers           -> number of DP servers   set by global rank 0
-    {p}/server/<dp_rank>      -> ServerRecord (msgpack) set by each TP leader once it listens
+    {p}/server/<dp_rank>      -> ServerRecord (msgpack) set by each TP leader once it listens (again
+                                                        after its engine is restarted)
+    {p}/members               -> k                      counts registrations (store.add)
+    {p}/member/<k>            -> ServerRecord           the k-th registration, in order
     {p}/shutdown              -> reason                 set by the driver (or an operator) to stop the job
 
 A client waits for ``num_servers`` and then for every server key: a handshake, not sleep-and-poll; on
 timeout the error names the DP ranks that never registered.  A client in another process needs only the
 store address (``host:port``): ``RolloutClient(discovery=StoreDiscovery("10.0.0.1:29500"))``, or the
 environment variable ``ROLLOUT_SDK_STORE``.
+
+After open, :meth:`StoreDiscovery.watch` follows ``{p}/member/<k>`` for k past what open saw: each later
+registration (a rank whose engine was restarted, a server that registers late) reaches the client, which
+adds it (``RolloutClient`` does this by itself).  The watcher waits on the next key in a daemon thread, one
+bounded wait at a time, so it never holds up shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import msgspec
 
 from ..errors import ConfigError, DiscoveryError
 
-__all__ = ["ServerRecord", "StoreDiscovery", "StoreKeys", "connect_store", "in_daemon_thread", "wait_keys"]
+__all__ = [
+    "ServerRecord",
+    "StoreDiscovery",
+    "StoreKeys",
+    "connect_store",
+    "in_daemon_thread",
+    "register_server",
+    "wait_keys",
+]
 
 T = TypeVar("T")
+
+log = logging.getLogger("rollout_sdk.launch")
 
 ROOT = "rollout_sdk"
 
@@ -45,6 +64,8 @@ class ServerRecord(msgspec.Struct, frozen=True, kw_only=True):
     pid: int
     backend: str
     model: str
+    #: the server process (``ServerInfo.incarnation``)
+    incarnation: str = ""
 
 
 class StoreKeys:
@@ -63,8 +84,24 @@ class StoreKeys:
         return f"{self.prefix}/server/{dp_rank}"
 
     @property
+    def members(self) -> str:
+        return f"{self.prefix}/members"
+
+    def member(self, k: int) -> str:
+        return f"{self.prefix}/member/{k}"
+
+    @property
     def shutdown(self) -> str:
         return f"{self.prefix}/shutdown"
+
+
+def register_server(store: Any, keys: StoreKeys, record: ServerRecord) -> int:
+    """Publish a server (blocking: call from a thread): its DP slot, then the next membership event."""
+    data = msgspec.msgpack.encode(record)
+    store.set(keys.server(record.dp_rank), data)
+    k = int(store.add(keys.members, 1))
+    store.set(keys.member(k), data)
+    return k
 
 
 def connect_store(address: str, timeout_s: float = 60.0) -> Any:
@@ -122,11 +159,18 @@ async def in_daemon_thread(fn: Callable[[], T]) -> T:
 class StoreDiscovery:
     """Find the servers of a torchrun job through its c10d store (``host:port``)."""
 
+    #: longest single wait of the watcher thread (it re-checks whether it is still wanted in between)
+    watch_wait_s = 1.0
+
     def __init__(self, store: str, *, num_servers: int | None = None, prefix: str = ROOT) -> None:
         self.store_address = store
         self.num_servers = num_servers
         self.root = prefix
         self.records: list[ServerRecord] = []
+        self._keys: StoreKeys | None = None
+        self._seen = 0
+        self._watch_stop = threading.Event()
+        self._watch_thread_handle: threading.Thread | None = None
 
     async def open(self, timeout: float) -> list[str]:
         self.records = await in_daemon_thread(lambda: self._discover(timeout))
@@ -160,7 +204,58 @@ class StoreDiscovery:
                 missing=[f"dp{r}" for r in ranks],
             )
         decoder = msgspec.msgpack.Decoder(ServerRecord)
-        return [decoder.decode(store.get(k)) for k in wanted]
+        records = [decoder.decode(store.get(k)) for k in wanted]
+        self._keys = keys
+        self._seen = int(store.add(keys.members, 0))  # registrations so far: the watcher starts after them
+        return records
+
+    async def watch(self) -> AsyncIterator[str]:
+        """Yield the address of every server that registers after :meth:`open` (restarts included).
+
+        One watcher thread waits on the next ``{p}/member/<k>`` key, ``watch_wait_s`` at a time, and hands
+        records over through a bounded queue; :meth:`close` stops it and joins it (a thread left inside a
+        store call when the interpreter exits aborts the process).
+        """
+        assert self._keys is not None, "open() first"
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[ServerRecord] = asyncio.Queue(maxsize=1024)
+        self._watch_stop.clear()
+        thread = threading.Thread(target=self._watch_thread, args=(loop, queue), name="rollout-sdk-watch", daemon=True)
+        self._watch_thread_handle = thread
+        thread.start()
+        while True:
+            record = await queue.get()
+            self.records.append(record)
+            yield record.address
+
+    def _watch_thread(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[ServerRecord]) -> None:
+        assert self._keys is not None
+        store = None
+        try:
+            store = connect_store(self.store_address)
+            while not self._watch_stop.is_set():
+                key = self._keys.member(self._seen + 1)
+                if wait_keys(store, [key], self.watch_wait_s):
+                    continue
+                record = msgspec.msgpack.decode(store.get(key), type=ServerRecord)
+                self._seen += 1
+                while not self._watch_stop.is_set():
+                    try:
+                        asyncio.run_coroutine_threadsafe(queue.put(record), loop).result(self.watch_wait_s)
+                        break
+                    except TimeoutError:
+                        continue  # the queue is full: the client is not keeping up; keep the record
+                    except RuntimeError:
+                        return  # the loop is closed
+        except Exception as exc:  # the store went away (job ended): nothing more will register
+            if not self._watch_stop.is_set():
+                log.warning("store watch at %s stopped: %s", self.store_address, exc)
+        finally:
+            del store
 
     async def close(self) -> None:
-        return None
+        """Stop the watcher thread, if any (waits at most one ``watch_wait_s`` round for it)."""
+        self._watch_stop.set()
+        thread, self._watch_thread_handle = self._watch_thread_handle, None
+        if thread is not None:
+            await asyncio.to_thread(thread.join, self.watch_wait_s + 10.0)

@@ -16,7 +16,14 @@ TP members other than the leader hold no engine: they stay in the process group 
 weight sync) and wait for shutdown without blocking anything.  A rank that dies makes torchrun stop the
 others and exit non-zero, naming the rank (torchrun's own failure handling; the entry is wrapped in
 ``@record`` so the error summary carries the traceback).  An engine that dies inside a live server does not
-end the job: the server keeps answering EngineDeadError and clients route around it.
+end the job: the TP leader rebuilds it in place (same process, same process group) up to
+``max_engine_restarts`` times and registers the new server, which clients add by themselves
+(``StoreDiscovery.watch``) once it serves their weights; past the bound the server keeps answering
+EngineDeadError and clients route around it::
+
+    TP leader ... engine keeper: waits on the engine's death (engine.wait_dead)
+                  then: closes the server (its requests fail over), builds a new engine and server on a
+                  new port, registers it ({p}/server/<dp>, {p}/member/<k>); bound: max_engine_restarts
 """
 
 from __future__ import annotations
@@ -29,8 +36,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
+from .._aio import cancel_and_wait
 from .._transport import local_ip
 from ..engines.base import Engine
 from ..engines.cpu import CpuEngineConfig
@@ -38,7 +44,15 @@ from ..engines.fake import FakeEngineConfig
 from ..errors import ConfigError
 from ..launch_env import ENV_NUM_SERVERS, ENV_PREFIX, ENV_STORE
 from ..server import EngineServer, ServerConfig
-from .discovery import ROOT, ServerRecord, StoreKeys, connect_store, in_daemon_thread, wait_keys
+from .discovery import (
+    ROOT,
+    ServerRecord,
+    StoreKeys,
+    connect_store,
+    in_daemon_thread,
+    register_server,
+    wait_keys,
+)
 from .layout import Layout
 
 __all__ = ["LaunchConfig", "run_job"]
@@ -70,8 +84,12 @@ class LaunchConfig:
     drain_timeout_s: float = 5.0
     #: root of the store keys (change it to run two jobs on one store)
     store_prefix: str = ROOT
+    #: times a TP leader rebuilds its engine after it dies (0: never; the server then answers engine_dead)
+    max_engine_restarts: int = 3
 
     def __post_init__(self) -> None:
+        if self.max_engine_restarts < 0:
+            raise ConfigError("max_engine_restarts", self.max_engine_restarts, "must be >= 0")
         if self.engine not in ("cpu", "sglang", "fake"):
             raise ConfigError("engine", self.engine, "must be 'cpu', 'sglang' or 'fake'")
         if self.dist_backend not in ("gloo", "nccl"):
@@ -145,6 +163,7 @@ class _RankJob:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.keys = StoreKeys(f"{cfg.store_prefix}/a{restart}")
         self.server: EngineServer | None = None
+        self.engine_restarts = 0
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -172,9 +191,11 @@ class _RankJob:
         # also ends its own wait.
         watcher = asyncio.create_task(in_daemon_thread(self._watch_shutdown), name="shutdown-watch")
         code = 0
+        keeper: asyncio.Task[None] | None = None
         try:
             if layout.is_leader:
                 await self._start_server()
+                keeper = asyncio.create_task(self._keep_engine(), name="engine-keeper")
             driver: asyncio.Task[Any] | None = None
             if layout.is_driver and main is not None:
                 os.environ[ENV_STORE] = self.store_address
@@ -195,6 +216,8 @@ class _RankJob:
                     log.exception("the driver failed")
                     code = 1
         finally:
+            if keeper is not None:
+                await cancel_and_wait(keeper)
             if not self.store.check([self.keys.shutdown]):
                 await asyncio.to_thread(
                     self.store.set, self.keys.shutdown, f"rank {layout.rank}: {self._stop_reason or 'stopped'}"
@@ -216,6 +239,26 @@ class _RankJob:
             reason = store.get(self.keys.shutdown).decode()
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self.stop, f"job shutdown: {reason}")
+
+    async def _keep_engine(self) -> None:
+        """Rebuild this rank's engine in place when it dies, at most ``max_engine_restarts`` times."""
+        while True:
+            assert self.server is not None
+            exc = await self.server.engine.wait_dead()
+            if self.engine_restarts >= self.cfg.max_engine_restarts:
+                log.error(
+                    "dp %d: engine died (%s) after %d restart(s); not restarting again (max_engine_restarts=%d)",
+                    self.layout.dp_rank, exc, self.engine_restarts, self.cfg.max_engine_restarts,
+                )
+                return
+            self.engine_restarts += 1
+            log.warning(
+                "dp %d: engine died (%s); restarting it (%d of %d)",
+                self.layout.dp_rank, exc, self.engine_restarts, self.cfg.max_engine_restarts,
+            )
+            old, self.server = self.server, None
+            await old.aclose()  # its requests are answered (engine_dead); clients fail them over
+            await self._start_server()
 
     async def _start_server(self) -> None:
         layout, cfg = self.layout, self.cfg
@@ -243,6 +286,7 @@ class _RankJob:
             pid=os.getpid(),
             backend=engine.backend,
             model=engine.model_name,
+            incarnation=self.server.incarnation,
         )
-        await asyncio.to_thread(self.store.set, self.keys.server(layout.dp_rank), msgspec.msgpack.encode(record))
+        await asyncio.to_thread(register_server, self.store, self.keys, record)
         log.info("dp %d serving at %s", layout.dp_rank, self.server.address)

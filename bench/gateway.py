@@ -1,0 +1,163 @@
+"""Gateway overhead: OpenAI chat calls through ``rollout-sdk gateway`` against the same turns on ``RolloutClient``.
+
+What is measured
+----------------
+``S`` sessions, ``C`` of them at a time, each ``K`` model turns of ``G`` tokens (an agent that re-sends its
+whole history every turn, as black-box agents do).  Two ways of running the same turns against the same
+engine server (a ``rollout-sdk serve --engine fake`` process in instant mode: it answers at once, so what
+is measured is the software in front of it):
+
+a. **direct** -- ``RolloutClient.generate`` in this process, token ids in and out; between turns the
+   context grows by the output plus a fixed 12-token glue, as a token-level agent loop's would.
+b. **gateway** -- a ``rollout-sdk gateway --servers <engine>`` process; this process sends OpenAI
+   ``/v1/chat/completions`` requests with aiohttp (one connection pool, one session key per session).
+   Per request the gateway parses JSON, checks fields, normalises and hashes the messages, matches the
+   session, renders only the new messages with the chat template, tokenizes them on its tokenizer thread,
+   calls its ``RolloutClient``, decodes the output, and records the turn.
+
+Cells alternate (direct, gateway, direct, ...) ``--reps`` times; the table shows medians.  "added ms" is
+the gateway's median latency minus the direct median at the same concurrency.  Both load generators run
+on the same 2 cores as the servers, so absolute rates are this machine's.
+
+    python bench/gateway.py                 # C = 1, 64, 500 (S = max(C, 200)), K = 3, G = 16, 3 reps
+    python bench/gateway.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _machine import ServerProcs, log, sigterm_as_interrupt
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+async def run_direct(address: str, sessions: int, conc: int, turns: int, gen: int) -> dict[str, float]:
+    from rollout_sdk import RolloutClient, SamplingParams
+
+    lat: list[float] = []
+    sem = asyncio.Semaphore(conc)
+    sp = SamplingParams(max_new_tokens=gen)
+    async with RolloutClient(servers=[address]) as client:
+
+        async def one(i: int) -> None:
+            async with sem:
+                ids = [151644, 8948, 198, *range(1000 + i % 50, 1030 + i % 50), 151645, 198, 151644, 77091, 198]
+                for _ in range(turns):
+                    t = time.perf_counter()
+                    r = await client.generate(ids, sampling=sp, session_id=f"s{i}")
+                    lat.append(time.perf_counter() - t)
+                    ids = (
+                        ids
+                        + r.output_ids
+                        + [151645, 198, 151644, 872, 198, 1000, 1001, 151645, 198, 151644, 77091, 198]
+                    )
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(sessions)))
+        wall = time.perf_counter() - t0
+    return {"rps": len(lat) / wall, "p50": pct(lat, 0.5) * 1e3, "p99": pct(lat, 0.99) * 1e3}
+
+
+async def run_gateway(url: str, sessions: int, conc: int, turns: int, gen: int, rep: int) -> dict[str, float]:
+    import aiohttp
+
+    lat: list[float] = []
+    sem = asyncio.Semaphore(conc)
+    connector = aiohttp.TCPConnector(limit=conc)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as http:
+
+        async def one(i: int) -> None:
+            async with sem:
+                key = f"bench-{rep}-{conc}-{i}"
+                msgs: list[dict[str, Any]] = [{"role": "user", "content": f"Question number {i}: what is 2+2?"}]
+                for k in range(turns):
+                    body = {"model": "policy", "messages": msgs, "max_tokens": gen}
+                    t = time.perf_counter()
+                    async with http.post(
+                        f"{url}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+                    ) as r:
+                        data = await r.json()
+                        if r.status != 200:
+                            raise RuntimeError(f"gateway answered {r.status}: {data}")
+                    lat.append(time.perf_counter() - t)
+                    msgs = [*msgs, data["choices"][0]["message"], {"role": "user", "content": f"and then {k}?"}]
+                async with http.post(f"{url}/sessions/{key}/finish") as r:
+                    assert r.status == 200
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(sessions)))
+        wall = time.perf_counter() - t0
+    return {"rps": len(lat) / wall, "p50": pct(lat, 0.5) * 1e3, "p99": pct(lat, 0.99) * 1e3}
+
+
+async def main(args: argparse.Namespace) -> None:
+    logdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    procs = ServerProcs(logdir, ROOT)
+    py = sys.executable
+    try:
+        _, engine = procs.spawn("engine", [py, "-m", "rollout_sdk", "serve", "--engine", "fake"])
+        gw_argv = [py, "-m", "rollout_sdk", "gateway", "--servers", engine, "--model-name", "policy"]
+        # this benchmark does not collect trajectories: let the gateway write them, so sessions are freed
+        gw_argv += ["--trajectories-jsonl", str(logdir / "trajectories.jsonl")]
+        _, url = procs.spawn("gateway", gw_argv, timeout=180)
+        log(f"engine {engine}, gateway {url}, logs in {logdir}")
+        rows = []
+        for conc in args.concurrency:
+            sessions = max(conc, args.sessions)
+            cells: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
+            for rep in range(args.reps):
+                cells["direct"].append(await run_direct(engine, sessions, conc, args.turns, args.gen))
+                cells["gateway"].append(await run_gateway(url, sessions, conc, args.turns, args.gen, rep))
+                log(f"C={conc} rep {rep}: direct {cells['direct'][-1]}, gateway {cells['gateway'][-1]}")
+            med = {
+                m: {k: statistics.median(c[k] for c in cs) for k in ("rps", "p50", "p99")} for m, cs in cells.items()
+            }
+            rows.append((conc, sessions, med))
+        print(
+            f"\nsessions x {args.turns} turns x {args.gen} tokens, fake instant engine, medians of {args.reps} reps\n"
+        )
+        print(
+            "| concurrent sessions | sessions | direct req/s | gateway req/s | gateway/direct | direct p50 ms | "
+            "gateway p50 ms | added p50 ms | gateway p99 ms |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for conc, sessions, med in rows:
+            d, g = med["direct"], med["gateway"]
+            print(
+                f"| {conc} | {sessions} | {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.2f} | "
+                f"{d['p50']:.2f} | {g['p50']:.2f} | {g['p50'] - d['p50']:.2f} | {g['p99']:.1f} |"
+            )
+    finally:
+        procs.stop()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 500])
+    p.add_argument("--sessions", type=int, default=200, help="sessions per cell (at least the concurrency)")
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--gen", type=int, default=16)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="C = 1, 32; 40 sessions; 1 rep")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.concurrency, args.sessions, args.reps = [1, 32], 40, 1
+    return args
+
+
+if __name__ == "__main__":
+    with sigterm_as_interrupt():
+        asyncio.run(main(parse_args()))

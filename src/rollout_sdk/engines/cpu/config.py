@@ -1,0 +1,39 @@
+"""The CPU engine's configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import ConfigError
+
+__all__ = ["CpuEngineConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuEngineConfig:
+    """Configuration of :class:`~rollout_sdk.engines.cpu.CpuEngine`."""
+
+    #: a local HF model directory; None builds/uses the embedded tiny Qwen2 model
+    model_path: str | None = None
+    #: rows decoded together per step (the most requests the engine runs at once)
+    max_running: int = 128
+    #: padded prompt tokens prefilled per step (at least one request is always admitted)
+    max_prefill_tokens: int = 4096
+    #: "float32" or "bfloat16"
+    dtype: str = "float32"
+    #: torch intra-op threads; None leaves torch's default
+    num_threads: int | None = None
+    #: context length; None takes the model's max_position_embeddings
+    max_context: int | None = None
+    #: seeds the generators of requests that carry no seed
+    seed: int = 0
+    #: where the embedded tiny model is built (default $ROLLOUT_SDK_HOME or ~/.cache/rollout_sdk)
+    home: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_running < 1:
+            raise ConfigError("max_running", self.max_running, "must be >= 1")
+        if self.max_prefill_tokens < 1:
+            raise ConfigError("max_prefill_tokens", self.max_prefill_tokens, "must be >= 1")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError("dtype", self.dtype, "must be float32, bfloat16 or float16")

@@ -1,0 +1,337 @@
+"""The CPU engine: a Hugging Face causal LM on CPU with continuous batching.  The embedded default.
+
+Concurrency::
+
+    event loop thread                                   worker thread (one: owns the ModelRunner)
+    ─────────────────                                   ─────────────────────────────────────────
+    generate(req) ── adds a Sequence to the Scheduler, wakes the step loop, awaits its future
+    abort(rid)    ── resolves the future now (tokens so far), marks it done; the worker drops the row
+    step loop     ── waits on: work to do (wake event) and not paused
+                     Scheduler.schedule(): new seqs (≤ max_running rows, ≤ max_prefill_tokens)
+                     awaits ─────────────────────────▶ ModelRunner.step(): drop done rows, decode one
+                                                       token for every running row, prefill the new
+                  ◀──────────────────── tokens ─────── ones, sample (the GIL is released inside torch
+                     Sequence.append(), resolves the    ops, so the loop keeps serving while it runs)
+                     futures of finished seqs
+    weight update / memory ─ queued on the same worker, so they run between two steps, never inside one
+
+Modules: :mod:`.scheduler` (waiting queue, admission), :mod:`.sequence` (one request), :mod:`.batch`
+(running rows and the KV-cache surgery), :mod:`.model_runner` (model, step, sampling, weights).
+(bench/cpu_batching.py measures this loop against transformers' own continuous-batching manager;
+docs/design.md says why this one is kept.)
+
+Sampling honours every SamplingParams field.  A request's randomness comes from its own generator (seeded
+by ``seed`` when given), one uniform draw per token turned into a token by inverse-CDF, so a seeded
+request reproduces token for token whatever else shares its batch.  Logprobs are those of the sampled
+tokens under the distribution after penalties and temperature, before top-k/top-p/min-p.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import random
+import time
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from typing import Any, TypeVar
+
+from ..._aio import cancel_and_wait
+from ...errors import (
+    EngineBusyError,
+    EngineDeadError,
+    EngineStartupError,
+    InvalidRequestError,
+    RequestFailedError,
+    WeightUpdateError,
+)
+from ...protocol import (
+    EngineLimits,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    InitWeightGroup,
+    PauseMode,
+    UpdateWeightsDistributed,
+)
+from ..base import Engine, EngineLoad, NamedTensors
+from .config import CpuEngineConfig
+from .model_runner import ModelRunner, StepOutput
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+__all__ = ["CpuEngine"]
+
+log = logging.getLogger("rollout_sdk.engines.cpu")
+T = TypeVar("T")
+
+
+class CpuEngine(Engine):
+    """A transformers causal LM on CPU with continuous batching (see the module docstring)."""
+
+    backend = "cpu"
+
+    def __init__(self, config: CpuEngineConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or CpuEngineConfig()
+        self._runner = ModelRunner(self.config)
+        self._scheduler = Scheduler(self.config)
+        self._limits: EngineLimits | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._wake = asyncio.Event()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._step_idle = asyncio.Event()
+        self._step_idle.set()
+        self._paused = False
+        self._released: set[str] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._rng = random.Random(self.config.seed)
+        self._groups: dict[str, Any] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cpu-engine")
+        try:
+            self._limits = await self._in_worker(self._runner.load)
+        except Exception as exc:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise EngineStartupError(f"cannot load model {self.config.model_path or '<tiny>'}: {exc}") from exc
+        self._loop_task = asyncio.create_task(self._step_loop(), name="cpu-engine-steps")
+
+    async def close(self) -> None:
+        task, self._loop_task = self._loop_task, None
+        await cancel_and_wait(task)
+        for s in list(self._scheduler.seqs.values()):
+            self._finish(s, "abort")
+        if self._executor is not None:
+            ex, self._executor = self._executor, None
+            ex.submit(self._runner.close)
+            await asyncio.get_running_loop().run_in_executor(None, ex.shutdown)
+        for group in self._groups.values():
+            _destroy_group(group)
+        self._groups.clear()
+
+    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            raise EngineDeadError("the CPU engine is not running")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    @property
+    def limits(self) -> EngineLimits:
+        if self._limits is None:
+            raise EngineDeadError("the CPU engine has not started")
+        return self._limits
+
+    @property
+    def model_name(self) -> str:
+        return self._runner.model_path
+
+    @property
+    def model(self) -> Any:
+        """The underlying transformers model (for tests and reference checks)."""
+        return self._runner.model
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        if req.rid in self._scheduler.seqs:
+            raise InvalidRequestError("rid", req.rid, "a request with this rid is already in flight")
+        fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
+        seed = req.sampling.seed
+        rng = random.Random(seed if seed is not None else self._rng.getrandbits(63))
+        limits = self.limits
+        seq = Sequence(req, limits.eos_token_ids, limits.max_context, rng, fut)
+        self._scheduler.add(seq)
+        self._wake.set()
+        return await fut
+
+    def abort(self, rid: str) -> None:
+        seq = self._scheduler.seqs.get(rid)
+        if seq is not None:
+            self._finish(seq, "abort")
+
+    def running_rids(self) -> Seq[str]:
+        return list(self._scheduler.seqs)
+
+    def load(self) -> EngineLoad:
+        return self._scheduler.load()
+
+    def _finish(self, seq: Sequence, reason: FinishReason, matched: int | None = None) -> None:
+        if seq.done:
+            return
+        seq.done = True
+        self._scheduler.forget(seq)
+        if not seq.future.done():
+            seq.future.set_result(seq.result(reason, weight_version=self._weight_version, matched=matched))
+
+    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+        """This request alone failed inside the engine; the engine goes on."""
+        if seq.done:
+            return
+        log.warning("CPU engine: request %s failed on its own: %s: %s", seq.rid, type(exc).__name__, exc)
+        seq.done = True
+        self._scheduler.forget(seq)
+        if not seq.future.done():
+            err = RequestFailedError(f"the CPU engine failed this request: {type(exc).__name__}: {exc}")
+            seq.future.set_exception(err)
+
+    # -- the step loop -----------------------------------------------------------------------------
+
+    async def _step_loop(self) -> None:
+        batch = self._runner.batch
+        try:
+            while True:
+                if self._paused or self._released:
+                    await self._resumed.wait()
+                    continue
+                admit = self._scheduler.schedule(batch.num_live)
+                if not admit and not batch.num_live:
+                    if batch.num_rows:  # idle: free the KV cache of the rows that finished last
+                        await self._in_worker(batch.drop_done)
+                    self._wake.clear()
+                    if not self._scheduler.waiting:
+                        await self._wake.wait()
+                    continue
+                self._step_idle.clear()
+                try:
+                    out = await self._in_worker(self._runner.step, admit)
+                finally:
+                    self._step_idle.set()
+                self._record(out)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.exception("CPU engine step failed with no request to blame; the engine is dead")
+            err = EngineDeadError(f"CPU engine failed: {type(exc).__name__}: {exc}")
+            self._mark_dead(err)
+            for s in list(self._scheduler.seqs.values()):
+                self._scheduler.forget(s)
+                s.done = True
+                if not s.future.done():
+                    s.future.set_exception(err)
+
+    def _record(self, out: StepOutput) -> None:
+        version, emitted, failed = out
+        for seq, exc in failed:
+            self._fail(seq, exc)
+        now = time.perf_counter()
+        for seq, tok, lp in emitted:
+            if seq.done:
+                continue
+            reason = seq.append(tok, lp, version, now)
+            if reason is not None:
+                self._finish(seq, reason, tok if reason == "stop" else None)
+
+    # -- pause / memory / weights --------------------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        self._paused = True
+        self._resumed.clear()
+        await self._step_idle.wait()
+        if mode == "abort":
+            self.abort_all()
+        elif mode == "retract":
+            self._scheduler.requeue_front(await self._in_worker(self._runner.retract))
+
+    async def resume(self) -> None:
+        self._paused = False
+        if not self._released:
+            self._resumed.set()
+        self._wake.set()
+
+    async def flush_cache(self) -> None:
+        # The CPU engine keeps no prefix cache across requests: nothing to flush.
+        return None
+
+    async def release_memory(self, tags: Seq[str] | None = None) -> None:
+        tags = list(tags or ("weights", "kv_cache"))
+        if self._scheduler.seqs and not self._paused:
+            raise EngineBusyError(f"cannot release memory with {len(self._scheduler.seqs)} request(s) in flight")
+        # held by pause('retract') they keep only their tokens (re-prefilled on resume); in place, their KV
+        held_kv = self._runner.batch.num_live
+        if held_kv:
+            raise EngineBusyError(
+                f"cannot release memory: {held_kv} request(s) held in place keep their KV cache "
+                "(pause with mode='hold' or 'abort' first)"
+            )
+        self._resumed.clear()
+        self._released.update(tags)
+        await self._step_idle.wait()
+        await self._in_worker(self._runner.release, tags)
+
+    async def resume_memory(self, tags: Seq[str] | None = None) -> None:
+        tags = list(tags or ("weights", "kv_cache"))
+        await self._in_worker(self._runner.restore, tags)
+        self._released.difference_update(tags)
+        if not self._released and not self._paused:
+            self._resumed.set()
+            self._wake.set()
+
+    async def set_weight_version(self, version: int) -> None:
+        await self._in_worker(self._runner.set_version, version)
+        self._weight_version = version
+
+    async def update_weights(self, named: NamedTensors, *, version: int | None = None) -> None:
+        if "weights" in self._released:
+            raise WeightUpdateError("weights are released; resume_memory(['weights']) first", applied=False)
+        await self._in_worker(self._runner.apply_weights, list(named), version)
+        if version is not None:
+            self._weight_version = version
+
+    async def init_weight_group(self, msg: InitWeightGroup) -> None:
+        from ...weights import init_weight_group
+
+        if msg.group_name in self._groups:
+            raise WeightUpdateError(f"weight group {msg.group_name!r} already exists", applied=False)
+        # Blocking rendezvous: runs in the default thread pool, not on the loop nor the model worker.
+        group = await asyncio.to_thread(
+            init_weight_group,
+            master_address=msg.master_address,
+            master_port=msg.master_port,
+            rank=msg.rank_offset,
+            world_size=msg.world_size,
+            group_name=msg.group_name,
+            backend=msg.backend,
+            timeout_s=msg.timeout_s,
+        )
+        self._groups[msg.group_name] = group
+
+    async def update_weights_distributed(self, msg: UpdateWeightsDistributed) -> None:
+        from ...weights import receive_buckets
+        from ...weights.manifest import check_metas, parameter_shapes
+
+        group = self._groups.get(msg.group_name)
+        if group is None:
+            raise WeightUpdateError(f"no weight group {msg.group_name!r}: call init_weight_group first", applied=False)
+        problems = check_metas(parameter_shapes(self._runner.model), msg.buckets)
+        # The collective must run on every rank even when the update is refused, or the sender hangs.
+        named = await asyncio.to_thread(receive_buckets, group, msg.buckets)
+        if problems:
+            raise WeightUpdateError("; ".join(problems), applied=False)
+        await self._in_worker(self._runner.apply_weights, named, msg.version)
+        if msg.version is not None:
+            self._weight_version = msg.version
+
+    async def destroy_weight_group(self, group_name: str) -> None:
+        group = self._groups.pop(group_name, None)
+        if group is not None:
+            await asyncio.to_thread(_destroy_group, group)
+
+
+def _destroy_group(group: Any) -> None:
+    from ...weights.group import destroy_weight_group
+
+    try:
+        destroy_weight_group(group)
+    except Exception:  # pragma: no cover - best effort at teardown
+        log.debug("destroying weight group failed", exc_info=True)

@@ -1,0 +1,358 @@
+"""The CPU engine's model: loading it, running one batched step, sampling, and changing its weights.
+
+Every method runs on the engine's one worker thread (never on the event loop), so the model, the batch
+and its KV cache have a single owner.  A step decodes one token for every running row, prefills the newly
+admitted rows and merges them into the batch (:mod:`.batch`), then turns the last position of each row
+into logits in cache-sized chunks and samples (:mod:`.._sampling`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ...errors import WeightUpdateError
+from ...protocol import PENALTY_RANGE, EngineLimits
+from .batch import Batch, prefill_inputs
+from .config import CpuEngineConfig
+from .sequence import Sequence
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ModelRunner", "StepOutput"]
+
+log = logging.getLogger("rollout_sdk.engines.cpu")
+_HEAD_CHUNK = 32
+
+
+class StepOutput(NamedTuple):
+    """What one step made: the weight version it ran on, one ``(sequence, token, logprob)`` per row that
+    sampled, and the rows that failed on their own (each with its error; the engine fails just those)."""
+
+    version: int
+    emitted: list[tuple[Sequence, int, float]]
+    failed: list[tuple[Sequence, BaseException]]
+
+
+class ModelRunner:
+    """The model, its batch and the weight version it holds.  Worker thread only."""
+
+    def __init__(self, config: CpuEngineConfig) -> None:
+        self.config = config
+        self.model: Any = None
+        self.model_path = ""
+        self.limits: EngineLimits | None = None
+        self.batch = Batch()
+        #: the version the weights are at; stamped on every token a step makes
+        self.version = 0
+        self._body: Any = None
+        self._head: Callable[[Any], Any] = _identity
+        self._cache_kw = "past_key_values"
+        self._offload_dir: tempfile.TemporaryDirectory[str] | None = None
+
+    # -- loading -----------------------------------------------------------------------------------
+
+    def load(self) -> EngineLimits:
+        import torch
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        path = self.config.model_path
+        if path is None:
+            from ...models.tiny import ensure_tiny_model
+
+            path = str(ensure_tiny_model(self.config.home))
+        if not Path(path, "config.json").exists():
+            raise FileNotFoundError(f"{path!r} is not a model directory (no config.json)")
+        dtype = getattr(torch, self.config.dtype)
+        from ...models import quiet_weight_loading
+
+        with quiet_weight_loading():  # no "Loading weights" bar in servers, ranks and examples
+            model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        model.eval()
+        model.requires_grad_(False)
+        cfg = model.config
+        eos: list[int] = []
+        try:
+            gc = GenerationConfig.from_pretrained(path)
+            eos = _as_list(gc.eos_token_id)
+        except OSError:
+            pass
+        eos = eos or _as_list(getattr(cfg, "eos_token_id", None))
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+        ctx = self.config.max_context or int(getattr(cfg, "max_position_embeddings", 2048))
+        body = getattr(model, model.base_model_prefix, None)
+        head = model.get_output_embeddings()
+        # Split body and head only where the head is a plain projection of the last hidden state.
+        plain_head = not any(
+            getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+        )
+        if body is not None and head is not None and plain_head:
+            self._body, self._head = body, head
+        else:
+            self._body, self._head = None, _identity
+        params = inspect.signature((self._body or model).forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.model = model
+        self.model_path = path
+        self.limits = EngineLimits(vocab_size=vocab, max_context=ctx, eos_token_ids=eos)
+        return self.limits
+
+    def close(self) -> None:
+        self.batch.clear()
+        if self._offload_dir is not None:
+            self._offload_dir.cleanup()
+            self._offload_dir = None
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def step(self, admit: list[Sequence]) -> StepOutput:
+        """Decode one token for every running row, prefill ``admit``.
+
+        A failure is pinned on the request that causes it: a row whose sampling fails fails alone; a
+        batched prefill that fails is retried row by row; a batched decode that fails drops the batch's KV
+        cache (it may be half extended) and every row re-prefills as ``prompt + tokens so far``, row by row
+        if need be.  A row that fails on its own fails; the engine is broken (this raises) only when a
+        one-token canary forward fails too.
+        """
+        import torch
+
+        version = self.version
+        b = self.batch
+        emitted: list[tuple[Sequence, int, float]] = []
+        failed: list[tuple[Sequence, BaseException]] = []
+        with torch.inference_mode():
+            b.drop_done()
+            if b.rows:
+                try:
+                    ids, mask, pos = b.decode_inputs()
+                    last = self._forward_last(ids, mask, pos, b.cache)
+                except Exception:
+                    log.warning("CPU engine: a batched decode failed; re-prefilling its rows", exc_info=True)
+                    admit = self.retract() + admit
+                else:
+                    toks, lps, bad = self._head_and_sample(last, b.rows)
+                    b.advance(mask, toks)
+                    emitted.extend(_good(b.rows, toks, lps, bad))
+                    failed.extend(bad.items())
+            if admit:
+                e, f = self._prefill_isolated(admit)
+                emitted.extend(e)
+                failed.extend(f)
+            if failed:
+                self._canary()  # raises when the engine itself is broken
+        return StepOutput(version, emitted, failed)
+
+    def _prefill_isolated(
+        self, admit: list[Sequence]
+    ) -> tuple[list[tuple[Sequence, int, float]], list[tuple[Sequence, BaseException]]]:
+        groups = [admit]
+        emitted: list[tuple[Sequence, int, float]] = []
+        failed: list[tuple[Sequence, BaseException]] = []
+        while groups:
+            group = groups.pop()
+            try:
+                toks, lps, bad = self._prefill(group)
+            except Exception as exc:
+                if len(group) == 1:
+                    failed.append((group[0], exc))
+                else:  # which row: prefill them one by one
+                    groups.extend([s] for s in reversed(group))
+                continue
+            emitted.extend(_good(group, toks, lps, bad))
+            failed.extend(bad.items())
+        return emitted, failed
+
+    def _canary(self) -> None:
+        """A one-token forward on a fresh cache: if this fails, no request is to blame."""
+        import torch
+        from transformers import DynamicCache
+
+        one = torch.zeros(1, 1, dtype=torch.long)
+        self._forward_last(one, torch.ones_like(one), one, DynamicCache(config=self.model.config))
+
+    def retract(self) -> list[Sequence]:
+        """Drop the KV cache of every running row; the rows re-prefill (prompt + tokens so far) later."""
+        rows = self.batch.live_rows()
+        self.batch.clear()
+        return rows
+
+    def _prefill(self, admit: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, dict[Sequence, BaseException]]:
+        from transformers import DynamicCache
+
+        ids, mask, pos = prefill_inputs(admit)
+        cache = DynamicCache(config=self.model.config)
+        last = self._forward_last(ids, mask, pos, cache)
+        toks, lps, bad = self._head_and_sample(last, admit)
+        self.batch.admit(admit, cache, mask, pos[:, -1] + 1, toks)
+        return toks, lps, bad
+
+    def _forward_last(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Run the model over ``ids`` (extending ``cache`` in place); return each row's last hidden state,
+        or its logits when the model could not be split into body and head."""
+        kw = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, self._cache_kw: cache, "use_cache": True}
+        if self._body is not None:
+            hidden: torch.Tensor = self._body(**kw).last_hidden_state[:, -1, :]
+            return hidden
+        logits: torch.Tensor = self.model(**kw, logits_to_keep=1).logits[:, -1, :]
+        return logits
+
+    def _head_and_sample(
+        self, hidden: torch.Tensor, rows: Seq[Sequence]
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[Sequence, BaseException]]:
+        """Logits and tokens for ``hidden`` ([n, H], last position of each row), in cache-sized chunks:
+        a [rows, 150k] float32 block stays in cache at 32 rows and spills to memory at 128.  A row whose
+        penalties or sampling raise is returned in the dict (its token is a placeholder, never used)."""
+        import torch
+
+        from .._sampling import RowSampling, sample
+
+        toks, lps = [], []
+        bad: dict[Sequence, BaseException] = {}
+        for lo in range(0, len(rows), _HEAD_CHUNK):
+            chunk = rows[lo : lo + _HEAD_CHUNK]
+            logits = self._head(hidden[lo : lo + _HEAD_CHUNK]).float()
+            vocab = logits.shape[1]
+            specs = []
+            for i, s in enumerate(chunk):
+                sp = s.sampling
+                try:
+                    if s.is_penalized:
+                        _apply_penalties(logits[i], s, vocab)
+                    if s.stops_banned:
+                        logits[i, [t for t in s.stop_ids if t < vocab]] = float("-inf")
+                except Exception as exc:
+                    bad[s] = exc
+                    logits[i] = 0.0
+                specs.append(RowSampling(sp.temperature, sp.top_k, sp.top_p, sp.min_p, s.rng.random()))
+            try:
+                t, lp = sample(logits, specs)
+            except Exception:  # which row: sample them one by one
+                t, lp = torch.zeros(len(chunk), dtype=torch.long), torch.zeros(len(chunk))
+                for i, (s, spec) in enumerate(zip(chunk, specs, strict=True)):
+                    try:
+                        ti, li = sample(logits[i : i + 1].clone(), [spec])
+                        t[i], lp[i] = ti[0], li[0]
+                    except Exception as exc:
+                        bad.setdefault(s, exc)
+            toks.append(t)
+            lps.append(lp)
+        return torch.cat(toks), torch.cat(lps), bad
+
+    # -- weights and memory ------------------------------------------------------------------------
+
+    def apply_weights(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> None:
+        """Load named tensors, all or nothing (checked against the model's manifest first)."""
+        import torch
+
+        from ...weights import Bucket
+        from ...weights.manifest import check_metas, parameter_shapes
+
+        problems = check_metas(parameter_shapes(self.model), [Bucket(named).metas])
+        if problems:
+            raise WeightUpdateError("; ".join(problems), applied=False)
+        params = _unique_params(self.model)
+        aliases = _tied_aliases(self.model)
+        staged: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for name, tensor in named:
+            if not tensor.dtype.is_floating_point:
+                raise WeightUpdateError(
+                    f"parameter {name!r}: dtype {tensor.dtype} is not floating point", applied=False
+                )
+            staged.append((params[aliases.get(name, name)], tensor))
+        with torch.no_grad():
+            for p, tensor in staged:
+                p.copy_(tensor)
+        if version is not None:
+            self.version = version
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+    def release(self, tags: list[str]) -> None:
+        """Free the KV cache and/or offload the weights to a temporary safetensors file."""
+        import torch
+        from safetensors.torch import save_file
+
+        if "kv_cache" in tags:
+            self.batch.clear()
+        if "weights" in tags and self._offload_dir is None:
+            self._offload_dir = tempfile.TemporaryDirectory(prefix="rollout-sdk-offload-")
+            state = {k: v.contiguous() for k, v in _unique_params(self.model).items()}
+            save_file(state, os.path.join(self._offload_dir.name, "weights.safetensors"))
+            for p in _unique_params(self.model).values():
+                p.data = torch.empty(0, dtype=p.dtype)
+
+    def restore(self, tags: list[str]) -> None:
+        from safetensors.torch import load_file
+
+        if "weights" in tags and self._offload_dir is not None:
+            state = load_file(os.path.join(self._offload_dir.name, "weights.safetensors"))
+            for name, p in _unique_params(self.model).items():
+                p.data = state[name]
+            self._offload_dir.cleanup()
+            self._offload_dir = None
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _as_list(x: Any) -> list[int]:
+    if x is None:
+        return []
+    if isinstance(x, int):
+        return [x]
+    return [int(v) for v in x]
+
+
+def _apply_penalties(row: torch.Tensor, s: Sequence, vocab: int) -> None:
+    import torch
+
+    sp = s.sampling
+    if sp.repetition_penalty != 1.0:
+        lo, hi = PENALTY_RANGE
+        penalty = min(max(sp.repetition_penalty, lo), hi)  # beyond these a float32 logit overflows
+        seen = torch.tensor(sorted(set(s.prompt) | set(s.out)), dtype=torch.long)
+        seen = seen[seen < vocab]
+        vals = row[seen]
+        row[seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
+    if s.out and (sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0):
+        counts = torch.bincount(torch.tensor(s.out, dtype=torch.long), minlength=vocab)[:vocab].float()
+        row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).float()
+
+
+def _unique_params(model: Any) -> dict[str, torch.Tensor]:
+    return dict(model.named_parameters())
+
+
+def _tied_aliases(model: Any) -> dict[str, str]:
+    """Names a checkpoint may use for a parameter that named_parameters() lists under another name."""
+    aliases: dict[str, str] = {}
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        canonical = by_id.get(id(p))
+        if canonical is not None and canonical != name:
+            aliases[name] = canonical
+    out_emb = model.get_output_embeddings()
+    in_emb = model.get_input_embeddings()
+    if out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight:
+        aliases.setdefault("lm_head.weight", by_id[id(in_emb.weight)])
+    return aliases
+
+
+def _good(
+    rows: Seq[Sequence], toks: torch.Tensor, lps: torch.Tensor, bad: dict[Sequence, BaseException]
+) -> list[tuple[Sequence, int, float]]:
+    return [(s, t, lp) for s, t, lp in zip(rows, toks.tolist(), lps.tolist(), strict=True) if s not in bad]

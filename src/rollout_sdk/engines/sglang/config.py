@@ -1,0 +1,89 @@
+"""The SGLang engine's configuration: ``server_args()`` is the one place SGLang's arguments are made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import ConfigError
+
+__all__ = ["SglangEngineConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SglangEngineConfig:
+    """What :class:`SglangEngine` builds ``sglang.Engine`` from.  ``server_args()`` is the one place
+    where SGLang's arguments are made."""
+
+    model_path: str
+    tp_size: int = 1
+    #: first GPU of this engine's TP group (GPU = base_gpu_id + tp_rank)
+    base_gpu_id: int = 0
+    #: multi-node TP: nodes this engine spans, this node's index, and the torch.distributed address
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    mem_fraction_static: float | None = 0.8
+    #: None lets SGLang choose; set it where FA3 is not installed ("triton" or "flashinfer")
+    attention_backend: str | None = None
+    sampling_backend: str | None = None
+    #: "auto" loads the checkpoint; "dummy" makes random weights of the config's shape (benchmarks)
+    load_format: str = "auto"
+    dtype: str = "auto"
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    #: sleep/wake (release/resume memory) needs the memory saver
+    enable_memory_saver: bool = True
+    #: keep a host copy of the weights so they survive release/resume
+    weights_cpu_backup: bool = True
+    #: per-request seeds (and batch-invariant kernels) at some cost in speed
+    deterministic: bool = False
+    skip_tokenizer_init: bool = True
+    cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
+    disable_radix_cache: bool = False
+    random_seed: int = 0
+    log_level: str = "warning"
+    #: seconds allowed for the engine to start (model load, KV allocation, CUDA graphs)
+    startup_timeout_s: float = 1200.0
+    #: any other ServerArgs field, passed through unchanged
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tp_size < 1:
+            raise ConfigError("tp_size", self.tp_size, "must be >= 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError("node_rank", self.node_rank, f"must be in [0, nnodes={self.nnodes})")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ConfigError("dist_init_addr", self.dist_init_addr, "is required when nnodes > 1")
+
+    def server_args(self) -> dict[str, Any]:
+        args: dict[str, Any] = {
+            "model_path": self.model_path,
+            "tp_size": self.tp_size,
+            "base_gpu_id": self.base_gpu_id,
+            "nnodes": self.nnodes,
+            "node_rank": self.node_rank,
+            "load_format": self.load_format,
+            "dtype": self.dtype,
+            "skip_tokenizer_init": self.skip_tokenizer_init,
+            "enable_memory_saver": self.enable_memory_saver,
+            "enable_weights_cpu_backup": self.enable_memory_saver and self.weights_cpu_backup,
+            "enable_deterministic_inference": self.deterministic,
+            "disable_cuda_graph": self.disable_cuda_graph,
+            "disable_radix_cache": self.disable_radix_cache,
+            "random_seed": self.random_seed,
+            "log_level": self.log_level,
+        }
+        optional = {
+            "dist_init_addr": self.dist_init_addr,
+            "mem_fraction_static": self.mem_fraction_static,
+            "attention_backend": self.attention_backend,
+            "sampling_backend": self.sampling_backend,
+            "context_length": self.context_length,
+            "max_running_requests": self.max_running_requests,
+            "cuda_graph_max_bs_decode": self.cuda_graph_max_bs,
+        }
+        args.update({k: v for k, v in optional.items() if v is not None})
+        args.update(self.extra)
+        return args

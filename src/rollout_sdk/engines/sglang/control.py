@@ -1,0 +1,349 @@
+"""The SGLang engine's control side: the gate, checkpoints, pause, memory and weight updates.
+
+SGLang returns a request's tokens only when it ends, so it cannot say where in a request the weights
+changed.  Every weight change therefore happens with nothing running inside SGLang: new requests wait at
+the *gate*, running ones are *checkpointed* (aborted inside SGLang, their tokens so far kept) and continued
+after the change as ``prompt + tokens so far`` with the remaining budget.  Each part is tagged with the
+version it ran on, so ``version_segments`` are exact; the continuation is re-prefilled on the new weights
+(SGLang's ``retract``).  ``pause('retract')`` and ``pause('in_place')`` hold requests the same way
+(SGLang's own ``in_place`` keeps stale KV and hides the split point); ``pause('abort')`` returns them.
+
+Other traps handled here (../shared/PITFALLS.md):
+
+* ``flush_cache=True`` inside a weight update asserts in the scheduler (killing it) unless idle: updates
+  go with ``flush_cache=False`` and a separate ``flush_cache`` call whose result is checked.
+* Bumping the weight version never aborts in-flight requests (``abort_all_requests=False``).
+* SGLang does not refuse a bad update: an unknown name is logged and skipped, a wrong shape fails half way
+  through a bucket.  Every update is checked against the model's manifest (HF names and shapes, built from
+  its config) first; a refused distributed update still receives the broadcast (the trainer is already
+  sending) under names SGLang skips, so nothing loads and the group stays usable.
+* ``release_memory_occupation`` asserts that the scheduler is idle: requests are held at the gate first.
+* SGLang's control calls wait forever for a scheduler that died: each is raced against engine death.
+
+Everything here runs on the server's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from ..._aio import await_unless
+from ...errors import EngineBusyError, EngineDeadError, UnsupportedOperationError, WeightUpdateError
+from ...protocol import InitWeightGroup, PauseMode, TensorMeta, UpdateWeightsDistributed, UpdateWeightsFromIpc
+from .config import SglangEngineConfig
+
+__all__ = ["Control", "Flight"]
+
+log = logging.getLogger("rollout_sdk.engines.sglang")
+T = TypeVar("T")
+
+
+class Flight:
+    """One request of ours: possibly several SGLang requests (parts), one per weight version."""
+
+    __slots__ = ("held", "sid", "task", "user_aborted", "wake")
+
+    def __init__(self) -> None:
+        self.sid = ""
+        self.task: asyncio.Future[dict[str, Any]] | None = None
+        self.held = False  # checkpointed: its abort result means "continue after the gate opens"
+        self.user_aborted = False
+        self.wake: asyncio.Future[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def wake_up(self) -> None:
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+
+
+class Host(Protocol):
+    """What the control side needs of its engine."""
+
+    @property
+    def config(self) -> SglangEngineConfig: ...
+    @property
+    def tm(self) -> Any: ...
+    @property
+    def dead(self) -> BaseException | None: ...
+    @property
+    def flights(self) -> dict[str, Flight]: ...
+    async def wait_dead(self) -> BaseException: ...
+    async def set_weight_version(self, version: int) -> None: ...
+
+
+class Control:
+    """The gate and every control call of one :class:`~rollout_sdk.engines.sglang.SglangEngine`."""
+
+    def __init__(self, host: Host) -> None:
+        self._host = host
+        # why new requests wait at the gate: "pause", "update", "release"; open when empty
+        self.holds: set[str] = set()
+        self.paused = False
+        self.released: set[str] = set()
+        self.groups: set[str] = set()
+        self.manifest: dict[str, tuple[int, ...]] | None = None  # built at the first update
+        self._manifest_tried = False
+
+    @property
+    def _tm(self) -> Any:
+        return self._host.tm
+
+    # -- the gate ----------------------------------------------------------------------------------
+
+    async def wait_gate(self, flight: Flight) -> None:
+        """Return once the gate is open, the flight was aborted, or the engine died."""
+        while self.holds and not flight.user_aborted and self._host.dead is None:
+            flight.wake = asyncio.get_running_loop().create_future()
+            try:
+                await flight.wake
+            finally:
+                flight.wake = None
+
+    def _hold(self, why: str) -> None:
+        self.holds.add(why)
+
+    def _open(self, why: str) -> None:
+        self.holds.discard(why)
+        if not self.holds:
+            for flight in list(self._host.flights.values()):
+                flight.wake_up()
+
+    async def _checkpoint(self, *, hold: bool) -> None:
+        """Stop every running part inside SGLang (the gate is closed, so no new one starts).  ``hold``: each
+        continues from its tokens when the gate opens; otherwise each returns its partial tokens."""
+        while True:
+            running = [f for f in self._host.flights.values() if f.running]
+            if not running:
+                return
+            for f in running:
+                f.held = hold and not f.user_aborted
+                self._tm.abort_request(rid=f.sid)
+            # an abort can miss a part SGLang has not registered yet: abort again until all have ended
+            await self.call(asyncio.wait([f.task for f in running if f.task is not None], timeout=0.5))
+
+    @contextlib.asynccontextmanager
+    async def _quiesced(self) -> AsyncIterator[None]:
+        """Nothing runs inside SGLang within: running parts are checkpointed and continue afterwards."""
+        self._hold("update")
+        try:
+            await self._checkpoint(hold=True)
+            yield
+        finally:
+            self._open("update")
+
+    # -- calls into SGLang -------------------------------------------------------------------------
+
+    def require_alive(self) -> None:
+        if self._host.dead is not None:
+            raise EngineDeadError(str(self._host.dead))
+        if self._tm is None:
+            raise EngineDeadError("the SGLang engine has not started")
+
+    async def call(self, coro: Awaitable[T]) -> T:
+        """Await a tokenizer-manager control call, failing at once if the engine dies meanwhile: SGLang's
+        own control calls wait forever for a scheduler that died."""
+        self.require_alive()
+        return await await_unless(coro, self._host.wait_dead(), error=lambda: EngineDeadError(str(self._host.dead)))
+
+    # -- pause / memory ----------------------------------------------------------------------------
+
+    async def pause(self, mode: PauseMode) -> None:
+        self.require_alive()
+        self._hold("pause")
+        self.paused = True
+        await self._checkpoint(hold=mode != "abort")
+
+    async def resume(self) -> None:
+        self.require_alive()
+        self.paused = False
+        self._open("pause")
+
+    async def flush_cache(self) -> None:
+        self.require_alive()
+        out = await self.call(self._tm.flush_cache(timeout_s=60.0))
+        if not getattr(out, "success", False):
+            raise EngineBusyError(f"SGLang could not flush its cache: {getattr(out, 'message', out)}")
+
+    async def release_memory(self, tags: Sequence[str] | None) -> None:
+        from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
+
+        self.require_alive()
+        if not self._host.config.enable_memory_saver:
+            raise UnsupportedOperationError("release_memory needs SglangEngineConfig(enable_memory_saver=True)")
+        self._hold("release")  # new requests wait while memory is gone (SGLang asserts it is idle)
+        running = sum(f.running for f in self._host.flights.values())
+        if running:
+            if not self.released:
+                self._open("release")
+            raise EngineBusyError(f"cannot release memory with {running} request(s) running (pause first)")
+        wanted = list(tags or ("weights", "kv_cache"))
+        todo = [t for t in wanted if t not in self.released]
+        if "weights" in todo:
+            todo.append("cuda_graph")  # SGLang keeps graphs apart; they go with the weights
+        if todo:
+            await self.call(self._tm.release_memory_occupation(ReleaseMemoryOccupationReqInput(tags=todo), None))
+            self.released.update(todo)
+
+    async def resume_memory(self, tags: Sequence[str] | None) -> None:
+        from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
+
+        self.require_alive()
+        wanted = set(tags or ("weights", "kv_cache"))
+        if "weights" in wanted:
+            wanted.add("cuda_graph")
+        todo = [t for t in ("cuda_graph", "weights", "kv_cache") if t in wanted and t in self.released]
+        if todo:  # resuming a tag that was not released is fatal in SGLang: only what we released
+            await self.call(self._tm.resume_memory_occupation(ResumeMemoryOccupationReqInput(tags=todo), None))
+            self.released.difference_update(todo)
+        if not self.released:
+            self._open("release")
+
+    # -- weights -----------------------------------------------------------------------------------
+
+    async def init_weight_group(self, msg: InitWeightGroup) -> None:
+        from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
+
+        self.require_alive()
+        ok, text = await self.call(
+            self._tm.init_weights_update_group(
+                InitWeightsUpdateGroupReqInput(
+                    master_address=msg.master_address,
+                    master_port=msg.master_port,
+                    rank_offset=msg.rank_offset,
+                    world_size=msg.world_size,
+                    group_name=msg.group_name,
+                    backend=msg.backend,
+                ),
+                None,
+            )
+        )
+        if not ok:
+            raise WeightUpdateError(f"SGLang could not join weight group {msg.group_name!r}: {text}", applied=False)
+        self.groups.add(msg.group_name)
+
+    async def _problems(self, buckets: list[list[TensorMeta]]) -> list[str]:
+        """What the model's manifest refuses in this update (empty if the manifest cannot be built)."""
+        model_path = self._host.config.model_path
+        if self.manifest is None and not self._manifest_tried:
+            from ...weights.manifest import hf_parameter_shapes
+
+            self._manifest_tried = True
+            try:
+                self.manifest = await asyncio.to_thread(hf_parameter_shapes, model_path)
+            except Exception as exc:  # an architecture transformers does not know: SGLang checks alone
+                log.warning("no weight manifest for %s, updates are not pre-checked: %s", model_path, exc)
+        if self.manifest is None:
+            return []
+        from ...weights.manifest import check_metas
+
+        return check_metas(self.manifest, buckets)
+
+    async def update_weights_distributed(self, msg: UpdateWeightsDistributed) -> None:
+        self.require_alive()
+        if msg.group_name not in self.groups:
+            raise WeightUpdateError(f"no weight group {msg.group_name!r}: call init_weight_group first", applied=False)
+        problems = await self._problems(msg.buckets)
+        if problems:
+            # the trainer is broadcasting already: receive every bucket under names SGLang skips, load nothing
+            await self._receive_distributed(msg.group_name, _discarded(msg.buckets))
+            raise WeightUpdateError("; ".join(problems), applied=False)
+        async with self._quiesced():
+            await self._receive_distributed(msg.group_name, msg.buckets)
+            await self._finish_update(msg.version, msg.flush_cache)
+
+    async def _receive_distributed(self, group_name: str, buckets: list[list[TensorMeta]]) -> None:
+        from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
+
+        for i, bucket in enumerate(buckets):
+            ok, text = await self.call(
+                self._tm.update_weights_from_distributed(
+                    UpdateWeightsFromDistributedReqInput(
+                        names=[m.name for m in bucket],
+                        dtypes=[m.dtype for m in bucket],
+                        shapes=[list(m.shape) for m in bucket],
+                        group_name=group_name,
+                        load_format="flattened_bucket",
+                        flush_cache=False,  # True asserts in the scheduler unless idle
+                        abort_all_requests=False,
+                    ),
+                    None,
+                )
+            )
+            _check_bucket(ok, text, i, len(buckets))
+
+    async def update_weights_from_ipc(self, msg: UpdateWeightsFromIpc) -> None:
+        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+
+        from ...weights.ipc import sglang_bucket_payload
+
+        self.require_alive()
+        tp_size = self._host.config.tp_size
+        if tp_size > 1:
+            # each TP rank must map a bucket on its own GPU; one handle (one GPU) for all ranks kills the
+            # scheduler with a CUDA error (seen on the H200s)
+            raise WeightUpdateError(
+                f"colocated (IPC) updates need one CUDA handle per TP rank and this engine has "
+                f"tp_size={tp_size}: use method='distributed'",
+                applied=False,
+            )
+        if len(msg.handles) != len(msg.buckets):
+            raise WeightUpdateError(f"{len(msg.handles)} handles for {len(msg.buckets)} buckets", applied=False)
+        problems = await self._problems(msg.buckets)
+        if problems:
+            raise WeightUpdateError("; ".join(problems), applied=False)
+        async with self._quiesced():
+            for i, (handle, bucket) in enumerate(zip(msg.handles, msg.buckets, strict=True)):
+                payload = sglang_bucket_payload(handle, bucket)
+                ok, text = await self.call(
+                    self._tm.update_weights_from_tensor(
+                        UpdateWeightsFromTensorReqInput(
+                            serialized_named_tensors=[payload] * tp_size,
+                            load_format="flattened_bucket",
+                            flush_cache=False,
+                            abort_all_requests=False,
+                        ),
+                        None,
+                    )
+                )
+                _check_bucket(ok, text, i, len(msg.buckets))
+            await self._finish_update(msg.version, msg.flush_cache)
+
+    async def _finish_update(self, version: int | None, flush_cache: bool) -> None:
+        if flush_cache:  # quiesced: nothing runs, so SGLang can drop KV computed with the old weights
+            await self.flush_cache()
+        if version is not None:
+            await self._host.set_weight_version(version)
+
+    async def destroy_weight_group(self, group_name: str) -> None:
+        from sglang.srt.managers.io_struct import DestroyWeightsUpdateGroupReqInput
+
+        if group_name in self.groups and self._tm is not None and self._host.dead is None:
+            ok, text = await self.call(
+                self._tm.destroy_weights_update_group(DestroyWeightsUpdateGroupReqInput(group_name=group_name), None)
+            )
+            if not ok:
+                raise WeightUpdateError(f"SGLang could not leave weight group {group_name!r}: {text}")
+        self.groups.discard(group_name)
+
+
+def _check_bucket(ok: bool, msg: str, i: int, n: int) -> None:
+    """A bucket that passed the manifest check and still failed may have loaded in part (SGLang loads tensor
+    by tensor and says so): the engine is then half updated."""
+    if not ok:
+        raise WeightUpdateError(f"SGLang failed bucket {i + 1}/{n}: {msg}", applied=None)
+
+
+def _discarded(buckets: list[list[TensorMeta]]) -> list[list[TensorMeta]]:
+    """The same buckets (dtypes, shapes: the same bytes on the wire) under names no model has: SGLang's
+    ``load_weights`` logs and skips unknown names, so receiving them loads nothing."""
+    return [
+        [TensorMeta(name=f"rollout_sdk_discarded_{i}_{k}", dtype=m.dtype, shape=m.shape) for k, m in enumerate(b)]
+        for i, b in enumerate(buckets)
+    ]

@@ -1,0 +1,393 @@
+"""The SGLang backend: an ``sglang.Engine`` driven from our server's running event loop.
+
+SGLang's ``Engine`` methods other than ``async_generate`` are synchronous wrappers that run their own event
+loop; inside ours we call its tokenizer manager's coroutines instead (``tm.generate_request``,
+``tm.abort_request``, ``tm.update_weights_from_distributed``, ...), as the RL frameworks do.  This module
+holds the lifecycle and generation; :mod:`.control` the gate, pause, memory and weight updates;
+:mod:`.config` the configuration.  The traps handled here (../shared/PITFALLS.md, docs/design.md):
+
+* ``sglang.Engine(...)`` blocks for minutes: it is built in a thread this engine owns and keeps alive
+  (its scheduler processes are killed when the thread that forked them exits).  It replaces the root
+  logging handlers: ours are put back.  A startup failure becomes EngineStartupError with SGLang's message.
+* The tokenizer manager binds to the loop of its first call and installs SIGTERM/SIGQUIT handlers that
+  kill this process: :meth:`start` makes that first call itself with a handler class of ours, so SIGQUIT
+  (a child died) marks the engine dead and fails its requests instead, and SIGTERM is left to the server.
+* Abort matches rids by *prefix*: every request gets a fixed-length uuid rid inside SGLang.
+* Cancelling a generate task does not abort in SGLang: our cancel path calls ``abort_request``.
+* A request held at the gate (weights changing, memory released, paused) is continued afterwards as
+  ``prompt + tokens so far`` with what is left of its budget (:mod:`.control` says why).
+* A per-request seed needs ``enable_deterministic_inference``; without it SGLang ignores the seed, so
+  seeds are honoured only with ``deterministic=True`` (a warning is logged once otherwise).
+
+Token-in/token-out: ``skip_tokenizer_init=True`` by default; the engine never sees text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from ..._aio import await_unless, cancel_and_wait
+from ...errors import EngineDeadError, EngineStartupError, InvalidRequestError, RequestFailedError
+from ...protocol import (
+    EngineLimits,
+    GenerateRequest,
+    GenerateResult,
+    InitWeightGroup,
+    PauseMode,
+    UpdateWeightsDistributed,
+    UpdateWeightsFromIpc,
+)
+from ..base import Engine, EngineLoad
+from .config import SglangEngineConfig
+from .control import Control, Flight
+from .translate import Parts, load_from_snapshot, sampling_params
+
+__all__ = ["SglangEngine"]
+
+log = logging.getLogger("rollout_sdk.engines.sglang")
+_TORCHRUN_ENV = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}
+
+
+class SglangEngine(Engine):
+    """An SGLang engine behind the Engine interface (see the module docstring)."""
+
+    backend = "sglang"
+
+    def __init__(self, config: SglangEngineConfig) -> None:
+        super().__init__()
+        self.config = config
+        self._engine: Any = None
+        self._tm: Any = None
+        self._limits: EngineLimits | None = None
+        # one thread, alive as long as the engine: it builds and shuts down sglang.Engine
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._flights: dict[str, Flight] = {}
+        self._control = Control(self)
+        self._load = EngineLoad()
+        self._load_task: asyncio.Task[None] | None = None
+        self._warned_seed = False
+        self.startup_s = 0.0
+
+    # -- what the control side reads (control.Host) -------------------------------------------------
+
+    @property
+    def tm(self) -> Any:
+        """SGLang's tokenizer manager (None before start)."""
+        return self._tm
+
+    @property
+    def flights(self) -> dict[str, Flight]:
+        return self._flights
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            import sglang  # noqa: F401
+        except ImportError as exc:
+            raise EngineStartupError(f"sglang is not installed ({exc}): pip install 'rollout-sdk[sglang]'") from exc
+        loop = asyncio.get_running_loop()
+        on_main = threading.current_thread() is threading.main_thread()
+        if on_main:
+            # a child that dies during start-up sends SIGQUIT to this process: fail start() instead of dying
+            loop.add_signal_handler(signal.SIGQUIT, self._on_child_death, "during start-up")
+        if self.config.node_rank > 0:
+            os.environ.setdefault("SGLANG_BLOCK_NONZERO_RANK_CHILDREN", "0")
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sglang-engine")
+        t0 = time.perf_counter()
+        try:
+            build = loop.run_in_executor(self._thread, self._build)
+            async with asyncio.timeout(self.config.startup_timeout_s):
+                self._engine = await await_unless(
+                    build,
+                    self.wait_dead(),
+                    error=lambda: EngineStartupError(f"an SGLang child process died while starting: {self._dead}"),
+                )
+        except TimeoutError:
+            await self._abandon()
+            raise EngineStartupError(
+                f"SGLang did not start within {self.config.startup_timeout_s:.0f}s (startup_timeout_s)"
+            ) from None
+        except EngineStartupError:
+            await self._abandon()
+            raise
+        except Exception as exc:
+            await self._abandon()
+            raise EngineStartupError(f"SGLang failed to start: {type(exc).__name__}: {exc}") from exc
+        self.startup_s = time.perf_counter() - t0
+        if self.config.node_rank > 0:
+            return  # a worker node of a multi-node engine: it serves nothing itself
+        tm = self._tm = self._engine.tokenizer_manager
+        tm.signal_handler_class = self._signal_handler_class()
+        tm.auto_create_handle_loop()  # bind to this loop now, with our signal handlers
+        mc = tm.model_config
+        eos = sorted(getattr(mc, "hf_eos_token_id", None) or [])
+        self._limits = EngineLimits(vocab_size=int(mc.vocab_size), max_context=int(tm.context_len), eos_token_ids=eos)
+        self._load_task = asyncio.create_task(self._refresh_load(), name="sglang-load")
+        log.info("SGLang engine ready in %.1fs: %s", self.startup_s, self.config.model_path)
+
+    def _build(self) -> Any:
+        import sglang
+
+        root = logging.getLogger()
+        handlers, level = list(root.handlers), root.level
+        # SGLang's spawned children inherit os.environ: hide torchrun's rank variables from them, so they
+        # set up their own process groups instead of reading ours
+        hidden = {k: os.environ.pop(k) for k in list(os.environ) if k in _TORCHRUN_ENV or k.startswith("TORCHELASTIC_")}
+        try:
+            return sglang.Engine(**self.config.server_args())
+        finally:  # sglang.Engine reconfigures the root logger (basicConfig(force=True)): undo that
+            os.environ.update(hidden)
+            for h in list(root.handlers):
+                root.removeHandler(h)
+            for h in handlers:
+                root.addHandler(h)
+            root.setLevel(level)
+
+    def _signal_handler_class(self) -> type:
+        engine = self
+
+        class _Signals:
+            def __init__(self, tokenizer_manager: Any) -> None:
+                self.tokenizer_manager = tokenizer_manager
+
+            def sigterm_handler(self, signum: Any = None, frame: Any = None) -> None:
+                # SIGTERM belongs to the server (it re-installs its own handler once the engine started);
+                # should this ever run, ask for a clean stop rather than SGLang's kill-the-process path.
+                os.kill(os.getpid(), signal.SIGINT)
+
+            def running_phase_sigquit_handler(self, signum: Any = None, frame: Any = None) -> None:
+                engine._on_child_death("while running")
+
+        return _Signals
+
+    def _on_child_death(self, when: str) -> None:
+        wd = getattr(self._tm, "_subprocess_watchdog", None) if self._tm is not None else None
+        procs = [f"{p.name} (exit {p.exitcode})" for p in getattr(wd, "_processes", []) or [] if not p.is_alive()]
+        err = EngineDeadError(f"an SGLang child process died {when}: {', '.join(procs) or 'see the engine log'}")
+        log.error("%s", err)
+        self._mark_dead(err)
+        for flight in list(self._flights.values()):
+            if flight.task is not None:
+                flight.task.cancel()
+            flight.wake_up()
+
+    async def _abandon(self) -> None:
+        if self._engine is not None:
+            await self._shutdown_engine()
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
+            self._thread = None
+
+    async def close(self) -> None:
+        task, self._load_task = self._load_task, None
+        await cancel_and_wait(task)
+        for flight in list(self._flights.values()):
+            flight.user_aborted = True
+            if flight.task is not None:
+                flight.task.cancel()
+            flight.wake_up()
+        if self._engine is not None:
+            await self._shutdown_engine()
+        if self._thread is not None:
+            thread, self._thread = self._thread, None
+            await asyncio.get_running_loop().run_in_executor(None, thread.shutdown)
+
+    async def _shutdown_engine(self) -> None:
+        engine, self._engine = self._engine, None
+        tm = getattr(engine, "tokenizer_manager", None)
+        wd = getattr(tm, "_subprocess_watchdog", None)
+        if wd is not None:
+            wd.stop()  # so stopping the children is not reported as a crash
+        for task in list(getattr(tm, "asyncio_tasks", []) or []):
+            task.cancel()
+        assert self._thread is not None
+        await asyncio.get_running_loop().run_in_executor(self._thread, engine.shutdown)
+
+    # -- identity / load ---------------------------------------------------------------------------
+
+    @property
+    def limits(self) -> EngineLimits:
+        if self._limits is None:
+            raise EngineDeadError("the SGLang engine has not started")
+        return self._limits
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model_path
+
+    @property
+    def tp_size(self) -> int:
+        return self.config.tp_size
+
+    def running_rids(self) -> Sequence[str]:
+        return list(self._flights)
+
+    def load(self) -> EngineLoad:
+        """SGLang's last load snapshot (at most a second old), with what only this engine knows: nothing of
+        ours runs inside SGLang when no part is running (the snapshot may predate the end of a run)."""
+        load = self._load
+        parts = sum(f.running for f in self._flights.values())
+        if load.running + load.queued > parts:
+            waiting = min(load.queued, parts)
+            load = msgspec.structs.replace(load, running=parts - waiting, queued=waiting)
+        if not parts:
+            load = msgspec.structs.replace(load, queued_tokens=0)
+        return load
+
+    async def _refresh_load(self) -> None:
+        """SGLang publishes its scheduler's load in shared memory; read it once a second."""
+        while True:
+            try:
+                snaps = await self._tm.get_loads()
+                if snaps:
+                    s = snaps[0]
+                    self._load = load_from_snapshot(s, self.config)
+            except Exception:  # load is advisory: never let it take the engine down
+                log.debug("reading SGLang load failed", exc_info=True)
+            await asyncio.sleep(1.0)
+
+    # -- generation --------------------------------------------------------------------------------
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        if req.rid in self._flights:
+            raise InvalidRequestError("rid", req.rid, "already in flight")
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        base = sampling_params(req.sampling, self.config)
+        if req.sampling.seed is not None and not self.config.deterministic and not self._warned_seed:
+            self._warned_seed = True
+            log.warning("per-request seeds are ignored by SGLang unless deterministic=True")
+        flight = self._flights[req.rid] = Flight()
+        parts = Parts(req.return_logprobs)
+        t0 = time.perf_counter()
+        try:
+            while True:
+                await self._control.wait_gate(flight)
+                if self._dead is not None:
+                    raise EngineDeadError(str(self._dead))
+                left = req.sampling.max_new_tokens - len(parts.ids)
+                if flight.user_aborted or left <= 0:
+                    return parts.result(req, "abort" if left > 0 else "length", t0, self._weight_version)
+                sp = dict(base, max_new_tokens=left)
+                if "min_new_tokens" in sp:
+                    sp["min_new_tokens"] = max(0, sp["min_new_tokens"] - len(parts.ids))
+                # no await between the gate and the submit: a checkpoint sees every running part
+                flight.sid = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
+                version = self._weight_version
+                obj = GenerateReqInput(
+                    rid=flight.sid,
+                    input_ids=[*req.input_ids, *parts.ids],
+                    sampling_params=sp,
+                    return_logprob=req.return_logprobs,
+                )
+                flight.task = task = asyncio.ensure_future(self._one(obj))
+                try:
+                    out = await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if self._dead is not None:
+                        raise EngineDeadError(str(self._dead)) from None
+                    self._tm.abort_request(rid=flight.sid)  # our caller was cancelled: make SGLang stop too
+                    task.cancel()
+                    raise
+                except ValueError as exc:  # SGLang's own validation (context length, parameter ranges)
+                    raise InvalidRequestError("sampling", req.sampling, str(exc)) from exc
+                except Exception as exc:  # this request alone: the engine dies only by a child's death
+                    raise RequestFailedError(f"SGLang failed the request: {type(exc).__name__}: {exc}") from exc
+                kind = parts.add(out, version)
+                if kind == "abort" and flight.held and not flight.user_aborted:
+                    flight.held = False  # checkpointed: continue from its tokens once the gate opens
+                    continue
+                return parts.result(req, kind, t0, self._weight_version)
+        finally:
+            if self._flights.get(req.rid) is flight:
+                del self._flights[req.rid]
+
+    async def _one(self, obj: Any) -> dict[str, Any]:
+        agen = self._tm.generate_request(obj, None)
+        try:
+            out: dict[str, Any] = await agen.__anext__()
+            return out
+        finally:
+            await agen.aclose()
+
+    def abort(self, rid: str) -> None:
+        flight = self._flights.get(rid)
+        if flight is None:
+            return
+        flight.user_aborted = True
+        if flight.running and self._tm is not None:
+            self._tm.abort_request(rid=flight.sid)
+        flight.wake_up()
+
+    # -- control hooks (control.py) ----------------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self._control.paused
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        await self._control.pause(mode)
+
+    async def resume(self) -> None:
+        await self._control.resume()
+
+    async def flush_cache(self) -> None:
+        await self._control.flush_cache()
+
+    async def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        await self._control.release_memory(tags)
+
+    async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        await self._control.resume_memory(tags)
+
+    async def set_weight_version(self, version: int) -> None:
+        self._weight_version = version
+        if self._tm is not None:
+            _set_sglang_version(self._tm, version)
+
+    async def init_weight_group(self, msg: InitWeightGroup) -> None:
+        await self._control.init_weight_group(msg)
+
+    async def update_weights_distributed(self, msg: UpdateWeightsDistributed) -> None:
+        await self._control.update_weights_distributed(msg)
+
+    async def update_weights_from_ipc(self, msg: UpdateWeightsFromIpc) -> None:
+        await self._control.update_weights_from_ipc(msg)
+
+    async def destroy_weight_group(self, group_name: str) -> None:
+        await self._control.destroy_weight_group(group_name)
+
+
+def _set_sglang_version(tm: Any, version: int) -> None:
+    """SGLang echoes ``server_args.weight_version`` in every result; keep it equal to ours."""
+    args = tm.server_args
+    try:
+        args.override("rollout-sdk", weight_version=str(version))
+    except Exception:
+        object.__setattr__(args, "weight_version", str(version))

@@ -1,0 +1,111 @@
+"""What crosses between our structs and SGLang's: sampling parameters in, the parts of a request joined
+into one GenerateResult out, and SGLang's load snapshot read as an EngineLoad."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ...errors import InvalidRequestError
+from ...protocol import PENALTY_RANGE, GenerateRequest, GenerateResult, SamplingParams, Timings
+from ..base import EngineLoad
+from .config import SglangEngineConfig
+
+__all__ = ["Parts", "load_from_snapshot", "sampling_params"]
+
+
+def sampling_params(sp: SamplingParams, config: SglangEngineConfig) -> dict[str, Any]:
+    """SGLang's sampling parameters for ``sp`` (tiny temperatures greedy, penalties clamped, as in every engine)."""
+    if sp.min_new_tokens and config.skip_tokenizer_init:
+        raise InvalidRequestError(
+            "sampling.min_new_tokens", sp.min_new_tokens, "needs an SGLang engine with skip_tokenizer_init=False"
+        )
+    out: dict[str, Any] = {
+        "max_new_tokens": sp.max_new_tokens,
+        "temperature": 0.0 if sp.greedy else sp.temperature,
+        "top_p": sp.top_p,
+        "top_k": sp.top_k if sp.top_k > 0 else -1,
+        "min_p": sp.min_p,
+        "repetition_penalty": min(max(sp.repetition_penalty, PENALTY_RANGE[0]), PENALTY_RANGE[1]),
+        "frequency_penalty": sp.frequency_penalty,
+        "presence_penalty": sp.presence_penalty,
+        "ignore_eos": sp.ignore_eos,
+    }
+    if sp.min_new_tokens:
+        out["min_new_tokens"] = sp.min_new_tokens
+    if sp.stop_token_ids:
+        out["stop_token_ids"] = list(sp.stop_token_ids)
+    if sp.seed is not None and config.deterministic:  # without it SGLang ignores the seed
+        out["sampling_seed"] = sp.seed
+    return out
+
+
+class Parts:
+    """The parts of one request, joined: ids, logprobs and (version, tokens) segments."""
+
+    def __init__(self, logprobs: bool) -> None:
+        self.ids: list[int] = []
+        self.logprobs: list[float] | None = [] if logprobs else None
+        self.segments: list[tuple[int, int]] = []
+        self.queue_s: float | None = None
+        self.e2e_s = 0.0
+        self.count = 0
+        self.matched: int | None = None
+
+    def add(self, out: dict[str, Any], version: int) -> str:
+        meta = out.get("meta_info", {})
+        ids = list(out.get("output_ids") or [])
+        self.ids += ids
+        if self.logprobs is not None:
+            lps = [float(lp) if lp is not None else 0.0 for lp, *_ in meta.get("output_token_logprobs") or []]
+            self.logprobs += lps[: len(ids)]
+        if ids:
+            if self.segments and self.segments[-1][0] == version:
+                self.segments[-1] = (version, self.segments[-1][1] + len(ids))
+            else:
+                self.segments.append((version, len(ids)))
+        if self.queue_s is None:
+            self.queue_s = float(meta.get("queue_time") or 0.0)
+        self.e2e_s = float(meta.get("e2e_latency") or 0.0)
+        self.count += 1
+        fr = meta.get("finish_reason") or {}
+        self.matched = fr.get("matched") if isinstance(fr.get("matched"), int) else None
+        kind = fr.get("type", "abort")
+        return kind if kind in ("stop", "length", "abort") else "abort"
+
+    def result(self, req: GenerateRequest, kind: str, t0: float, weight_version: int) -> GenerateResult:
+        total = time.perf_counter() - t0
+        return GenerateResult(
+            rid=req.rid,
+            output_ids=self.ids,
+            finish_reason=kind,  # type: ignore[arg-type]
+            prompt_tokens=len(req.input_ids),
+            weight_version=self.segments[-1][0] if self.segments else weight_version,
+            logprobs=self.logprobs,
+            matched_stop=self.matched,
+            version_segments=self.segments,
+            timings=Timings(
+                queue_s=self.queue_s or 0.0,
+                ttft_s=0.0,
+                total_s=self.e2e_s if self.count == 1 and self.e2e_s else total,
+            ),
+        )
+
+
+def load_from_snapshot(s: Any, config: SglangEngineConfig) -> EngineLoad:
+    """EngineLoad from SGLang's ``LoadSnapshot`` (sglang 0.5.16: managers/load_snapshot.py)."""
+
+    def num(name: str) -> int | None:
+        v = getattr(s, name, None)
+        return int(v) if isinstance(v, int | float) and v > 0 else None
+
+    usage = getattr(s, "token_usage", None)
+    return EngineLoad(
+        running=int(s.num_running_reqs),
+        queued=int(s.num_waiting_reqs),
+        queued_tokens=int(getattr(s, "num_waiting_uncached_tokens", 0) or 0),
+        kv_usage=float(usage) if usage is not None else None,
+        max_running_requests=num("max_running_requests") or config.max_running_requests,
+        kv_capacity_tokens=num("max_total_num_tokens"),
+        kv_used_tokens=int(getattr(s, "num_used_tokens", 0) or 0),
+    )

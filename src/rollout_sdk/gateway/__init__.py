@@ -1,0 +1,11 @@
+"""An OpenAI-compatible gateway: black-box agents train through rollout-sdk with exact tokens.
+
+See docs/gateway.md.  Importing this package imports no HTTP stack and starts nothing; the ``gateway``
+extra (aiohttp) is needed once a :class:`Gateway` opens.
+"""
+
+from .errors import GatewayError
+from .gateway import Gateway, GatewayConfig, SessionHandle, read_trajectories
+from .sessions import Session
+
+__all__ = ["Gateway", "GatewayConfig", "GatewayError", "Session", "SessionHandle", "read_trajectories"]

@@ -1,0 +1,59 @@
+"""``rollout-sdk gateway``: the gateway as a process.
+
+    rollout-sdk gateway                                  # embedded CPU engine, loopback, free port
+    rollout-sdk gateway --servers tcp://10.0.0.5:40123 --port 8000 --trajectories-jsonl out.jsonl
+
+Prints ``READY http://host:port/v1`` once listening (and writes that URL to ``--address-file``); stops
+on SIGTERM / SIGINT, finishing every open session (written to ``--trajectories-jsonl`` when given).
+Importing this module imports no HTTP stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+
+from .._cli_config import add_config_args, config_from_args
+from ..client import ClientConfig
+from ..engines.cpu import CpuEngineConfig
+from .gateway import GatewayConfig
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    g = sub.add_parser("gateway", help="serve an OpenAI-compatible API that records every token (docs/gateway.md)")
+    g.add_argument("--servers", nargs="*", default=None, help="engine servers (default: embedded CPU engine)")
+    g.add_argument("--address-file", default=None, help="write the base URL here once listening")
+    add_config_args(g, GatewayConfig, title="gateway")
+    add_config_args(g, ClientConfig, prefix="client-", title="client")
+    add_config_args(g, CpuEngineConfig, prefix="engine-", title="embedded CPU engine")
+
+
+async def run(args: argparse.Namespace) -> int:
+    from ..client import RolloutClient
+    from .gateway import Gateway
+
+    config = config_from_args(GatewayConfig, args)
+    client_cfg = config_from_args(ClientConfig, args, prefix="client-")
+    engine = None if args.servers else config_from_args(CpuEngineConfig, args, prefix="engine-")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    client = RolloutClient(servers=args.servers or None, engine=engine, config=client_cfg)
+    async with client, Gateway(client, config=config) as gw:
+        if args.address_file:
+            await asyncio.to_thread(_write_address, args.address_file, gw.url)
+        print(f"READY {gw.url}", flush=True)
+        await stop.wait()
+    return 0
+
+
+def _write_address(path: str, url: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(url)
+    os.replace(tmp, path)

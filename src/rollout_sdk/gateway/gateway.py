@@ -1,0 +1,414 @@
+"""``Gateway``: an OpenAI-compatible HTTP server in front of a :class:`~rollout_sdk.RolloutClient`.
+
+Lifecycle (like the client's)::
+
+    UNOPENED ──open() / async with──▶ OPEN ──aclose()──▶ CLOSED   (aclose idempotent; never reopens)
+
+Concurrency::
+
+    aiohttp (one handler task per HTTP request) ──▶ TurnService ──▶ RolloutClient.generate
+         │  admission: at most max_in_flight model calls at once (429 beyond, never an unbounded wait)
+         └─ sessions: SessionStore (max_sessions) ── finish / idle ──▶ finished queue (bounded by
+            max_sessions, so put_nowait never overflows) ──▶ trajectories() or the JSONL writer task
+    owned tasks: the idle reaper and (with trajectories_jsonl) the JSONL writer; both cancelled and
+    awaited by aclose(), which first stops the listener, then finishes every open session.
+
+Example::
+
+    async with Gateway() as gw:                          # embedded CPU engine, loopback, free port
+        s = gw.session()                                 # s.base_url / s.api_key for the agent
+        ...  # run any OpenAI-API agent against s.base_url
+        gw.finish(s.id, reward=1.0)
+        async for traj in gw.trajectories():             # Trajectory objects, as agents produce
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .._aio import cancel_and_wait
+from ..agents import Trajectory
+from ..errors import ClientStateError, ConfigError
+from .errors import GatewayError
+from .service import Outcome, ServiceLimits, TurnService
+from .sessions import Session, SessionStore
+
+__all__ = ["Gateway", "GatewayConfig", "SessionHandle", "read_trajectories"]
+
+log = logging.getLogger("rollout_sdk.gateway")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    """Everything a :class:`Gateway` can be told (also the ``rollout-sdk gateway`` options)."""
+
+    #: where to listen: loopback and a free port by default
+    host: str = "127.0.0.1"
+    port: int = 0
+    #: the model name clients must send (default: the served model directory's name)
+    model_name: str | None = None
+    #: the tokenizer / chat template (a local HF directory); default: the served model's, or the embedded one
+    tokenizer: str | None = None
+    #: open sessions plus finished ones whose trajectories are not yet taken (429 beyond)
+    max_sessions: int = 10_000
+    #: served turns per session (each choice of each call is one)
+    max_turns_per_session: int = 1024
+    #: largest ``n``
+    max_n: int = 16
+    max_messages: int = 4096
+    #: request bodies above this get a 413
+    max_body_bytes: int = 16 * 1024 * 1024
+    #: model calls in flight at once (429 beyond)
+    max_in_flight: int = 8192
+    #: max_tokens when a request gives none (fitted to the context)
+    default_max_tokens: int = 1024
+    #: bound on one model call (None: no bound)
+    request_timeout_s: float | None = 600.0
+    #: a session with no call for this long is finished (None: never)
+    session_idle_timeout_s: float | None = 3600.0
+    #: a request with an unknown session key opens that session (else 404: create sessions first)
+    auto_sessions: bool = True
+    #: if set, the session endpoints (create, reward, finish, info) need ``Authorization: Bearer <admin_key>``
+    admin_key: str | None = None
+    #: append finished trajectories to this file (then the gateway consumes them, not trajectories())
+    trajectories_jsonl: str | None = None
+    #: "auto" or "strict": what to do with templates that rewrite earlier turns (see ChatTemplate)
+    template_strategy: str = "auto"
+    #: the tool-call parser (rollout_sdk.agents.get_parser)
+    parser: str = "hermes"
+    #: times an aborted generation (a trainer's pause) is continued from its tokens
+    max_resumes: int = 8
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_sessions",
+            "max_turns_per_session",
+            "max_n",
+            "max_messages",
+            "max_body_bytes",
+            "max_in_flight",
+            "default_max_tokens",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, getattr(self, name), "must be >= 1")
+        if not 0 <= self.port < 65536:
+            raise ConfigError("port", self.port, "must be in [0, 65535]")
+        for name in ("request_timeout_s", "session_idle_timeout_s"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ConfigError(name, v, "must be > 0 or None")
+        if self.template_strategy not in ("auto", "strict"):
+            raise ConfigError("template_strategy", self.template_strategy, "must be 'auto' or 'strict'")
+        if self.max_resumes < 0:
+            raise ConfigError("max_resumes", self.max_resumes, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class SessionHandle:
+    """What an agent needs to talk to one session: either ``base_url`` (path form) or ``api_key``."""
+
+    id: str
+    base_url: str
+    api_key: str
+    #: the shared base URL (``/v1``), for clients that take the session as ``api_key``
+    shared_base_url: str
+
+
+class Gateway:
+    """An OpenAI-compatible gateway that records every token of every session for the trainer.
+
+    ``client``: a :class:`~rollout_sdk.RolloutClient` you opened (the gateway does not close it); or
+    ``servers`` / nothing, and the gateway opens (and closes) its own client (nothing: the embedded CPU
+    engine).  ``tokenizer``: a tokenizer object to use instead of loading one.
+    """
+
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        servers: list[str] | None = None,
+        config: GatewayConfig | None = None,
+        tokenizer: Any = None,
+        client_options: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
+        if client is not None and (servers is not None or client_options):
+            raise ConfigError("servers", servers, "give an open client or servers, not both")
+        fields = {f.name for f in dataclasses.fields(GatewayConfig)}
+        unknown = sorted(set(options) - fields)
+        if unknown:
+            raise TypeError(f"Gateway() got unexpected keyword argument(s): {', '.join(unknown)}")
+        base = config or GatewayConfig()
+        self.config = dataclasses.replace(base, **options) if options else base
+        self._client = client
+        self._owns_client = client is None
+        self._servers = servers
+        self._client_options = dict(client_options or {})
+        self._tokenizer = tokenizer
+        self._state = "unopened"
+        self.store = SessionStore(max_sessions=self.config.max_sessions, max_turns=self.config.max_turns_per_session)
+        self._service: TurnService | None = None
+        self._runner: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = asyncio.Event()
+        self._in_flight = 0
+        self.model_name = ""
+        self.created = int(time.time())
+        self.host = self.config.host
+        self.port = 0
+        self.served_turns = 0
+        self.rejected_busy = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Gateway:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        """Open the client (if owned), load the tokenizer, start listening.  A gateway opens once."""
+        if self._state != "unopened":
+            raise ClientStateError(f"a Gateway opens once (this one is {self._state})")
+        self._state = "opening"
+        try:
+            await self._open()
+        except BaseException:
+            await self._teardown()
+            self._state = "closed"
+            raise
+        self._state = "open"
+
+    async def _open(self) -> None:
+        try:
+            from aiohttp import web
+
+            from .routes import build_app
+        except ImportError as exc:  # pragma: no cover - the extra is installed in tests
+            raise ConfigError(
+                "gateway", "aiohttp", f"needs the 'gateway' extra: pip install 'rollout-sdk[gateway]' ({exc})"
+            ) from exc
+        cfg = self.config
+        if self._client is None:
+            from ..client import RolloutClient
+
+            self._client = RolloutClient(servers=self._servers, **self._client_options)
+            await self._client.open()
+        model_path = str(self._client.model_path)
+        tokenizer = self._tokenizer
+        if tokenizer is None:
+            tokenizer = await asyncio.to_thread(_load_tokenizer, cfg.tokenizer, model_path)
+        self.model_name = cfg.model_name or (Path(model_path).name if model_path else "") or "rollout-sdk"
+        limits = ServiceLimits(
+            max_n=cfg.max_n,
+            max_messages=cfg.max_messages,
+            default_max_tokens=cfg.default_max_tokens,
+            max_resumes=cfg.max_resumes,
+            request_timeout_s=cfg.request_timeout_s,
+            template_strategy=cfg.template_strategy,
+            parser=cfg.parser,
+        )
+        self._service = TurnService(self._client, tokenizer, model=self.model_name, limits=limits)
+        self._runner = web.AppRunner(build_app(self), access_log=None, handler_cancellation=True, shutdown_timeout=5)
+        await self._runner.setup()
+        # bind the socket here (port 0: a free one) and hand it to aiohttp, so the bound port is known
+        family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+        sock = socket.create_server((cfg.host, cfg.port), family=family, backlog=1024)
+        site = web.SockSite(self._runner, sock)
+        await site.start()
+        self.host, self.port = sock.getsockname()[:2]
+        loop = asyncio.get_running_loop()
+        if cfg.session_idle_timeout_s is not None:
+            self._tasks.append(loop.create_task(self._reap(cfg.session_idle_timeout_s), name="gateway-reaper"))
+        if cfg.trajectories_jsonl:
+            self._tasks.append(loop.create_task(self._write_jsonl(cfg.trajectories_jsonl), name="gateway-jsonl"))
+
+    async def aclose(self) -> None:
+        """Stop listening, finish every open session, stop the owned tasks and client.  Idempotent."""
+        if self._state in ("closed", "closing"):
+            return
+        self._state = "closing"
+        try:
+            await self._teardown()
+        finally:
+            self._state = "closed"
+
+    async def _teardown(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()  # stops the listener; cancels handlers still running
+        for session in list(self.store.sessions.values()):
+            self.store.finish(session, reason="closed")
+        self._closed.set()
+        for task in self._tasks:
+            await cancel_and_wait(task) if task.get_name() != "gateway-jsonl" else await _drain(task)
+        self._tasks = []
+        if self._service is not None:
+            self._service.close()
+        if self._owns_client and self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise ClientStateError(f"the Gateway is {self._state}: use it inside 'async with Gateway() as gw'")
+
+    # -- addresses ---------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL: ``http://host:port/v1``."""
+        return f"http://{_host(self.host)}:{self.port}/v1"
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    # -- sessions ----------------------------------------------------------------------------------
+
+    def session(self, session_id: str | None = None, *, metadata: dict[str, Any] | None = None) -> SessionHandle:
+        """Open a session; give the agent ``handle.base_url`` (or ``api_key`` with :attr:`url`)."""
+        self._check_open()
+        s = self.store.create(session_id, metadata)
+        root = f"http://{_host(self.host)}:{self.port}"
+        return SessionHandle(id=s.id, base_url=f"{root}/s/{s.id}/v1", api_key=s.id, shared_base_url=self.url)
+
+    def get_session(self, session_id: str) -> Session:
+        return self.store.get(session_id, create=False)
+
+    def reward(self, session_id: str, value: float, *, finish: bool = True) -> bool:
+        """Set a session's reward (every trajectory of it gets it); by default also finish it."""
+        self._check_open()
+        session = self.store.get(session_id, create=False)
+        session.reward = float(value)
+        return self.store.finish(session) if finish else False
+
+    def finish(self, session_id: str, *, reward: float | None = None) -> bool:
+        """Finish a session: its trajectories go to :meth:`trajectories`.  False if already finished."""
+        self._check_open()
+        return self.store.finish(self.store.get(session_id, create=False), reward=reward)
+
+    async def serve_turn(self, session: Session, body: dict[str, Any], *, chat: bool) -> Outcome:
+        """One model call of ``session`` (used by the HTTP routes)."""
+        self._check_open()
+        assert self._service is not None
+        if self._in_flight >= self.config.max_in_flight:
+            self.rejected_busy += 1
+            raise GatewayError(
+                429,
+                f"{self._in_flight} model calls in flight (max_in_flight); retry later",
+                type="rate_limit_error",
+                code="busy",
+            )
+        self._in_flight += 1
+        try:
+            outcome = await (self._service.chat(session, body) if chat else self._service.complete(session, body))
+        finally:
+            self._in_flight -= 1
+        self.served_turns += len(outcome.choices)
+        return outcome
+
+    # -- to the trainer ----------------------------------------------------------------------------
+
+    async def trajectories(self) -> AsyncIterator[Trajectory]:
+        """Every trajectory of every finished session, as sessions finish (several per branched session).
+
+        Ends once the gateway is closed and everything finished before has been yielded.
+        """
+        if self.config.trajectories_jsonl:
+            raise ClientStateError("this gateway writes its trajectories to trajectories_jsonl; read that file")
+        async for session in self._finished():
+            for traj in session.trajectories():
+                yield traj
+
+    async def _finished(self) -> AsyncIterator[Session]:
+        queue = self.store.finished
+        while True:
+            if queue.empty() and self._closed.is_set():
+                return
+            getter = asyncio.ensure_future(queue.get())
+            closer = asyncio.ensure_future(self._closed.wait())
+            try:
+                await asyncio.wait([getter, closer], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closer.cancel()
+                if not getter.done():
+                    getter.cancel()
+            if getter.done() and not getter.cancelled():
+                session = getter.result()
+                self.store.taken(session)
+                yield session
+
+    async def _write_jsonl(self, path: str) -> None:
+        async for session in self._finished():
+            trajs = session.trajectories()
+            if trajs:
+                await asyncio.to_thread(_append_jsonl, path, trajs)
+
+    async def _reap(self, timeout_s: float) -> None:
+        while True:
+            await asyncio.sleep(min(timeout_s / 4, 30.0))
+            for session in self.store.idle(time.monotonic(), timeout_s):
+                self.store.finish(session, reason="idle")
+
+    def health(self) -> dict[str, Any]:
+        client = self._client
+        alive = sum(1 for s in client.servers if s.alive) if client is not None else 0
+        return {
+            "status": "ok" if self._state == "open" and alive else "unavailable",
+            "model": self.model_name,
+            "servers_alive": alive,
+            "sessions": len(self.store.sessions),
+            "in_flight": self._in_flight,
+            "served_turns": self.served_turns,
+        }
+
+
+async def _drain(task: asyncio.Task[None]) -> None:
+    """The JSONL writer ends by itself once closed and drained; bound the wait, then cancel."""
+    try:
+        await asyncio.wait_for(asyncio.shield(task), 60)
+    except TimeoutError:
+        await cancel_and_wait(task)
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _load_tokenizer(path: str | None, model_path: str) -> Any:
+    from ..models import load_tokenizer
+
+    if path is None and model_path and os.path.isdir(model_path):
+        path = model_path
+    return load_tokenizer(path)
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def _append_jsonl(path: str, trajs: list[Trajectory]) -> None:
+    with open(path, "ab") as f:
+        for t in trajs:
+            f.write(_encoder.encode(t) + b"\n")
+
+
+def read_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
+    """Read a ``trajectories_jsonl`` file back into :class:`~rollout_sdk.agents.Trajectory` objects."""
+    decoder = msgspec.json.Decoder(Trajectory)
+    with open(path, "rb") as f:
+        return [decoder.decode(line) for line in f if line.strip()]

@@ -1,0 +1,427 @@
+"""One OpenAI call served as exact tokens: render, match the session, generate, parse, record.
+
+::
+
+    handler (event loop)                        tokenizer thread (one)
+    ────────────────────                        ──────────────────────
+    check fields, normalise messages
+    match the session (hash lookups, no await)
+    render / glue of the new messages ──────▶  (only past OFFLOAD_CHARS characters: a thread hop costs
+    ◀────────────── context ids ────────────    more than a small render under the GIL; bench/gateway.py)
+    n x client.generate (session affinity; an aborted generation — a trainer's pause — is continued
+                         from its tokens, up to max_resumes times)
+    decode, stop strings, tool-call parser ─▶  (same rule)
+    record the turns (no await), answer
+
+The tokenizer is only ever called with its default truncation and padding, so the loop thread and the
+tokenizer thread never change its state under each other.  Model output ids are never decoded and
+re-encoded into the history: a later turn appends the template's glue after the exact ids the engine
+returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from .. import Continuation  # the package root re-exports it wherever the rollouts layer keeps it
+from ..agents import ChatTemplate, ParsedTurn, TemplateError, ToolCallParser, ToolCallRecord, Turn, get_parser
+from ..protocol import GenerateRequest, GenerateResult, SamplingParams
+from .errors import GatewayError, bad_request, unsupported
+from .sampling import RequestOptions, parse_options
+from .sessions import Node, Session, extend_key, prefix_keys
+from .tools import assistant_reply, canonical, parse_tool_choice, template_messages, template_tools
+
+__all__ = ["Choice", "Outcome", "TurnService"]
+
+T = TypeVar("T")
+_TEMPLATES = 64
+#: work on more characters than this leaves the event loop for the tokenizer thread
+OFFLOAD_CHARS = 16_384
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceLimits:
+    max_n: int
+    max_messages: int
+    default_max_tokens: int
+    max_resumes: int
+    request_timeout_s: float | None
+    template_strategy: str
+    parser: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    index: int
+    node: Node
+    #: chat: the assistant message (OpenAI shape); completions: None
+    message: dict[str, Any] | None
+    text: str
+    finish_reason: str
+    #: (token text, logprob) per output token, when the request asked for logprobs
+    logprobs: list[tuple[str, float]] | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    id: str
+    created: int
+    model: str
+    session: str
+    choices: list[Choice]
+    prompt_tokens: int
+    completion_tokens: int
+    options: RequestOptions
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    ids: list[int]
+    cut: int
+    text: str
+    content: str
+    parsed: ParsedTurn | None
+    token_texts: list[str] | None
+
+
+class TurnService:
+    """Serves chat and text completions for sessions, against a :class:`~rollout_sdk.RolloutClient`."""
+
+    def __init__(self, client: Any, tokenizer: Any, *, model: str, limits: ServiceLimits) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.model = model
+        self.limits = limits
+        self._parser: ToolCallParser = get_parser(limits.parser)
+        self._templates: OrderedDict[str, ChatTemplate] = OrderedDict()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-tokenizer")
+        self._eos = _eos_ids(tokenizer)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _cpu(self, fn: Callable[[], T], size: int) -> T:
+        """Run tokenizer / template work: inline when small (a thread hop costs more than ~0.5 ms of work
+        under the GIL: bench/gateway.py), on the tokenizer thread when ``size`` (characters) is large."""
+        if size < OFFLOAD_CHARS:
+            return fn()
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    # -- shared pieces -----------------------------------------------------------------------------
+
+    def _options(self, body: dict[str, Any], *, chat: bool) -> RequestOptions:
+        model = body.get("model")
+        if model is None:
+            raise bad_request("model", "model is required", "missing_required_parameter")
+        if model != self.model:
+            raise GatewayError(
+                404,
+                f"the model {model!r} does not exist; this gateway serves {self.model!r}",
+                param="model",
+                code="model_not_found",
+            )
+        return parse_options(body, chat=chat, max_n=self.limits.max_n, stop_token_ids=self._single_token_stops)
+
+    def _single_token_stops(self, stops: Sequence[str]) -> list[int]:
+        out = []
+        for s in stops:
+            ids = self.tokenizer.encode(s, add_special_tokens=False)
+            if len(ids) == 1:
+                out.append(int(ids[0]))
+        return out
+
+    def _template(self, tools: list[dict[str, Any]] | None) -> ChatTemplate:
+        key = canonical({"tools": tools})
+        tmpl = self._templates.get(key)
+        if tmpl is None:
+            tmpl = ChatTemplate(self.tokenizer, tools=tools, strategy=self.limits.template_strategy)
+            self._templates[key] = tmpl
+            while len(self._templates) > _TEMPLATES:
+                self._templates.popitem(last=False)
+        else:
+            self._templates.move_to_end(key)
+        return tmpl
+
+    def _fit(self, prompt_len: int, opts: RequestOptions) -> SamplingParams:
+        infos = self.client.server_info()
+        context = min((i.limits.max_context for i in infos), default=1 << 30)
+        room = context - prompt_len
+        if room < 1 or (opts.max_tokens is not None and opts.max_tokens > room):
+            asked = f" plus {opts.max_tokens} tokens to generate" if opts.max_tokens else ""
+            raise GatewayError(
+                400,
+                f"this model's context is {context} tokens; the prompt has {prompt_len}{asked}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        max_new = opts.max_tokens or min(self.limits.default_max_tokens, room)
+        sp = opts.sampling
+        return msgspec.structs.replace(sp, max_new_tokens=max_new, min_new_tokens=min(sp.min_new_tokens, max_new))
+
+    async def _generate(self, session: Session, prompt: list[int], sampling: SamplingParams, k: int) -> GenerateResult:
+        if sampling.seed is not None and k:
+            sampling = msgspec.structs.replace(sampling, seed=(sampling.seed + k) % (2**63 - 1))
+        cont = Continuation(GenerateRequest(input_ids=prompt, sampling=sampling, session_id=session.id))
+        for _ in range(self.limits.max_resumes + 1):
+            result = await self.client.generate(cont.next_request(), timeout=self.limits.request_timeout_s)
+            cont.add(result)
+            if cont.done:
+                break
+        if not cont.done:
+            raise GatewayError(
+                503, "the generation was aborted (engines paused or shutting down)", type="server_error", code="aborted"
+            )
+        return cont.result()
+
+    async def _generate_n(
+        self, session: Session, prompt: list[int], sampling: SamplingParams, n: int
+    ) -> list[GenerateResult]:
+        session.in_flight += 1
+        session.last_used = time.monotonic()
+        try:
+            if n == 1:
+                return [await self._generate(session, prompt, sampling, 0)]
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(self._generate(session, prompt, sampling, k)) for k in range(n)]
+            return [t.result() for t in tasks]
+        except BaseExceptionGroup as eg:
+            from .._aio import first_exception
+
+            raise first_exception(eg) from None
+        finally:
+            session.in_flight -= 1
+            session.last_used = time.monotonic()
+
+    def _decode(self, result: GenerateResult, stops: Sequence[str], parse: bool, logprobs: bool) -> _Decoded:
+        """Runs on the tokenizer thread."""
+        tok = self.tokenizer
+        ids = list(result.output_ids)
+        text = tok.decode(ids, skip_special_tokens=False)
+        cut = len(ids)
+        body_ids = ids[:-1] if ids and result.finish_reason == "stop" and ids[-1] in self._eos else ids
+        content = tok.decode(body_ids, skip_special_tokens=False) if len(body_ids) != len(ids) else text
+        if stops:
+            found = [(content.find(s), s) for s in stops if s in content]
+            if found:
+                pos, stop = min(found)
+                cut = _first_covering(tok, ids, pos + len(stop))
+                ids = ids[:cut]
+                text = tok.decode(ids, skip_special_tokens=False)
+                content = content[:pos]
+        parsed = self._parser.parse(content) if parse else None
+        texts = [tok.decode([t], skip_special_tokens=False) for t in ids] if logprobs else None
+        return _Decoded(ids, cut, text, content, parsed, texts)
+
+    def _outcome(
+        self, session: Session, opts: RequestOptions, prompt_len: int, choices: list[Choice], kind: str
+    ) -> Outcome:
+        return Outcome(
+            id=f"{kind}-{uuid.uuid4().hex[:24]}",
+            created=int(time.time()),
+            model=self.model,
+            session=session.id,
+            choices=choices,
+            prompt_tokens=prompt_len,
+            completion_tokens=sum(len(c.node.result.output_ids) for c in choices),
+            options=opts,
+        )
+
+    # -- chat --------------------------------------------------------------------------------------
+
+    async def chat(self, session: Session, body: dict[str, Any]) -> Outcome:
+        opts = self._options(body, chat=True)
+        tools = template_tools(body.get("tools"))
+        parse = parse_tool_choice(body.get("tool_choice"), tools)
+        messages = template_messages(body.get("messages"), max_messages=self.limits.max_messages)
+        session.check_open()
+        keys = prefix_keys("chat\x00" + canonical({"tools": tools}), [canonical(m) for m in messages])
+        parent, covered = session.match(keys)
+        template = self._template(tools)
+        new = messages[covered:]
+
+        def render() -> tuple[list[int], bool]:
+            if parent is None:
+                return template.prompt_ids(messages), False
+            return template.glue_ids(parent.messages, new, parent.text)
+
+        try:
+            context, rewrites = await self._cpu(render, _chars(parent.messages if parent else []) + _chars(messages))
+        except TemplateError as exc:
+            raise bad_request("messages", f"the chat template cannot extend this conversation: {exc}") from None
+        except Exception as exc:  # jinja's own errors (e.g. a template that forbids this role order)
+            if type(exc).__module__.startswith("jinja2"):
+                raise bad_request("messages", f"the chat template refused these messages: {exc}") from None
+            raise
+        prompt = (parent.ids() if parent is not None else []) + context
+        sampling = self._fit(len(prompt), opts)
+        t0 = time.perf_counter()
+        results = await self._generate_n(session, prompt, sampling, opts.n)
+        elapsed = time.perf_counter() - t0
+        decoded = await self._cpu(
+            lambda: [self._decode(r, opts.stop, parse, opts.logprobs) for r in results],
+            4 * sum(len(r.output_ids) for r in results),
+        )
+        session.check_open()
+        choices = []
+        for k, (result, dec) in enumerate(zip(results, decoded, strict=True)):
+            kept = _cut(result, dec.cut) if dec.cut < len(result.output_ids) else result
+            call_ids = session.new_call_ids(len(dec.parsed.calls) if dec.parsed else 0)
+            wire, tmpl, errors = assistant_reply(dec.parsed, dec.content, call_ids)
+            calls = dec.parsed.calls if dec.parsed else []
+            turn = Turn(
+                index=0,
+                model_tokens=len(kept.output_ids),
+                finish_reason=kept.finish_reason,
+                weight_version=kept.weight_version,
+                generate_s=elapsed,
+                tool_calls=[ToolCallRecord(name=c.name, arguments=c.arguments, ok=True) for c in calls],
+                parse_errors=errors,
+            )
+            after = [*messages, tmpl]
+            node = Node(
+                uid=len(session.nodes),
+                parent=parent,
+                context_ids=context,
+                result=kept,
+                text=dec.text,
+                key=extend_key(keys[-1], canonical(tmpl)),
+                messages=after,
+                turn=turn,
+            )
+            session.add(node)
+            session.template_rewrites = session.template_rewrites or rewrites
+            finish = (
+                "tool_calls" if wire.get("tool_calls") else ("length" if kept.finish_reason == "length" else "stop")
+            )
+            lps = list(zip(dec.token_texts, kept.logprobs or [], strict=False)) if dec.token_texts is not None else None
+            choices.append(
+                Choice(index=k, node=node, message=wire, text=dec.content, finish_reason=finish, logprobs=lps)
+            )
+        return self._outcome(session, opts, len(prompt), choices, "chatcmpl")
+
+    # -- text completions --------------------------------------------------------------------------
+
+    async def complete(self, session: Session, body: dict[str, Any]) -> Outcome:
+        opts = self._options(body, chat=False)
+        prompt_in = body.get("prompt")
+        if isinstance(prompt_in, list) and len(prompt_in) == 1 and isinstance(prompt_in[0], str | list):
+            prompt_in = prompt_in[0]
+        if prompt_in is None:
+            raise bad_request("prompt", "prompt is required", "missing_required_parameter")
+        session.check_open()
+        text_prompt = isinstance(prompt_in, str)
+        if text_prompt:
+            if not prompt_in:
+                raise bad_request("prompt", "prompt must not be empty")
+            parent = session.match_text(prompt_in)
+
+            def encode() -> list[int]:
+                if parent is None:
+                    return list(self.tokenizer.encode(prompt_in, add_special_tokens=True))
+                return list(self.tokenizer.encode(prompt_in[len(parent.text) :], add_special_tokens=False))
+
+            context = await self._cpu(encode, len(prompt_in))
+            prompt = (parent.ids() if parent is not None else []) + context
+        elif (
+            isinstance(prompt_in, list)
+            and prompt_in
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_in)
+        ):
+            prompt = list(prompt_in)
+            parent = session.match_ids(prompt)
+            context = prompt[parent.num_ids :] if parent is not None else prompt
+        else:
+            raise unsupported("prompt", "prompt must be one string or one non-empty list of token ids (no batches)")
+        if not context:
+            raise bad_request("prompt", "the prompt adds nothing after the text already served")
+        sampling = self._fit(len(prompt), opts)
+        t0 = time.perf_counter()
+        results = await self._generate_n(session, prompt, sampling, opts.n)
+        elapsed = time.perf_counter() - t0
+        decoded = await self._cpu(
+            lambda: [self._decode(r, opts.stop, False, opts.logprobs) for r in results],
+            4 * sum(len(r.output_ids) for r in results),
+        )
+        session.check_open()
+        prefix_text = prompt_in if isinstance(prompt_in, str) else ""
+        choices = []
+        for k, (result, dec) in enumerate(zip(results, decoded, strict=True)):
+            kept = _cut(result, dec.cut) if dec.cut < len(result.output_ids) else result
+            turn = Turn(
+                index=0,
+                model_tokens=len(kept.output_ids),
+                finish_reason=kept.finish_reason,
+                weight_version=kept.weight_version,
+                generate_s=elapsed,
+            )
+            node = Node(
+                uid=len(session.nodes),
+                parent=parent,
+                context_ids=context,
+                result=kept,
+                # only a text prompt that continues prompt + the model's whole text reuses these ids
+                text=prefix_text + dec.text if text_prompt else "\x00ids",
+                key=f"completion:{uuid.uuid4().hex}",
+                messages=[],
+                turn=turn,
+            )
+            session.add(node)
+            finish = "length" if kept.finish_reason == "length" else "stop"
+            lps = list(zip(dec.token_texts, kept.logprobs or [], strict=False)) if dec.token_texts is not None else None
+            choices.append(
+                Choice(index=k, node=node, message=None, text=dec.content, finish_reason=finish, logprobs=lps)
+            )
+        return self._outcome(session, opts, len(prompt), choices, "cmpl")
+
+
+def _chars(messages: list[dict[str, Any]]) -> int:
+    return sum(len(m.get("content") or "") + 64 for m in messages)
+
+
+def _eos_ids(tokenizer: Any) -> set[int]:
+    ids = {tokenizer.eos_token_id} if getattr(tokenizer, "eos_token_id", None) is not None else set()
+    for name in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        tid = tokenizer.convert_tokens_to_ids(name) if hasattr(tokenizer, "convert_tokens_to_ids") else None
+        if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None) and tid >= 0:
+            ids.add(tid)
+    return ids
+
+
+def _first_covering(tok: Any, ids: list[int], chars: int) -> int:
+    """The fewest leading tokens whose text is at least ``chars`` characters (binary search)."""
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tok.decode(ids[:mid], skip_special_tokens=False)) >= chars:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _cut(result: GenerateResult, k: int) -> GenerateResult:
+    """The first ``k`` tokens of ``result``, as a stop there would have returned them."""
+    segments: list[tuple[int, int]] = []
+    left = k
+    for version, n in result.version_segments or [(result.weight_version, len(result.output_ids))]:
+        if left <= 0:
+            break
+        segments.append((version, min(n, left)))
+        left -= n
+    return msgspec.structs.replace(
+        result,
+        output_ids=list(result.output_ids[:k]),
+        logprobs=None if result.logprobs is None else list(result.logprobs[:k]),
+        version_segments=segments,
+        finish_reason="stop",
+        matched_stop=None,
+    )

@@ -1,0 +1,345 @@
+"""Sessions: each rollout's token history as a tree of served turns, matched against what agents re-send.
+
+A black-box agent re-sends its whole conversation on every call.  The session keeps every turn it served
+as a :class:`Node`: the tokens added before the turn (the whole prompt for a first turn, the template's
+glue for later ones), the engine's result (exact ids, logprobs, weight-version segments) and the
+normalised conversation *after* the turn (its messages and the assistant reply as returned).  A request
+is matched by hashing the prefixes of its normalised messages::
+
+    key_0 = H(kind, tools)          key_i = H(key_{i-1}, canonical(messages[i-1]))
+
+and looking the keys up from the longest down: the deepest node whose conversation is a prefix of the
+request is the parent, and only the messages after it are rendered and tokenized (appended to the
+parent's exact ids).  No match renders the conversation from scratch.  When an agent edits history (a
+changed earlier reply, a dropped turn), the match stops before the edit, so the new turn becomes a
+sibling of the old one: the session *branches*, and every root-to-leaf path comes out as its own
+:class:`~rollout_sdk.agents.Trajectory`.  ``n > 1`` choices are siblings too.
+
+Concurrency: every method runs on the gateway's event loop and none awaits, so a request's match and its
+commit are each atomic; requests of one session may run concurrently (their turns become siblings).
+
+Lifecycle of a session::
+
+    OPEN ──finish(reward) / idle timeout──▶ FINISHED ──trajectories taken──▶ (removed; its id stays refused)
+
+Bounds: ``max_sessions`` open-or-finished-untaken sessions (429 beyond: the trainer is not draining), at
+most ``max_turns`` nodes per session, and a bounded memory of taken ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import re
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..agents import Trajectory, TrajectoryBuilder, Turn
+from ..protocol import GenerateResult
+from .errors import GatewayError
+
+__all__ = ["Node", "Session", "SessionStore", "extend_key", "prefix_keys"]
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
+
+
+def prefix_keys(base: str, items: Sequence[str]) -> list[str]:
+    """``keys[i]``: the key of ``items[:i]`` under ``base`` (``keys[0]`` is the base's)."""
+    keys = [hashlib.blake2b(base.encode(), digest_size=16).hexdigest()]
+    for item in items:
+        keys.append(extend_key(keys[-1], item))
+    return keys
+
+
+def extend_key(key: str, item: str) -> str:
+    """The key of a conversation ``key`` stands for, followed by ``item``."""
+    return hashlib.blake2b((key + "\x00" + item).encode(), digest_size=16).hexdigest()
+
+
+class Node:
+    """One served turn (one choice of one request)."""
+
+    __slots__ = (
+        "children",
+        "context_ids",
+        "depth",
+        "key",
+        "messages",
+        "num_ids",
+        "parent",
+        "result",
+        "text",
+        "turn",
+        "uid",
+    )
+
+    def __init__(
+        self,
+        *,
+        uid: int,
+        parent: Node | None,
+        context_ids: list[int],
+        result: GenerateResult,
+        text: str,
+        key: str,
+        messages: list[dict[str, Any]],
+        turn: Turn,
+    ) -> None:
+        self.uid = uid
+        self.parent = parent
+        self.context_ids = context_ids
+        self.result = result
+        #: the model's decoded text (for the template's end of turn) or, for completions, prompt + text
+        self.text = text
+        self.key = key
+        #: the normalised conversation after this turn (chat); empty for completions
+        self.messages = messages
+        self.turn = turn
+        self.children = 0
+        self.depth: int = 0 if parent is None else parent.depth + 1
+        base = 0 if parent is None else parent.num_ids
+        self.num_ids: int = base + len(context_ids) + len(result.output_ids)
+
+    def ids(self) -> list[int]:
+        """Every token of this path, up to and including this turn's output."""
+        chain = []
+        node: Node | None = self
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        out: list[int] = []
+        for n in reversed(chain):
+            out.extend(n.context_ids)
+            out.extend(n.result.output_ids)
+        return out
+
+    def path(self) -> list[Node]:
+        chain = []
+        node: Node | None = self
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        return chain[::-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionStats:
+    id: str
+    state: str
+    turns: int
+    branches: int
+    in_flight: int
+    reward: float | None
+    metadata: dict[str, Any]
+
+
+class Session:
+    """One rollout's conversation tree.  Created by :class:`SessionStore`."""
+
+    def __init__(self, sid: str, *, max_turns: int, metadata: dict[str, Any] | None = None) -> None:
+        self.id = sid
+        self.metadata = dict(metadata or {})
+        self.max_turns = max_turns
+        self.state = "open"
+        self.reward: float | None = None
+        self.end_reason = ""
+        self.nodes: list[Node] = []
+        self._by_key: dict[str, Node] = {}
+        self.in_flight = 0
+        #: a turn's glue was rendered locally because the template rewrites earlier turns
+        self.template_rewrites = False
+        self.last_used = time.monotonic()
+        self.finished = asyncio.Event()
+        self._next_call = 0
+
+    # -- matching ----------------------------------------------------------------------------------
+
+    def match(self, keys: Sequence[str]) -> tuple[Node | None, int]:
+        """The deepest served turn whose conversation is ``items[:i]`` for the largest ``i``; ``(None, 0)``."""
+        for i in range(len(keys) - 1, 0, -1):
+            node = self._by_key.get(keys[i])
+            if node is not None:
+                return node, i
+        return None, 0
+
+    def match_ids(self, prompt: Sequence[int]) -> Node | None:
+        """The deepest served turn whose whole token path is a prefix of ``prompt`` (token-id prompts)."""
+        best: Node | None = None
+        for node in self.nodes:
+            if node.num_ids <= len(prompt) and (best is None or node.num_ids > best.num_ids):
+                ids = node.ids()
+                if list(prompt[: len(ids)]) == ids:
+                    best = node
+        return best
+
+    def match_text(self, prompt: str) -> Node | None:
+        """The deepest completion turn whose prompt + returned text is a prefix of ``prompt``."""
+        best: Node | None = None
+        for node in self.nodes:
+            if not node.messages and prompt.startswith(node.text) and (best is None or len(node.text) > len(best.text)):
+                best = node
+        return best
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+
+    def check_open(self) -> None:
+        if self.state != "open":
+            raise GatewayError(409, f"session {self.id!r} is finished", code="session_finished")
+
+    def new_call_ids(self, n: int) -> list[str]:
+        start, self._next_call = self._next_call, self._next_call + n
+        return [f"call_{self.id[:12]}_{start + i}" for i in range(n)]
+
+    def add(self, node: Node) -> None:
+        """Record a served turn (atomic: no await)."""
+        if len(self.nodes) >= self.max_turns:
+            raise GatewayError(
+                400, f"session {self.id!r} reached its limit of {self.max_turns} turns", code="too_many_turns"
+            )
+        self.nodes.append(node)
+        if node.parent is not None:
+            node.parent.children += 1
+        self._by_key[node.key] = node
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.nodes)
+
+    def leaves(self) -> list[Node]:
+        return [n for n in self.nodes if n.children == 0]
+
+    def stats(self) -> SessionStats:
+        return SessionStats(
+            id=self.id,
+            state=self.state,
+            turns=len(self.nodes),
+            branches=len(self.leaves()),
+            in_flight=self.in_flight,
+            reward=self.reward,
+            metadata=self.metadata,
+        )
+
+    def trajectories(self) -> list[Trajectory]:
+        """One trajectory per root-to-leaf path (one per branch), in the order their last turns were served."""
+        leaves = self.leaves()
+        out = []
+        for k, leaf in enumerate(leaves):
+            path = leaf.path()
+            traj_id = self.id if len(leaves) == 1 else f"{self.id}.b{k}"
+            builder = TrajectoryBuilder(list(path[0].context_ids), traj_id)
+            for depth, node in enumerate(path):
+                if depth:
+                    builder.add_context(list(node.context_ids))
+                builder.turns.append(_copy_turn(node.turn, depth, len(node.context_ids) if depth else 0))
+                builder.add_model(node.result)
+            traj = builder.build(
+                leaf.result.finish_reason,
+                messages=list(leaf.messages),
+                reward=self.reward,
+                template_rewrites=self.template_rewrites,
+            )
+            traj.metrics.update(
+                branch=float(k),
+                branches=float(len(leaves)),
+                shared_prefix_turns=float(_shared_turns(leaf, leaves)),
+                idle_finished=1.0 if self.end_reason == "idle" else 0.0,
+            )
+            out.append(traj)
+        return out
+
+
+def _copy_turn(turn: Turn, index: int, context_tokens: int) -> Turn:
+    return Turn(
+        index=index,
+        model_tokens=turn.model_tokens,
+        finish_reason=turn.finish_reason,
+        weight_version=turn.weight_version,
+        generate_s=turn.generate_s,
+        context_tokens=context_tokens,
+        tool_calls=list(turn.tool_calls),
+        parse_errors=list(turn.parse_errors),
+    )
+
+
+def _shared_turns(leaf: Node, leaves: list[Node]) -> int:
+    """How many of this path's turns also lie on an earlier branch's path (trained twice if both are used)."""
+    mine = {id(n) for n in leaf.path()}
+    shared = 0
+    for other in leaves:
+        if other is leaf:
+            break
+        shared = max(shared, sum(1 for n in other.path() if id(n) in mine))
+    return shared
+
+
+class SessionStore:
+    """The gateway's sessions, bounded.  Finished sessions wait in :attr:`finished` for the trainer."""
+
+    def __init__(self, *, max_sessions: int, max_turns: int, remember_ids: int = 100_000) -> None:
+        self.max_sessions = max_sessions
+        self.max_turns = max_turns
+        self.sessions: dict[str, Session] = {}
+        self._taken: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._remember = remember_ids
+        # at most max_sessions sessions exist at once, so put_nowait on this queue cannot overflow
+        self.finished: asyncio.Queue[Session] = asyncio.Queue(maxsize=max_sessions)
+
+    def create(self, sid: str | None = None, metadata: dict[str, Any] | None = None) -> Session:
+        sid = sid or secrets.token_urlsafe(18)
+        if not _SESSION_ID.match(sid):
+            raise GatewayError(
+                400, "a session id is 1-128 characters of [A-Za-z0-9._~-]", param="session", code="bad_session"
+            )
+        if sid in self.sessions or sid in self._taken:
+            raise GatewayError(409, f"session {sid!r} already exists", param="session", code="session_exists")
+        if len(self.sessions) >= self.max_sessions:
+            raise GatewayError(
+                429,
+                f"{len(self.sessions)} sessions are open or finished but not yet collected (max_sessions="
+                f"{self.max_sessions}): finish sessions and take their trajectories",
+                type="rate_limit_error",
+                code="too_many_sessions",
+            )
+        session = Session(sid, max_turns=self.max_turns, metadata=metadata)
+        self.sessions[sid] = session
+        return session
+
+    def get(self, sid: str, *, create: bool) -> Session:
+        session = self.sessions.get(sid)
+        if session is not None:
+            return session
+        if sid in self._taken:
+            raise GatewayError(409, f"session {sid!r} is finished", code="session_finished")
+        if not create:
+            raise GatewayError(404, f"no session {sid!r}", param="session", code="session_not_found")
+        return self.create(sid)
+
+    def finish(self, session: Session, *, reward: float | None = None, reason: str = "finished") -> bool:
+        """Mark finished and queue it for the trainer.  False if it was already finished (idempotent)."""
+        if reward is not None:
+            session.reward = reward
+        if session.state != "open":
+            return False
+        session.state = "finished"
+        session.end_reason = reason
+        session.finished.set()
+        self.finished.put_nowait(session)
+        return True
+
+    def taken(self, session: Session) -> None:
+        """The trainer has the session's trajectories: forget it, keep refusing its id."""
+        self.sessions.pop(session.id, None)
+        self._taken[session.id] = None
+        while len(self._taken) > self._remember:
+            self._taken.popitem(last=False)
+
+    def idle(self, now: float, timeout_s: float) -> list[Session]:
+        return [
+            s
+            for s in self.sessions.values()
+            if s.state == "open" and s.in_flight == 0 and now - s.last_used > timeout_s
+        ]

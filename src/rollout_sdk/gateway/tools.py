@@ -1,0 +1,178 @@
+"""OpenAI messages and tools in, OpenAI ``tool_calls`` out: the mapping between the chat API and the template.
+
+Requests are normalised into the messages a chat template renders (:func:`template_messages`):
+``developer`` becomes ``system``, text content parts are joined, and tool-call ``arguments`` — JSON
+*strings* in OpenAI's format — are decoded into objects (a template given strings would encode them
+twice).  The normalised form is also what the session matches re-sent history against
+(:func:`canonical`), so a client that re-serialises arguments with other whitespace still matches.
+
+The model's text is split by the project's tool-call parser (:func:`~rollout_sdk.agents.get_parser`).
+Well-formed calls become OpenAI ``tool_calls`` (arguments re-encoded as JSON strings, ids unique within
+the session); a malformed call is returned *as content* (its raw text, so the agent sees what the model
+wrote) and its parse error is recorded on the turn for the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..agents import ParsedTurn
+from .errors import bad_request, unsupported
+
+__all__ = ["assistant_reply", "canonical", "parse_tool_choice", "template_messages", "template_tools"]
+
+MAX_TOOLS = 256
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def template_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """The request's ``tools``, checked (function tools only), as the template renders them."""
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise bad_request("tools", f"tools must be a list of at most {MAX_TOOLS} tools", "invalid_type")
+    out = []
+    for i, t in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function":
+            raise unsupported(f"{where}.type", "only tools of type 'function' are supported")
+        fn = t.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"{where}.function.name", "a function tool needs a non-empty name")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise bad_request(f"{where}.function.parameters", "parameters must be a JSON schema object")
+        out.append({"type": "function", "function": dict(fn)})
+    return out
+
+
+def parse_tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> bool:
+    """Whether the model's tool calls are parsed: ``auto`` (default) yes, ``none`` no.  ``required`` and a
+    named function would need constrained decoding: a 400."""
+    if value is None or value == "auto":
+        return tools is not None
+    if value == "none":
+        return False
+    raise unsupported("tool_choice", f"tool_choice {value!r}: only 'auto' and 'none' can be honoured")
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text", "output_text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise unsupported(f"{where}[{i}]", f"content part of type {kind!r}: only text is supported")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise bad_request(f"{where}[{i}].text", "a text part needs a string 'text'")
+            parts.append(text)
+        return "".join(parts)
+    raise bad_request(where, "content must be a string, a list of text parts, or null", "invalid_type")
+
+
+def _arguments(value: Any, where: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise bad_request(where, f"arguments must be a JSON object encoded as a string: {exc}") from None
+        if isinstance(decoded, dict):
+            return decoded
+    raise bad_request(where, "arguments must be a JSON object (or a string holding one)", "invalid_type")
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise bad_request(where, "tool_calls must be a list", "invalid_type")
+    out = []
+    for j, c in enumerate(calls):
+        w = f"{where}[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{w}.function", "a tool call needs a function with a name")
+        call: dict[str, Any] = {
+            "type": "function",
+            "function": {
+                "name": fn["name"],
+                "arguments": _arguments(fn.get("arguments", {}), f"{w}.function.arguments"),
+            },
+        }
+        if isinstance(c.get("id"), str):
+            call["id"] = c["id"]
+        out.append(call)
+    return out
+
+
+def template_messages(messages: Any, *, max_messages: int) -> list[dict[str, Any]]:
+    """Check the request's ``messages`` and normalise them into what the chat template renders."""
+    if messages is None:
+        raise bad_request("messages", "messages is required", "missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages", "messages must be a non-empty list", "invalid_type")
+    if len(messages) > max_messages:
+        raise bad_request("messages", f"at most {max_messages} messages per request on this gateway")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(where, "each message must be an object", "invalid_type")
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in _ROLES:
+            raise bad_request(
+                f"{where}.role", f"role {m.get('role')!r} is not one of system, developer, user, assistant, tool"
+            )
+        msg: dict[str, Any] = {"role": role, "content": _text(m.get("content"), f"{where}.content")}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        if role == "tool":
+            if isinstance(m.get("tool_call_id"), str):
+                msg["tool_call_id"] = m["tool_call_id"]
+            if isinstance(m.get("name"), str):
+                msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def canonical(message: dict[str, Any]) -> str:
+    """One normalised message as text: equal for equal renderings, whatever the client's JSON spelling."""
+    return json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def assistant_reply(
+    parsed: ParsedTurn | None, text: str, call_ids: Sequence[str]
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The assistant message for the client, the same message for the template, and the parse errors.
+
+    ``parsed`` is None when tool calls are not parsed (no tools, or ``tool_choice='none'``): the text is
+    the content.  A malformed call's raw text is appended to the content so the agent sees it.
+    """
+    if parsed is None or not parsed.has_tool_activity:
+        return {"role": "assistant", "content": text}, {"role": "assistant", "content": text}, []
+    content = parsed.content
+    if parsed.errors:
+        raw = "\n".join(e.raw for e in parsed.errors if e.raw)
+        content = f"{content}\n{raw}".strip() if content else raw
+    calls: list[dict[str, Any]] = [
+        {"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c, cid in zip(parsed.calls, call_ids, strict=False)
+    ]
+    wire: dict[str, Any] = {"role": "assistant", "content": content or None}
+    tmpl: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        wire["tool_calls"] = [
+            {**c, "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
+            for c in calls
+        ]
+        tmpl["tool_calls"] = calls
+    return wire, tmpl, [f"{e.kind}: {e.message}" for e in parsed.errors]
