@@ -72,7 +72,7 @@ IM_END = 151645
 # the recipe (changing any of these changes the model: bump _RECIPE)
 _SEED = 0
 _TRAIN_INSTANCES = 3000
-_STEPS = 900
+_STEPS = 1500
 _BATCH = 16
 _LR = 1e-2
 _WARMUP = 50
