@@ -52,6 +52,14 @@ def tiny_model(sdk_home: Path) -> Path:
     return ensure_tiny_model(sdk_home)
 
 
+@pytest.fixture(scope="session")
+def tool_model(sdk_home: Path) -> Path:
+    """The trained tool model (trained on first use: a few minutes on two cores, once per session)."""
+    from rollout_sdk.tasks import ensure_tool_model
+
+    return ensure_tool_model(sdk_home)
+
+
 class ServerProcess:
     def __init__(self, proc: subprocess.Popen[str], address: str) -> None:
         self.proc = proc

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 
-def test_demo_runs_end_to_end(tmp_path, sdk_home, tiny_model) -> None:
+def test_demo_runs_end_to_end(tmp_path, sdk_home, tool_model) -> None:
     out_json = tmp_path / "demo.json"
     env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home))
     proc = subprocess.run(
@@ -18,11 +18,9 @@ def test_demo_runs_end_to_end(tmp_path, sdk_home, tiny_model) -> None:
             "rollout_sdk",
             "demo",
             "--prompts",
-            "8",
+            "4",
             "--samples",
             "2",
-            "--max-new-tokens",
-            "16",
             "--no-progress",
             "--json",
             str(out_json),
@@ -34,10 +32,10 @@ def test_demo_runs_end_to_end(tmp_path, sdk_home, tiny_model) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout
-    for needle in ("throughput", "req/s", "tok/s", "p50", "p99", "one trajectory", "finish", "embedded-0"):
+    for needle in ("model: a", "calculator", "throughput", "tok/s", "p50", "loss_mask", "logprobs", "embedded-0"):
         assert needle in text, needle
     report = json.loads(out_json.read_text())
-    assert report["requests"] == 16
-    assert report["groups"] == 8
-    assert report["output_tokens"] > 0
-    assert report["output_tokens_per_s"] > 0
+    assert report["trajectories"] == 8
+    assert report["groups"] == 4
+    assert report["tool_calls"] > 0
+    assert report["model_tokens_per_s"] > 0

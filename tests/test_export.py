@@ -135,7 +135,7 @@ def test_routed_experts_reject_inconsistent_data() -> None:
 
 
 @pytest.mark.slow
-async def test_demo_writes_trajectories(tmp_path: Path, tiny_model: Path) -> None:
+async def test_demo_writes_trajectories(tmp_path: Path, tool_model: Path) -> None:
     import io as _io
 
     from rollout_sdk.demo import DemoConfig, run_demo

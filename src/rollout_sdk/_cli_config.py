@@ -14,7 +14,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["add_config_args", "config_from_args"]
+__all__ = ["add_config_args", "add_sglang_args", "config_from_args", "sglang_fields"]
 
 C = TypeVar("C")
 _SCALARS = (int, float, str, bool)
@@ -42,14 +42,31 @@ def _fields(cls: type) -> list[tuple[dataclasses.Field[Any], type, bool]]:
     return out
 
 
-def add_config_args(parser: argparse.ArgumentParser, cls: type, *, prefix: str = "", title: str | None = None) -> None:
+def add_config_args(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    prefix: str = "",
+    title: str | None = None,
+    skip: tuple[str, ...] = (),
+    only_given: bool = False,
+) -> None:
+    """``only_given``: a flag not given leaves no attribute (the config's default, or another source, applies)."""
     group = parser.add_argument_group(title or cls.__name__)
     for f, tp, optional in _fields(cls):
+        if f.name in skip:
+            continue
         flag = "--" + prefix + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else None
         dest = prefix.replace("-", "_") + f.name
         if tp is bool:
-            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=default)
+            group.add_argument(
+                flag,
+                dest=dest,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS if only_given else default,
+                help=f"(default: {default})",
+            )
             continue
         conv: Callable[[str], Any] = tp
         if optional:
@@ -63,7 +80,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, *, prefix: str =
             flag,
             dest=dest,
             type=conv,
-            default=default,
+            default=argparse.SUPPRESS if only_given else default,
             metavar=tp.__name__.upper(),
             help=f"(default: {default})",
         )
@@ -77,3 +94,41 @@ def config_from_args(cls: type[C], args: argparse.Namespace, *, prefix: str = ""
             values[f.name] = getattr(args, dest)
     values.update(overrides)
     return cls(**values)
+
+
+def add_sglang_args(parser: argparse.ArgumentParser) -> None:
+    """SGLang engine options: ``--sglang-<field>`` flags (each scalar field of ``SglangEngineConfig``; the
+    model is ``--model``) and ``--sglang '<JSON>'`` for any field, flags winning.  Shared by
+    ``rollout-sdk serve`` and ``python -m rollout_sdk.launch`` so both take the same options."""
+    from .engines.sglang import SglangEngineConfig
+
+    add_config_args(
+        parser, SglangEngineConfig, prefix="sglang-", title="sglang engine (--engine sglang)", skip=("model_path",),
+        only_given=True,
+    )
+    parser.add_argument(
+        "--sglang", default="{}", metavar="JSON", help="more SglangEngineConfig fields as a JSON object"
+    )
+
+
+def sglang_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The SglangEngineConfig fields the command line gives (JSON first, then the flags)."""
+    import json
+
+    from .engines.sglang import SglangEngineConfig
+    from .errors import ConfigError
+
+    try:
+        fields = json.loads(args.sglang)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("--sglang", args.sglang, f"is not JSON ({exc})") from None
+    if not isinstance(fields, dict):
+        raise ConfigError("--sglang", args.sglang, "must be a JSON object of SglangEngineConfig fields")
+    known = {f.name for f in dataclasses.fields(SglangEngineConfig)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ConfigError("--sglang", unknown, f"unknown SglangEngineConfig fields (known: {', '.join(sorted(known))})")
+    for f, _, _ in _fields(SglangEngineConfig):
+        if hasattr(args, "sglang_" + f.name):
+            fields[f.name] = getattr(args, "sglang_" + f.name)
+    return fields

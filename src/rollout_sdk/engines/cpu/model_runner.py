@@ -73,7 +73,10 @@ class ModelRunner:
         if not Path(path, "config.json").exists():
             raise FileNotFoundError(f"{path!r} is not a model directory (no config.json)")
         dtype = getattr(torch, self.config.dtype)
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        from ...models import quiet_weight_loading
+
+        with quiet_weight_loading():  # no "Loading weights" bar in servers, ranks and examples
+            model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
         model.eval()
         model.requires_grad_(False)
         cfg = model.config

@@ -1,0 +1,165 @@
+"""GRPO on the tool model, on CPU: rollouts through RolloutClient + ToolAgent, weights pushed every step.
+
+``rollout-sdk demo --rl`` and ``examples/grpo_tools.py`` run :func:`run_grpo`.  It starts from the
+under-trained tool model (``ensure_tool_model(stage="undertrained")``: it calls the calculator only part
+of the time) and, every step::
+
+    groups  = G trajectories of each of P training instances   (ToolAgent, sampled, real tool calls)
+    reward  = 1 if solved (tool called, right number in the answer) else 0
+    adv     = reward - mean of its group                       (GRPO; groups all-0 or all-1 carry no signal)
+    loss    = -sum(adv * logprob(model tokens)) / model tokens  (the trainer's own logprobs, loss mask 1)
+    update_weights(trainable params, version=step + 1)         (gloo, into the engine: the next step
+                                                                samples from the new weights)
+
+The trainer computes logprobs with :class:`~rollout_sdk.tasks.tool_model.TaskHead` (exact full-vocabulary
+log-softmax from the task's rows; the embedding stays frozen so it stays exact) and prints, every step,
+the largest gap to the engine's logprobs of the same tokens: ~1e-6, the same weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .client import RolloutClient
+from .engines.cpu import CpuEngineConfig
+
+__all__ = ["GrpoConfig", "run_grpo"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrpoConfig:
+    #: GRPO steps
+    steps: int = 12
+    #: training instances per step
+    prompts: int = 8
+    #: trajectories per instance (the group)
+    group: int = 8
+    lr: float = 3e-4
+    #: held-back instances solved greedily before and after training (0: skip)
+    eval_instances: int = 50
+    seed: int = 0
+
+
+async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) -> list[dict[str, float]]:
+    """Run GRPO; print a row per step; return the rows (success, reward, ... per step)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .models import quiet_weight_loading
+    from .tasks import calculator as task
+    from .tasks.tool_model import TaskHead, ensure_tool_model, shared_prefix_hidden
+
+    model_dir = await asyncio.to_thread(ensure_tool_model, stage="undertrained")
+    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(model_dir))
+    with quiet_weight_loading():
+        policy: Any = await asyncio.to_thread(AutoModelForCausalLM.from_pretrained, str(model_dir), dtype=torch.float32)
+    head = TaskHead.of(model_dir)
+    body = policy.model
+    emb = body.embed_tokens.weight
+    emb.requires_grad_(False)  # keeps every non-task row equal, so TaskHead stays exact
+    trainable = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+    opt = torch.optim.Adam([p for _, p in trainable], lr=config.lr)
+    rows: list[dict[str, float]] = []
+    engine = CpuEngineConfig(model_path=str(model_dir), seed=config.seed)
+    async with RolloutClient(engine=engine) as client:
+        await client.init_weight_sync(backend="gloo")
+        say(f"GRPO on the tool model (under-trained start): {model_dir}")
+        if config.eval_instances:
+            before = await _greedy(client, tokenizer, config.eval_instances)
+            say(f"greedy success on {config.eval_instances} held-back instances before: {before:.0%}")
+        say(
+            f"{'step':>4} {'success':>8} {'reward':>7} {'tool calls':>10} {'lp gap':>8} {'loss':>8}"
+            f" {'rollout':>8} {'train':>6} {'sync':>6}"
+        )
+        for step in range(config.steps):
+            t0 = time.perf_counter()
+            agent = task.make_agent(tokenizer, temperature=1.0, seed=config.seed * 1_000_003 + 7919 * step)
+            instances = task.samples(config.prompts, seed=config.seed * 1000 + step, split="train")
+            groups = await task.run_groups(client, agent, instances, n=config.group)
+            t1 = time.perf_counter()
+            trajs = [t for g in groups for t in g]
+            rewards = [t.reward or 0.0 for t in trajs]
+            calls = sum(1 for t in trajs if any(c.name == "calculator" for u in t.turns for c in u.tool_calls))
+            advantages = []
+            for g in groups:
+                mean = sum(t.reward or 0.0 for t in g) / len(g)
+                advantages += [(t.reward or 0.0) - mean for t in g]
+            loss_value, gap = await asyncio.to_thread(
+                _policy_step, policy, body, emb, head, shared_prefix_hidden, opt, trajs, advantages
+            )
+            t2 = time.perf_counter()
+            sync = await client.update_weights([(n, p.detach()) for n, p in trainable], version=step + 1)
+            row = {
+                "step": float(step),
+                "success": sum(r > 0 for r in rewards) / len(rewards),
+                "reward": sum(rewards) / len(rewards),
+                "tool_call_rate": calls / len(trajs),
+                "logprob_gap": gap,
+                "loss": loss_value,
+                "rollout_s": t1 - t0,
+                "train_s": t2 - t1,
+                "sync_s": float(sync["seconds"]),
+            }
+            rows.append(row)
+            say(
+                f"{step:>4} {row['success']:>8.0%} {row['reward']:>7.3f} {row['tool_call_rate']:>10.0%}"
+                f" {gap:>8.1e} {loss_value:>+8.4f} {row['rollout_s']:>7.1f}s {row['train_s']:>5.1f}s"
+                f" {row['sync_s']:>5.2f}s"
+            )
+        if config.eval_instances:
+            after = await _greedy(client, tokenizer, config.eval_instances)
+            say(f"greedy success on {config.eval_instances} held-back instances after: {after:.0%}")
+    return rows
+
+
+async def _greedy(client: RolloutClient, tokenizer: Any, n: int) -> float:
+    from .tasks import calculator as task
+
+    groups = await task.run_groups(client, task.make_agent(tokenizer), task.samples(n, split="test"))
+    return sum(t.reward or 0.0 for g in groups for t in g) / n
+
+
+def _policy_step(
+    policy: Any,
+    body: Any,
+    emb: Any,
+    head: Any,
+    hidden_of: Any,
+    opt: Any,
+    trajs: list[Any],
+    advantages: list[float],
+) -> tuple[float, float]:
+    """One policy-gradient step on the trajectories (in a worker thread); returns (loss, max logprob gap)."""
+    import torch
+
+    seqs = [t.prompt_ids + t.response_ids for t in trajs]
+    first = seqs[0]
+    p = 0
+    while p < min(len(s) for s in seqs) - 1 and all(s[p] == first[p] for s in seqs):
+        p += 1
+    p = min(p, min(len(t.prompt_ids) for t in trajs)) - 1  # predict from the prompt's last token on
+    width = max(len(s) for s in seqs) - p
+    ids = torch.full((len(seqs), width), head.rest_token, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width)
+    engine_lp = torch.zeros(len(seqs), width)
+    for k, t in enumerate(trajs):
+        s = seqs[k]
+        ids[k, : len(s) - p] = torch.tensor(s[p:])
+        start = len(t.prompt_ids) - p
+        mask[k, start : start + len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float)
+        engine_lp[k, start : start + len(t.logprobs)] = torch.tensor(t.logprobs)
+    hidden = hidden_of(body, torch.tensor(first[:p]), ids)[:, :-1]
+    logp_all = head.log_softmax(hidden, emb)
+    logp = logp_all.gather(-1, head.compact(ids[:, 1:])[..., None]).squeeze(-1)
+    m = mask[:, 1:]
+    adv = torch.tensor(advantages)[:, None]
+    loss = -(adv * logp * m).sum() / m.sum().clamp(min=1.0)
+    gap = float(((logp.detach() - engine_lp[:, 1:]).abs() * m).max())
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return float(loss.item()), gap

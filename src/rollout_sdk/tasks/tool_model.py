@@ -1,0 +1,398 @@
+"""The tool model: a tiny Qwen2 trained locally, on CPU, to solve :mod:`.calculator` through a calculator.
+
+Same architecture family, tokenizer (Qwen2.5's 151,936 tokens) and chat template as the embedded default,
+so it runs on the CPU engine, through ``ToolAgent``, unchanged.  ``ensure_tool_model()`` builds it on first
+use (a progress bar; a couple of minutes on two CPU cores) and caches it under ``$ROLLOUT_SDK_HOME``:
+
+* ``stage="trained"``: supervised on trajectories a scripted expert produced *through ToolAgent itself*
+  (the exact token ids, glue and loss masks the agent makes at run time); greedy, it solves held-back
+  instances (the number is in ``task.json``, and ``tests/test_tool_model.py`` checks it with real calls).
+* ``stage="undertrained"``: the starting point of the RL example: the trained model after a short
+  fine-tune on demonstrations that answer *without* the tool, so it calls the calculator only part of
+  the time (sampled success ~20-40%); GRPO on its own rollouts teaches it to delegate again.
+
+Training is fast because only the task's tokens (about 130 of 151,936) get their own embedding rows:
+every other token shares one row (``rest``).  The softmax over the whole vocabulary is then computed
+exactly from ``|task| + 1`` logits: the shared row's logit counts ``V - |task|`` times
+(:class:`TaskHead`).  The saved model is an ordinary full-vocabulary checkpoint (every non-task row a copy
+of ``rest``), which the engines load like any other.  The constant prompt prefix (system prompt and tool
+schemas, ~180 tokens) is run once per batch and its KV cache shared by every row.  Training uses one
+thread and fixed seeds: the same bytes on any machine with the same torch build.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from ..models._cache import build_once, default_home
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TOOL_MODEL_CONFIG", "TaskHead", "ensure_tool_model", "shared_prefix_hidden"]
+
+#: bump when the recipe changes, so an old cached directory is not reused
+_RECIPE = "v2"
+VOCAB_SIZE = 151936
+
+TOOL_MODEL_CONFIG: dict[str, object] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 192,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "use_sliding_window": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "pad_token_id": 151643,
+    "torch_dtype": "float32",
+}
+_GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
+IM_END = 151645
+
+# the recipe (changing any of these changes the model: bump _RECIPE)
+_SEED = 0
+#: direct-answer demonstrations made for the under-trained stage (it trains on far fewer)
+_DIRECT_INSTANCES = 640
+_STEPS = 1000
+_BATCH = 32
+_LR = 3e-3
+_WARMUP = 100
+_DETUNE_STEPS = 30
+_DETUNE_DIRECT_FRACTION = 0.8
+STAGES = ("trained", "undertrained")
+
+
+def ensure_tool_model(
+    home: str | os.PathLike[str] | None = None, *, stage: str = "trained", progress: bool = True
+) -> Path:
+    """The tool model's directory (``stage`` "trained" or "undertrained"), trained first if not cached.
+
+    Blocking (minutes on first use, with a progress bar on stderr unless ``progress=False``): call it
+    off the event loop.  Concurrent first uses (processes, threads) train once; the others wait.
+    """
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, not {stage!r}")
+    root = Path(home) if home is not None else default_home()
+    dest = root / "models" / f"tool-qwen2-{_RECIPE}"
+    build_once(dest, lambda tmp: _build(tmp, root, progress), marker="trained/task.json")
+    return dest / stage
+
+
+# -- the exact softmax over the task's rows -------------------------------------------------------
+
+
+class TaskHead:
+    """Full-vocabulary log-probabilities from the task's embedding rows and the one shared ``rest`` row.
+
+    Exact for a model whose non-task rows are all equal (the tool model, and any fine-tune of it that
+    leaves the embedding frozen): every non-task token has the same logit, so the log-partition needs
+    only ``|task| + 1`` dot products.  ``compact(ids)`` maps token ids to row indices (non-task -> rest).
+    """
+
+    def __init__(self, task_token_ids: Sequence[int], vocab_size: int = VOCAB_SIZE) -> None:
+        import torch
+
+        ids = sorted(set(task_token_ids))
+        self.ids = torch.tensor(ids, dtype=torch.long)
+        self.size = len(ids) + 1
+        self.rest = len(ids)
+        self.n_rest = vocab_size - len(ids)
+        members = set(ids)
+        self.rest_token = next(t for t in range(vocab_size) if t not in members)
+        self.index = torch.full((vocab_size,), self.rest, dtype=torch.long)
+        self.index[self.ids] = torch.arange(len(ids))
+
+    @classmethod
+    def of(cls, model_dir: str | os.PathLike[str]) -> TaskHead:
+        meta = json.loads(Path(model_dir, "task.json").read_text())
+        return cls(meta["task_token_ids"])
+
+    def compact(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.index[token_ids]
+
+    def log_softmax(self, hidden: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+        """``[..., |task| + 1]`` log-probs (the last column: each single non-task token's) from the final
+        hidden states and the *full* ``[V, H]`` embedding."""
+        return self.log_softmax_rows(hidden, embedding[self.ids], embedding[self.rest_token])
+
+    def log_softmax_rows(self, hidden: torch.Tensor, rows: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        z = hidden @ rows.T
+        z_rest = hidden @ rest
+        log_z = torch.logsumexp(torch.cat([z, (z_rest + math.log(self.n_rest))[..., None]], dim=-1), dim=-1)
+        return torch.cat([z, z_rest[..., None]], dim=-1) - log_z[..., None]
+
+
+def shared_prefix_hidden(body: Any, prefix: torch.Tensor, suffixes: torch.Tensor) -> torch.Tensor:
+    """Final hidden states of ``prefix + suffixes[i]`` for every row, with the prefix run once.
+
+    ``body`` is the transformer without its head (``model.model`` of a ``Qwen2ForCausalLM``), ``prefix``
+    ``[P]`` and ``suffixes`` ``[B, T]`` (right-padded).  Returns ``[B, T, H]``: the states at the suffix
+    positions (position ``P - 1``, the prefix's last, is the first row of nothing: call with the prefix
+    cut one token short if the first suffix token needs predicting).  Gradients flow through both parts.
+    """
+    import inspect
+
+    cache = body(input_ids=prefix[None], use_cache=True).past_key_values
+    cache.batch_repeat_interleave(suffixes.shape[0])
+    # transformers renamed the argument (``past_key_values`` -> ``cache``); pass the one this version takes
+    name = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+    return cast("torch.Tensor", body(input_ids=suffixes, **{name: cache}).last_hidden_state)
+
+
+# -- building ----------------------------------------------------------------------------------------
+
+
+def _build(out: Path, home: Path, progress: bool) -> None:
+    import torch
+
+    from ..models.tiny import ensure_tiny_model
+
+    t0 = time.perf_counter()
+    tiny = ensure_tiny_model(home)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny))
+    from . import calculator as tool_task
+
+    train_instances = tool_task.instances("train")
+    random.Random(_SEED).shuffle(train_instances)
+    train = asyncio.run(_demonstrations(tokenizer, train_instances, direct=False))
+    direct = asyncio.run(_demonstrations(tokenizer, train_instances[:_DIRECT_INSTANCES], direct=True))
+    test = asyncio.run(_demonstrations(tokenizer, tool_task.samples(200, seed=_SEED, split="test"), direct=False))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # deterministic whatever the core count, and fastest for matrices this small
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_SEED)
+            result = _train(train, direct, test, progress)
+    finally:
+        torch.set_num_threads(threads)
+    seconds = time.perf_counter() - t0
+    for stage, state in result["states"].items():
+        d = out / stage
+        d.mkdir()
+        _save(d, state, result["head"])
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copyfile(tiny / f, d / f)
+        meta = {
+            "recipe": _RECIPE,
+            "stage": stage,
+            "task": "rollout_sdk.tasks.calculator",
+            "task_token_ids": result["head"].ids.tolist(),
+            "steps": result["steps"][stage],
+            "heldout_teacher_forced_exact": result["exact"][stage],
+            "build_seconds": round(seconds, 1),
+            "load_average_at_end": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        }
+        (d / "task.json").write_text(json.dumps(meta, indent=2))
+
+
+class _Scripted:
+    """What ToolAgent needs of a RolloutContext, answering with a scripted expert's turns."""
+
+    def __init__(self, tokenizer: Any, turns: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.turns = turns
+        self.session_id = "expert"
+        self.client = self  # the generator behind the context: no servers, no metrics
+
+    def server_info(self) -> list[Any]:
+        return []
+
+    async def generate(self, input_ids: list[int], sampling: Any) -> Any:
+        from ..protocol import GenerateResult
+
+        out = [*self.tokenizer.encode(self.turns.pop(0), add_special_tokens=False), IM_END]
+        return GenerateResult(
+            rid="expert", output_ids=out, finish_reason="stop", prompt_tokens=len(input_ids), logprobs=[0.0] * len(out)
+        )
+
+
+Example = tuple[list[int], list[int]]  # ids, loss mask over ids
+
+
+async def _demonstrations(tokenizer: Any, instances: Sequence[dict[str, Any]], *, direct: bool) -> list[Example]:
+    """One demonstration per instance, made by running ToolAgent on a scripted expert: the right tool
+    call then the answer read off its result, or (``direct``) a guessed answer without the tool."""
+    import dataclasses
+
+    from ..agents import RolloutContext, ToolAgent
+    from . import calculator as tool_task
+
+    config = dataclasses.replace(tool_task.agent_config(), max_context_tokens=4096)
+    agent = ToolAgent(tokenizer, tool_task.make_registry(), config)
+    rng = random.Random(_SEED)
+    out: list[Example] = []
+    for sample in instances:
+        if direct:  # a guess of about the right size, as a model that does not use the tool would write
+            guess = int(sample["answer"] * rng.uniform(0.5, 1.5)) + rng.randint(-9, 9)
+            turns = [f"The answer is {guess}."]
+        else:
+            call = {"name": "calculator", "arguments": {"expression": sample["expression"]}}
+            turns = ["<tool_call>\n" + json.dumps(call) + "\n</tool_call>", f"The answer is {sample['answer']}."]
+        traj = await agent.run(cast(RolloutContext, _Scripted(tokenizer, turns)), sample)
+        out.append((traj.prompt_ids + traj.response_ids, [0] * len(traj.prompt_ids) + traj.loss_mask))
+    return out
+
+
+def _train(train: list[Example], direct: list[Example], test: list[Example], progress: bool) -> dict[str, Any]:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    head = TaskHead(sorted({t for ids, _ in train + direct + test for t in ids}))
+    prefix_len = _common_prefix(train + direct + test) - 1  # keep one prompt token to predict from
+    prefix = head.compact(torch.tensor(train[0][0][:prefix_len]))
+    skip = ("architectures", "model_type", "vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")
+    fields: dict[str, Any] = {k: v for k, v in TOOL_MODEL_CONFIG.items() if k not in skip}
+    model: Any = Qwen2ForCausalLM(Qwen2Config(vocab_size=head.size, **fields))
+    model.train()
+    body = model.model
+    emb = body.embed_tokens.weight
+    with torch.no_grad():
+        emb[head.rest].zero_()  # every non-task token: embedding 0, logit 0 (kept so: see step())
+    zero = torch.zeros(emb.shape[1])
+    rng = random.Random(_SEED)
+
+    def batch(examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(ids) for ids, _ in examples) - prefix_len
+        ids = torch.full((len(examples), width), head.rest, dtype=torch.long)
+        mask = torch.zeros(len(examples), width)
+        for k, (seq, m) in enumerate(examples):
+            ids[k, : len(seq) - prefix_len] = head.compact(torch.tensor(seq[prefix_len:]))
+            mask[k, : len(seq) - prefix_len] = torch.tensor(m[prefix_len:], dtype=torch.float)
+        return ids, mask
+
+    def token_logprobs(ids: torch.Tensor) -> torch.Tensor:
+        hidden = shared_prefix_hidden(body, prefix, ids)[:, :-1]
+        logp = head.log_softmax_rows(hidden, emb[:-1], zero)
+        return logp
+
+    def loss_of(examples: Sequence[Example]) -> Any:
+        ids, mask = batch(examples)
+        logp = token_logprobs(ids).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        m = mask[:, 1:]
+        return -(logp * m).sum() / m.sum()
+
+    def exact() -> dict[str, float]:
+        """On held-back instances, teacher-forced: ``greedy``, the fraction whose every model token is the
+        argmax (greedy decoding then writes exactly the expert's trajectory); ``sampled``, the mean
+        probability that sampling at temperature 1 writes it."""
+        model.eval()
+        with torch.no_grad():
+            ids, mask = batch(test)
+            logp = token_logprobs(ids)
+            m = mask[:, 1:]
+            ok = ((logp.argmax(-1) == ids[:, 1:]) | (m == 0)).all(-1)
+            p = (logp.gather(-1, ids[:, 1:, None]).squeeze(-1) * m).sum(-1).exp()
+        model.train()
+        return {"greedy": round(float(ok.float().mean()), 4), "sampled": round(float(p.mean()), 4)}
+
+    opt = torch.optim.AdamW(model.parameters(), lr=_LR, weight_decay=0.0, betas=(0.9, 0.98))
+
+    def step_on(examples: Sequence[Example]) -> Any:
+        loss = loss_of(examples)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            emb[head.rest].zero_()  # the shared row stays the fixed zero the saved checkpoint spreads out
+        bar.update(1)
+        return loss
+
+    bar = _bar(_STEPS + _DETUNE_STEPS, progress)
+    states: dict[str, dict[str, torch.Tensor]] = {}
+    scores: dict[str, dict[str, float]] = {}
+    for step in range(_STEPS):
+        frac = step / _STEPS
+        decay = 1.0 if frac < 0.6 else 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
+        for g in opt.param_groups:
+            g["lr"] = _LR * min(1.0, (step + 1) / _WARMUP) * decay
+        loss = step_on(rng.sample(train, _BATCH))
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+    scores["trained"] = exact()
+    states["trained"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    # the RL starting point: a short fine-tune on demonstrations that mostly answer without the tool
+    for g in opt.param_groups:
+        g["lr"] = _LR * 0.2
+    for _ in range(_DETUNE_STEPS):
+        k = round(_BATCH * _DETUNE_DIRECT_FRACTION)
+        step_on(rng.sample(direct, k) + rng.sample(train, _BATCH - k))
+    scores["undertrained"] = exact()
+    states["undertrained"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    bar.close()
+    return {
+        "states": states,
+        "head": head,
+        "exact": scores,
+        "steps": {"trained": _STEPS, "undertrained": _STEPS + _DETUNE_STEPS},
+    }
+
+
+def _common_prefix(examples: Sequence[Example]) -> int:
+    first = examples[0][0]
+    n = min(len(ids) for ids, _ in examples)
+    for i in range(n):
+        if any(ids[i] != first[i] for ids, _ in examples):
+            return i
+    return n
+
+
+def _save(out: Path, state: dict[str, torch.Tensor], head: TaskHead) -> None:
+    """The compact model as an ordinary full-vocabulary checkpoint: non-task rows are copies of ``rest``."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if name == "lm_head.weight":
+            continue  # tied
+        if name == "model.embed_tokens.weight":
+            full = t[head.rest].expand(VOCAB_SIZE, t.shape[1]).clone()
+            full[head.ids] = t[: head.rest]
+            t = full
+        tensors[name] = t.contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(TOOL_MODEL_CONFIG, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(_GENERATION_CONFIG, indent=2))
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        return None
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="training the tool model (once)", unit="step", mininterval=1.0)
