@@ -24,6 +24,7 @@ from typing import IO, Any
 import msgspec
 
 from .protocol import GenerateResult
+from .rollouts.segments import result_segments
 from .rollouts.trajectory import Trajectory
 
 __all__ = ["ExportError", "iter_jsonl", "read_jsonl", "trajectory_from_result", "write_jsonl"]
@@ -48,7 +49,7 @@ def trajectory_from_result(
     """One single-turn trajectory from a prompt and its :class:`GenerateResult` (every output token is
     a model token: mask 1, the engine's logprobs)."""
     n = len(result.output_ids)
-    segments = list(result.version_segments) or ([(result.weight_version, n)] if n else [])
+    segments = result_segments(result)
     return Trajectory(
         id=id or result.rid,
         prompt_ids=list(prompt_ids),

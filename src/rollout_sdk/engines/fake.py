@@ -36,6 +36,7 @@ from ..errors import (
     WeightUpdateError,
 )
 from ..protocol import EngineLimits, GenerateRequest, GenerateResult, PauseMode, Timings
+from ..rollouts.segments import append_segments
 from .base import Engine, EngineLoad, NamedTensors
 
 __all__ = ["FakeEngine", "FakeEngineConfig"]
@@ -71,7 +72,7 @@ class _Req:
         self.target = target
         self.out: list[int] = []
         self.logprobs: list[float] = []
-        self.versions: list[list[int]] = []
+        self.versions: list[tuple[int, int]] = []
         self.future = future
         self.t0 = time.perf_counter()
         self.started_at = 0.0
@@ -185,10 +186,7 @@ class FakeEngine(Engine):
         tok = r.target[len(r.out)]
         r.out.append(tok)
         r.logprobs.append(-0.1 * (1 + len(r.out) % 7))
-        if r.versions and r.versions[-1][0] == self._weight_version:
-            r.versions[-1][1] += 1
-        else:
-            r.versions.append([self._weight_version, 1])
+        append_segments(r.versions, ((self._weight_version, 1),))
         stops = set(sp.stop_token_ids)
         if not sp.ignore_eos:
             stops.update(self.config.eos_token_ids)
@@ -216,7 +214,7 @@ class FakeEngine(Engine):
                     weight_version=self._weight_version,
                     logprobs=list(r.logprobs) if r.req.return_logprobs else None,
                     matched_stop=matched,
-                    version_segments=[(v, n) for v, n in r.versions],
+                    version_segments=list(r.versions),
                     timings=Timings(
                         queue_s=(r.started_at or now) - r.t0,
                         ttft_s=(r.started_at or now) - r.t0,

@@ -1,7 +1,8 @@
 """Version segments: which weights made which tokens, as ``(version, n)`` runs in token order.
 
 One helper appends runs, merging a run into the previous one when the version is the same; every
-place that accumulates tokens across results (a continuation's segments, a trajectory's turns) uses it.
+place that accumulates tokens uses it: the engines as they generate (the CPU engine, the fake, SGLang's
+parts), and across results a continuation's segments and a trajectory's turns.
 """
 
 from __future__ import annotations

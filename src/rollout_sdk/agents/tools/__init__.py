@@ -1,5 +1,7 @@
-"""Tools for multi-turn agent rollouts (see :mod:`.registry`)."""
+"""Tools for multi-turn agent rollouts: a tool's definition (:mod:`.definition`: ``Tool``, ``@tool``)
+and the registry that runs the calls (:mod:`.registry`: ``ToolRegistry``, ``ToolResult``)."""
 
-from .registry import TOOL_ERROR_KINDS, Tool, ToolArgumentError, ToolRegistry, ToolResult, tool
+from .definition import Tool, ToolArgumentError, tool
+from .registry import TOOL_ERROR_KINDS, ToolRegistry, ToolResult
 
 __all__ = ["TOOL_ERROR_KINDS", "Tool", "ToolArgumentError", "ToolRegistry", "ToolResult", "tool"]

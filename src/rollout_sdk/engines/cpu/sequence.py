@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 
 from ...protocol import FinishReason, GenerateRequest, GenerateResult, SamplingParams, Timings
+from ...rollouts.segments import append_segments
 
 __all__ = ["Sequence"]
 
@@ -48,7 +49,7 @@ class Sequence:
         self.prompt = req.input_ids
         self.out: list[int] = []
         self.logprobs: list[float] = []
-        self.segments: list[list[int]] = []  # [weight_version, num_tokens] runs over ``out``
+        self.segments: list[tuple[int, int]] = []  # (weight_version, num_tokens) runs over ``out``
         self.rng = rng  # drawn from by the worker only
         stops = set(sp.stop_token_ids)
         if not sp.ignore_eos:
@@ -105,10 +106,7 @@ class Sequence:
             self.t_first = now
         self.out.append(token)
         self.logprobs.append(logprob)
-        if self.segments and self.segments[-1][0] == version:
-            self.segments[-1][1] += 1
-        else:
-            self.segments.append([version, 1])
+        append_segments(self.segments, ((version, 1),))
         sp = self.req.sampling
         n = len(self.out)
         if token in self.stop_ids and n >= sp.min_new_tokens:
@@ -128,7 +126,7 @@ class Sequence:
             weight_version=weight_version,
             logprobs=list(self.logprobs) if self.req.return_logprobs else None,
             matched_stop=matched,
-            version_segments=[(v, n) for v, n in self.segments],
+            version_segments=list(self.segments),
             timings=Timings(queue_s=first - self.t0, ttft_s=first - self.t0, total_s=now - self.t0),
         )
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from ...errors import InvalidRequestError, RequestFailedError
 from ...protocol import PENALTY_RANGE, GenerateRequest, GenerateResult, RoutedExperts, SamplingParams, Timings
+from ...rollouts.segments import append_segments
 from ..base import EngineLoad
 from .config import SglangEngineConfig
 
@@ -77,11 +78,7 @@ class Parts:
         if self.logprobs is not None:
             lps = [float(lp) if lp is not None else 0.0 for lp, *_ in meta.get("output_token_logprobs") or []]
             self.logprobs += lps[: len(ids)]
-        if ids:
-            if self.segments and self.segments[-1][0] == version:
-                self.segments[-1] = (version, self.segments[-1][1] + len(ids))
-            else:
-                self.segments.append((version, len(ids)))
+        append_segments(self.segments, ((version, len(ids)),))  # no run for a part without tokens
         if self.queue_s is None:
             self.queue_s = float(meta.get("queue_time") or 0.0)
         self.e2e_s = float(meta.get("e2e_latency") or 0.0)

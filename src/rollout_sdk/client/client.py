@@ -14,34 +14,34 @@ pytest-asyncio fixtures) and under plain ``asyncio.run``.
 
 Closing aborts this client's requests on every server, fails what still waits with ClientStateError,
 cancels the supervisor and every stream, closes the sockets and stops embedded servers.
+
+The members themselves (the sockets, servers joining and leaving while the client runs, which of them are
+admitted) are the :class:`~rollout_sdk.client.fleet.Fleet`'s, in ``fleet.py``; what the client is told and
+reports are in ``config.py`` and ``stats.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
-import enum
 import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
-from . import _transport
-from ._aio import await_unless, cancel_and_wait, ended_with
-from ._connection import ServerConnection
-from .admission import AdmissionConfig
-from .auth import Credentials
-from .discovery import Discovery, EmbeddedServers, StaticServers
-from .engines.cpu import CpuEngineConfig
-from .errors import ClientStateError, ConfigError, NoServersError, RemoteError, RequestTimeoutError
-from .policies import Policy
-from .protocol import (
+from .._aio import await_unless, cancel_and_wait, ended_with
+from .._connection import ServerConnection
+from ..admission import AdmissionConfig
+from ..auth import Credentials
+from ..discovery import Discovery, EmbeddedServers, StaticServers
+from ..engines.cpu import CpuEngineConfig
+from ..errors import ClientStateError, ConfigError, NoServersError, RemoteError, RequestTimeoutError
+from ..policies import Policy
+from ..protocol import (
     FlushCache,
     GenerateRequest,
     GenerateResult,
@@ -54,133 +54,25 @@ from .protocol import (
     SetWeightVersion,
     encode,
 )
-from .rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, as_request
-from .rollouts.group import Agent, RewardFn
-from .rollouts.results import ResultStream
-from .rollouts.stream import GroupFilter, RolloutMode, RolloutStream
-from .scheduler import Scheduler, SchedulerConfig
-from .weights.sync import WeightSync, broadcast_control, update_weights_ipc
+from ..rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, as_request
+from ..rollouts.group import Agent, RewardFn
+from ..rollouts.results import ResultStream
+from ..rollouts.stream import GroupFilter, RolloutMode, RolloutStream
+from ..scheduler import Scheduler
+from ..weights.sync import WeightSync, broadcast_control, update_weights_ipc
+from .config import ClientConfig, ClientState
+from .fleet import Fleet
+from .stats import ClientStats, ServerStatus, percentile, server_status
 
 if TYPE_CHECKING:
-    from .metrics import ClientMetrics
+    from ..metrics import ClientMetrics
 
-__all__ = ["USE_CLIENT_DEFAULT", "ClientConfig", "ClientState", "ClientStats", "RolloutClient", "ServerStatus"]
+__all__ = ["PauseMode", "RolloutClient", "WeightMethod"]
 
 log = logging.getLogger("rollout_sdk.client")
 T = TypeVar("T")
 PauseMode = Literal["abort", "hold", "retract", "in_place"]
 WeightMethod = Literal["distributed", "ipc"]
-
-
-class ClientState(enum.Enum):
-    """Where a :class:`RolloutClient` is in its lifecycle (``client.state``); see the module docstring."""
-
-    #: created; open() (or ``async with``) has not been called
-    UNOPENED = "unopened"
-    #: open() is finding and connecting to the servers
-    OPENING = "opening"
-    #: connected: requests and streams can run
-    OPEN = "open"
-    #: aclose() is aborting requests and closing sockets
-    CLOSING = "closing"
-    #: closed for good: a client never reopens
-    CLOSED = "closed"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClientConfig:
-    """Everything a :class:`RolloutClient` can be told.  The client takes each field (and each of
-    :class:`SchedulerConfig`'s: policy, max_in_flight_per_server, ...) as a keyword argument."""
-
-    #: routing, back-pressure and affinity: the scheduler's own config, held as is
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    #: default per-call timeout in seconds (None: no timeout)
-    timeout_s: float | None = None
-    #: times a request is retried on another server when its server dies
-    retries: int = 1
-    heartbeat_interval_s: float = 1.0
-    #: a server that answers no heartbeat for this long is marked dead
-    heartbeat_timeout_s: float = 10.0
-    #: how long open() waits for servers to be found and to answer
-    connect_timeout_s: float = 120.0
-    #: embedded default only: how many in-process CPU servers to start
-    num_embedded_servers: int = 1
-
-    def __post_init__(self) -> None:
-        if self.retries < 0:
-            raise ConfigError("retries", self.retries, "must be >= 0")
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise ConfigError("timeout_s", self.timeout_s, "must be > 0 or None")
-        if self.heartbeat_interval_s <= 0:
-            raise ConfigError("heartbeat_interval_s", self.heartbeat_interval_s, "must be > 0")
-        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
-            raise ConfigError(
-                "heartbeat_timeout_s", self.heartbeat_timeout_s, "must be larger than heartbeat_interval_s"
-            )
-        if self.connect_timeout_s <= 0:
-            raise ConfigError("connect_timeout_s", self.connect_timeout_s, "must be > 0")
-
-    def scheduler_config(self) -> SchedulerConfig:
-        return self.scheduler
-
-    @property
-    def max_in_flight_per_server(self) -> int | None:
-        return self.scheduler.max_in_flight_per_server
-
-
-class ServerStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """One server as this client sees it."""
-
-    address: str
-    server_id: str
-    #: the server process (a restarted server at the same address is a new member with a new one)
-    incarnation: str
-    alive: bool
-    dead_reason: str
-    #: routed to (it serves the fleet's weight version); ``admission`` says why not
-    admitted: bool
-    admission: str
-    #: ``remove_server`` was called: it takes no new work
-    removing: bool
-    in_flight: int
-    engine_running: int
-    engine_queued: int
-    sent: int
-    completed: int
-    aborted: int
-    errors: int
-    failed_over: int
-    weight_version: int
-    latency_p50_s: float | None
-    #: capacity and KV use as the engine reports them (ServerStats documents each); None: unknown / no limit
-    engine_max_running: int | None = None
-    engine_kv_capacity_tokens: int | None = None
-    engine_kv_used_tokens: int | None = None
-    engine_kv_usage: float | None = None
-    #: seconds since these engine numbers arrived (the last Pong); None before the first
-    stats_age_s: float | None = None
-
-
-class ClientStats(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot of the client: per-server status, totals, latency percentiles (seconds)."""
-
-    servers: list[ServerStatus]
-    in_flight: int
-    waiting: int
-    completed: int
-    aborted: int
-    errors: int
-    retried: int
-    latency_p50_s: float | None
-    latency_p90_s: float | None
-    latency_p99_s: float | None
-    #: sessions that moved to another server (theirs left, filled up or waits for weights), and the prompt
-    #: tokens of the requests that moved, whose cached prefix stayed behind
-    sessions_moved: int = 0
-    prefix_tokens_lost: int = 0
-    #: members that left for good (removed, or replaced by a restarted process), newest last, with the
-    #: counters of the work they did
-    retired: list[ServerStatus] = []
 
 
 class RolloutClient:
@@ -258,10 +150,8 @@ class RolloutClient:
             raise ConfigError("engine", engine, "only configures the embedded default (no servers/discovery)")
         self._discovery = discovery
         self._credentials = credentials
-        self._creds: Credentials | None = None  # resolved on open
         self._state = ClientState.UNOPENED
         self._scheduler = Scheduler(self.config.scheduler)
-        self._ctx: Any = None
         self._supervisor: asyncio.Task[None] | None = None
         self._owned: set[asyncio.Task[Any]] = set()
         self._broken: BaseException | None = None
@@ -272,16 +162,16 @@ class RolloutClient:
         self._weight_sync_generation = 0
         #: the last weight version pushed through this client
         self.weight_version = 0
-        # membership (docs/design.md, "Fleet membership")
-        self._member_seq = itertools.count()
-        self._tg: asyncio.TaskGroup | None = None
-        self._conn_tasks: dict[ServerConnection, asyncio.Task[None]] = {}
-        #: every channel this client opened and has not closed: a join cut short by close (or a retire
-        #: interrupted by cancellation) must not leave a socket open, or the context's term() never returns
-        self._channels: list[_transport.DealerChannel] = []
-        self._retired: collections.deque[ServerConnection] = collections.deque(maxlen=256)
-        self._joining: dict[str, asyncio.Task[ServerConnection]] = {}
-        from .metrics import ClientMetrics  # prometheus-client loads with the first client, not on import
+        #: the members: joining, admission, leaving; the sockets (docs/design.md, "Fleet membership")
+        self._fleet = Fleet(
+            self._scheduler,
+            self.config,
+            own=lambda coro, name: self._own(coro, name=name),
+            check_open=self._check_open,
+            is_open=lambda: self._state is ClientState.OPEN,
+            pushed_version=lambda: self.weight_version,
+        )
+        from ..metrics import ClientMetrics  # prometheus-client loads with the first client, not on import
 
         #: Prometheus metrics (its own registry: ``client.metrics.registry``; see docs/observability.md)
         self.metrics: ClientMetrics = ClientMetrics(lambda: (self.stats(), self.weight_version))
@@ -313,10 +203,7 @@ class RolloutClient:
         cfg = self.config
         addresses = await self._discovery.open(cfg.connect_timeout_s)
         creds = _resolve_credentials(self._credentials, self._discovery)
-        self._ctx = _transport.new_context()
-        self._creds = creds
-        for addr in addresses:
-            self._scheduler.add(self._new_connection(addr))
+        self._fleet.open(addresses, creds)
         ready = asyncio.Event()
         sup = self._supervisor = asyncio.get_running_loop().create_task(self._supervise(ready), name="rollout-client")
         stopped = ClientStateError("the client's supervisor stopped before it was ready")
@@ -325,37 +212,13 @@ class RolloutClient:
         # the servers found at open define the fleet's weights; later members must match them
         self.weight_version = max([self.weight_version, *(c.reported_version for c in self._scheduler.servers)])
 
-    def _new_connection(self, address: str) -> ServerConnection:
-        cfg = self.config
-        channel = _transport.DealerChannel(self._ctx, address, self._creds)
-        self._channels = [c for c in self._channels if not c.closed] + [channel]
-        conn = ServerConnection(
-            next(self._member_seq),
-            address,
-            channel,
-            on_change=self._on_server_change,
-            heartbeat_interval_s=cfg.heartbeat_interval_s,
-            heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-            on_replaced=self._on_replaced,
-            admission=self._scheduler.config.admission_config(),
-        )
-        if self._tg is not None:
-            self._start_connection(conn)
-        return conn
-
-    def _start_connection(self, conn: ServerConnection) -> None:
-        assert self._tg is not None
-        self._conn_tasks[conn] = self._tg.create_task(conn.run(), name=f"server-{conn.index}")
-
     async def _supervise(self, ready: asyncio.Event) -> None:
         try:
             async with asyncio.TaskGroup() as tg:
-                self._tg = tg
-                for conn in self._scheduler.servers:
-                    self._start_connection(conn)
+                self._fleet.start(tg)  # every member's loops, and those of members that join later
                 watch = getattr(self._discovery, "watch", None)
                 if watch is not None:
-                    tg.create_task(self._follow_discovery(watch), name="rollout-client-discovery")
+                    tg.create_task(self._fleet.follow(watch), name="rollout-client-discovery")
                 tg.create_task(asyncio.Event().wait(), name="rollout-client-keepalive")  # servers may all leave
                 ready.set()
         except asyncio.CancelledError:
@@ -367,7 +230,7 @@ class RolloutClient:
                 conn.mark_dead(f"client failed: {exc!r}")
             raise
         finally:
-            self._tg = None
+            self._fleet.stop()
 
     async def aclose(self) -> None:
         """Abort this client's requests, stop its tasks, close its sockets.  Idempotent."""
@@ -415,12 +278,7 @@ class RolloutClient:
             cancelled = exc
         except Exception:
             pass  # the supervisor's failure was logged (and recorded in _broken) when it happened
-        for channel in self._channels:  # members, and any a cut-short join or retire left open
-            await channel.close()
-        self._channels = []
-        if self._ctx is not None:
-            ctx, self._ctx = self._ctx, None
-            await asyncio.to_thread(ctx.term)  # bounded by the sockets' linger
+        await self._fleet.close()  # every channel it opened, then the ZMQ context
         await self._discovery.close()
         if cancelled is not None:
             raise cancelled
@@ -605,7 +463,7 @@ class RolloutClient:
         for conn in self._scheduler.servers:
             conn.abort_all()
 
-    # -- membership --------------------------------------------------------------------------------
+    # -- membership (client/fleet.py) -----------------------------------------------------------
 
     async def add_server(self, address: str, *, timeout: float | None = None) -> ServerStatus:
         """Add the server at ``address`` while the client runs; returns its status once it has answered.
@@ -616,39 +474,7 @@ class RolloutClient:
         reports the fleet's version by any other path.  ``timeout``: how long to wait for it to answer
         (default ``connect_timeout_s``).  Adding an address already in the fleet returns its status.
         """
-        self._check_open()
-        StaticServers([address])  # validates the address
-        for conn in self._scheduler.servers:
-            if conn.address == address and not conn.replaced:
-                return self._status(conn)
-        task = self._joining.get(address)
-        if task is None:
-            task = self._own(self._join(address, timeout), name=f"join {address}")
-            self._joining[address] = task
-            task.add_done_callback(lambda _t: self._joining.pop(address, None))
-        return self._status(await asyncio.shield(task))
-
-    async def _join(self, address: str, timeout: float | None) -> ServerConnection:
-        conn = self._new_connection(address)
-        try:
-            await conn.handshake(self.config.connect_timeout_s if timeout is None else timeout)
-        except BaseException:
-            await self._retire(conn, "did not answer when added")
-            raise
-        # a restarted server takes its slot: the dead member of that name leaves the fleet for good
-        for old in list(self._scheduler.servers):
-            if not old.alive and old.server_id == conn.server_id:
-                await self._retire(old, f"replaced by {conn.address} ({conn.incarnation})")
-        self._admit(conn)
-        self._scheduler.add(conn)
-        log.info(
-            "server %s (%s, %s) joined: %s",
-            conn.server_id,
-            address,
-            conn.incarnation,
-            "admitted" if conn.admitted else conn.admission,
-        )
-        return conn
+        return server_status(await self._fleet.add(address, timeout))
 
     async def remove_server(self, address: str, *, drain: bool = True, timeout: float | None = None) -> None:
         """Take the server at ``address`` out of the fleet.
@@ -659,91 +485,12 @@ class RolloutClient:
         within the call's ``retries``).  Sessions that lived there move at their next request, once, and
         the move is counted in :meth:`stats` (``sessions_moved``, ``prefix_tokens_lost``).
         """
-        self._check_open()
-        conns = [c for c in self._scheduler.servers if c.address == address]
-        if not conns:
-            raise ConfigError("address", address, "is not a server of this client")
-        for conn in conns:
-            conn.removing = True
-            if drain and conn.alive:
-                try:
-                    async with asyncio.timeout(timeout):
-                        await conn.wait_idle()
-                except TimeoutError:
-                    log.info(
-                        "server %s: %d request(s) still running after %ss; moving them",
-                        conn.server_id,
-                        conn.in_flight,
-                        timeout,
-                    )
-            await self._retire(conn, "removed from the fleet")
-
-    async def _retire(self, conn: ServerConnection, reason: str) -> None:
-        """Leave the fleet for good: what waits on it fails over, its loops stop, its socket closes."""
-        conn.removing = True
-        conn.abort_all()  # nothing keeps running there for this client
-        conn.mark_dead(reason)
-        conn.dead_reason = reason
-        self._scheduler.remove(conn)
-        task = self._conn_tasks.pop(conn, None)
-        if task is not None:
-            await cancel_and_wait(task)
-        await conn.channel.close()
-        self._retired.append(conn)
-
-    def _on_replaced(self, conn: ServerConnection) -> None:
-        """A new process answers at a member's address: retire the member, admit the newcomer."""
-        if self._state is ClientState.OPEN:
-            self._own(self._replace(conn), name=f"replace {conn.address}")
-
-    async def _replace(self, conn: ServerConnection) -> None:
-        await self._retire(conn, conn.dead_reason)
-        try:
-            await self.add_server(conn.address)
-        except Exception as exc:
-            log.warning("the new server at %s did not join: %s", conn.address, exc)
-
-    async def _follow_discovery(self, watch: Callable[[], AsyncIterator[str]]) -> None:
-        """Servers that register after open (a restarted rank, a new node) join without anyone asking."""
-        async for address in watch():
-            known = any(c.address == address and c.alive for c in self._scheduler.servers)
-            if self._state is not ClientState.OPEN or known:
-                continue  # a same-address restart is caught by its new incarnation (_on_replaced)
-            self._own(self._join_quietly(address), name=f"join {address}")
-
-    async def _join_quietly(self, address: str) -> None:
-        try:
-            await self.add_server(address)
-        except Exception as exc:
-            log.warning("server %s registered but did not join: %s", address, exc)
+        await self._fleet.remove(address, drain=drain, timeout=timeout)
 
     def fleet_weight_version(self) -> int:
         """The weight version a server must serve to be routed to: the newest this client pushed or saw
         its admitted servers serve (another client may push weights)."""
-        seen = [c.reported_version for c in self._scheduler.servers if c.alive and c.admitted]
-        return max([self.weight_version, *seen])
-
-    def _admit(self, conn: ServerConnection) -> None:
-        want = self.fleet_weight_version()
-        if conn.reported_version == want:
-            conn.admitted, conn.admission = True, ""
-        else:
-            conn.admitted = False
-            conn.admission = (
-                f"serves weight version {conn.reported_version}, the fleet is at {want}: "
-                "waits for the next update_weights()"
-            )
-
-    def _on_server_change(self, conn: ServerConnection) -> None:
-        if conn.alive and not conn.admitted and conn in self._scheduler.servers:
-            self._admit(conn)
-        self._scheduler.on_server_change(conn)
-
-    def _admit_all(self) -> None:
-        for conn in self._scheduler.servers:
-            if conn.alive and not conn.admitted:
-                self._admit(conn)
-                self._scheduler.on_server_change(conn)
+        return self._fleet.weight_version()
 
     # -- control: trainer embedding ----------------------------------------------------------------
 
@@ -909,7 +656,7 @@ class RolloutClient:
                 await self.resume()
             self.metrics.observe_weight_update(method, time.perf_counter() - t0, ok=ok)
         self.weight_version = version
-        self._admit_all()  # servers that were waiting for these weights now have them
+        self._fleet.admit_all()  # servers that were waiting for these weights now have them
         return stats
 
     # -- introspection -----------------------------------------------------------------------------
@@ -935,59 +682,25 @@ class RolloutClient:
         s = self._scheduler
         lat = sorted(s.latencies)
         return ClientStats(
-            servers=[self._status(c) for c in s.servers],
+            servers=[server_status(c) for c in s.servers],
             in_flight=sum(c.in_flight for c in s.servers),
             waiting=s.num_waiting,
             completed=sum(c.completed for c in s.servers),
             aborted=sum(c.aborted for c in s.servers),
             errors=sum(c.errors for c in s.servers),
             retried=s.retried,
-            latency_p50_s=_pct(lat, 0.5),
-            latency_p90_s=_pct(lat, 0.9),
-            latency_p99_s=_pct(lat, 0.99),
+            latency_p50_s=percentile(lat, 0.5),
+            latency_p90_s=percentile(lat, 0.9),
+            latency_p99_s=percentile(lat, 0.99),
             sessions_moved=s.sessions_moved,
             prefix_tokens_lost=s.prefix_tokens_lost,
-            retired=[self._status(c) for c in self._retired],
-        )
-
-    def _status(self, c: ServerConnection) -> ServerStatus:
-        return ServerStatus(
-            address=c.address,
-            server_id=c.server_id,
-            incarnation=c.incarnation,
-            alive=c.alive,
-            dead_reason=c.dead_reason,
-            admitted=c.admitted,
-            admission=c.admission,
-            removing=c.removing,
-            in_flight=c.in_flight,
-            engine_running=c.stats.running if c.stats else 0,
-            engine_queued=c.stats.queued if c.stats else 0,
-            engine_max_running=c.stats.max_running_requests if c.stats else None,
-            engine_kv_capacity_tokens=c.stats.kv_capacity_tokens if c.stats else None,
-            engine_kv_used_tokens=c.stats.kv_used_tokens if c.stats else None,
-            engine_kv_usage=c.stats.kv_usage if c.stats else None,
-            stats_age_s=c.stats_age_s,
-            sent=c.sent,
-            completed=c.completed,
-            aborted=c.aborted,
-            errors=c.errors,
-            failed_over=c.failed_over,
-            weight_version=c.reported_version,
-            latency_p50_s=_pct(sorted(c.latencies), 0.5),
+            retired=[server_status(c) for c in self._fleet.retired],
         )
 
 
 def _given(**values: Any) -> dict[str, Any]:
     """The keyword arguments the caller actually gave (not USE_CLIENT_DEFAULT)."""
     return {k: v for k, v in values.items() if not isinstance(v, UseClientDefault)}
-
-
-def _pct(sorted_values: Sequence[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    i = min(len(sorted_values) - 1, int(q * len(sorted_values)))
-    return sorted_values[i]
 
 
 def _resolve_credentials(explicit: Credentials | None, discovery: Discovery) -> Credentials | None:
@@ -1003,7 +716,7 @@ def _resolve_credentials(explicit: Credentials | None, discovery: Discovery) -> 
 
 def _default_discovery(engine: CpuEngineConfig | None, num: int) -> Discovery:
     """The embedded default, unless this process runs under ``rollout_sdk.launch`` (torchrun)."""
-    from .launch_env import discovery_from_env
+    from ..launch_env import discovery_from_env
 
     found = discovery_from_env()
     if found is not None:

@@ -20,22 +20,25 @@ Concurrency (all on one event loop; the engine's model work runs in its own thre
       │
       ├── control task x M . waits on: the engine hook (pause, weights, memory, ...)
       │
-      └── engine watchdog .. waits on: engine.wait_dead()
-                              then: marks the server failed; in-flight requests already fail with
-                              EngineDeadError from the engine; new ones get it at once
-
-      ├── decode worker .... a spawned process (made on first use) that decodes GenerateRequests larger
-      │                       than ``offload_decode_bytes``; at most ``max_offloaded_decodes`` wait for it
-      │                       (beyond that the recv loop waits: back-pressure into ZMQ and TCP)
+      ├── engine watchdog .. waits on: engine.wait_dead()
+      │                       then: marks the server failed; in-flight requests already fail with
+      │                       EngineDeadError from the engine; new ones get it at once
       │
-      └── client sweeper ... waits on: a timer; aborts the requests of a client silent (no message, not
-                              even a heartbeat Ping) for ``client_timeout_s``
+      ├── decode worker .... (frames.py) a spawned process (made on first use) that decodes GenerateRequests
+      │                       larger than ``offload_decode_bytes``; at most ``max_offloaded_decodes`` wait for
+      │                       it (beyond that the recv loop waits: back-pressure into ZMQ and TCP)
+      │
+      └── client sweeper ... (peers.py) waits on: a timer; aborts the requests of a client silent (no
+                              message, not even a heartbeat Ping) for ``client_timeout_s``
 
     Bounds (docs/reliability.md): a frame larger than the bigger size limit never reaches Python
-    (ZMQ MAXMSGSIZE); one larger than its kind's limit is refused before decoding; the recv loop yields to
-    the event loop every ``_HANDLE_BUDGET_S`` of handling; at most ``max_requests`` requests are accepted,
-    and a client beyond its fair share (``max_requests`` / clients heard from recently) is answered
-    ``busy`` (ServerBusyError) without running anything.
+    (ZMQ MAXMSGSIZE); one larger than its kind's limit is refused before decoding (frames.py); the recv loop
+    yields to the event loop every ``_HANDLE_BUDGET_S`` of handling; at most ``max_requests`` requests are
+    accepted, and a client beyond its fair share (``max_requests`` / clients heard from recently) is
+    answered ``busy`` (ServerBusyError) without running anything (peers.py).
+
+This module is the serving state machine; ``ServerConfig`` is in config.py, the per-client bookkeeping
+(fair share, orphans) in peers.py, size limits and off-loop decoding in frames.py.
 
 Authentication (``ServerConfig.auth``): the socket admits only CURVE peers with the job's keys (ZAP, in
 ``_transport``); each message carries its credential's role, and :func:`authorize` refuses a control
@@ -50,32 +53,24 @@ cancelled (they answer ``shutting_down``), and only then the socket closes.
 
 from __future__ import annotations
 
-import array
 import asyncio
-import concurrent.futures
 import logging
-import multiprocessing
 import os
-import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from . import _transport
-from ._aio import await_unless, ended_with
-from .auth import HOW_TO_ENABLE, ServerAuth, is_loopback
-from .engines.base import Engine
-from .errors import (
-    ConfigError,
+from .. import _transport
+from .._aio import await_unless, ended_with
+from ..engines.base import Engine
+from ..errors import (
     DuplicateRequestError,
     EngineBusyError,
     EngineDeadError,
     InvalidRequestError,
-    MessageTooLargeError,
     PermissionDeniedError,
     ProtocolError,
     RemoteError,
@@ -86,14 +81,10 @@ from .errors import (
     ServerShuttingDownError,
     UnsupportedOperationError,
 )
-from .protocol import (
-    DEFAULT_MAX_CONTROL_BYTES,
-    DEFAULT_MAX_GENERATE_BYTES,
-    MAX_TIMEOUT_S,
+from ..protocol import (
     Abort,
     ControlReply,
     DestroyWeightGroup,
-    EngineLimits,
     FlushCache,
     GenerateRequest,
     GenerateResult,
@@ -116,9 +107,12 @@ from .protocol import (
     error_reply,
     is_generate_frame,
 )
+from .config import ServerConfig
+from .frames import DecodeWorker, free_ids_in_chunks, ids_from_uint32, oversize
+from .peers import Peers
 
 if TYPE_CHECKING:
-    from .metrics import ServerMetrics
+    from ..metrics import ServerMetrics
 
 __all__ = ["EngineServer", "ServerConfig", "authorize"]
 
@@ -126,62 +120,6 @@ log = logging.getLogger("rollout_sdk.server")
 
 #: the recv loop hands the event loop back after this much handling in one go (seconds)
 _HANDLE_BUDGET_S = 0.001
-#: token ids are turned into Python ints this many at a time, yielding in between
-_IDS_CHUNK = 16384
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerConfig:
-    """How a server binds and identifies itself."""
-
-    #: interface to bind ("0.0.0.0" for every interface)
-    host: str = "127.0.0.1"
-    #: 0 picks a free port (the only sensible choice unless a firewall demands otherwise)
-    port: int = 0
-    #: the host clients should use; defaults to ``host`` (or this machine's IP when binding 0.0.0.0)
-    advertise_host: str | None = None
-    #: stable name in stats and results; defaults to a random id
-    server_id: str | None = None
-    #: seconds in-flight requests get to finish on stop() before they are aborted
-    drain_timeout_s: float = 5.0
-    #: stop() returns within this many seconds, whatever is pending (drain included)
-    shutdown_timeout_s: float = 10.0
-    #: bound on every control call (a ReleaseMemory that waits for idle, an engine hook that hangs)
-    control_timeout_s: float = 900.0
-    dp_rank: int = 0
-    tp_size: int = 1
-    #: largest encoded GenerateRequest accepted (bytes); larger frames are refused before decoding
-    max_generate_bytes: int = DEFAULT_MAX_GENERATE_BYTES
-    #: largest encoded control message, Ping or Abort accepted (bytes)
-    max_control_bytes: int = DEFAULT_MAX_CONTROL_BYTES
-    #: GenerateRequests larger than this are decoded in a worker process, off the event loop
-    offload_decode_bytes: int = 256 << 10
-    #: offloaded decodes waiting at once; beyond that the recv loop waits for one to finish
-    max_offloaded_decodes: int = 8
-    #: requests accepted at once (running or queued in the engine); more are answered ``busy``
-    max_requests: int = 4096
-    #: a client silent this long (no message, not even a Ping) is gone: its requests are aborted
-    client_timeout_s: float = 30.0
-
-    #: CURVE keys and roles (``ServerAuth.from_env()``, ``JobSecret.server_auth()``); None: no
-    #: authentication, which only a loopback bind allows
-    auth: ServerAuth | None = None
-
-    def __post_init__(self) -> None:
-        if self.auth is None and not is_loopback(self.host):
-            raise ConfigError("host", self.host, f"binding beyond loopback needs authentication: {HOW_TO_ENABLE}")
-        for name in ("drain_timeout_s", "shutdown_timeout_s", "control_timeout_s", "client_timeout_s"):
-            value = getattr(self, name)
-            if not 0.0 < value <= MAX_TIMEOUT_S:
-                raise ConfigError(name, value, f"must be in (0, {MAX_TIMEOUT_S:.0f}] seconds")
-        if self.drain_timeout_s >= self.shutdown_timeout_s:
-            raise ConfigError("drain_timeout_s", self.drain_timeout_s, "must be < shutdown_timeout_s")
-        for name in ("max_generate_bytes", "max_control_bytes", "max_requests", "max_offloaded_decodes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, getattr(self, name), "must be >= 1")
-        if self.offload_decode_bytes < 0:
-            raise ConfigError("offload_decode_bytes", self.offload_decode_bytes, "must be >= 0")
-
 
 
 #: what a generate-only credential may send; everything else needs the control role
@@ -245,13 +183,16 @@ class EngineServer:
         self._started_at = time.monotonic()
         self._failure: BaseException | None = None
         # faults and bounds (docs/reliability.md)
-        self._per_client: dict[bytes, int] = {}  # ident -> requests accepted and not yet answered
-        self._last_seen: dict[bytes, float] = {}  # ident -> loop time of its last message
+        self._peers = Peers(
+            self.server_id,
+            max_requests=self.config.max_requests,
+            client_timeout_s=self.config.client_timeout_s,
+            abort_client=lambda ident: self._abort(ident, ""),
+        )
         self._now = 0.0  # loop time of the batch being handled
         self._busy = 0  # requests answered busy
         self._controls: set[asyncio.Task[None]] = set()
-        self._decoder: concurrent.futures.ProcessPoolExecutor | None = None
-        self._offload_slots = asyncio.Semaphore(self.config.max_offloaded_decodes)
+        self._decoder = DecodeWorker(self.config.max_offloaded_decodes)
         self._stop_deadline: float | None = None
 
     # -- running -----------------------------------------------------------------------------------
@@ -287,7 +228,9 @@ class EngineServer:
                     self._tg = tg
                     recv = tg.create_task(self._recv_loop(), name=f"{self.server_id}-recv")
                     watch = tg.create_task(self._watch_engine(), name=f"{self.server_id}-watchdog")
-                    sweep = tg.create_task(self._sweep_clients(), name=f"{self.server_id}-sweeper")
+                    sweep = tg.create_task(
+                        self._peers.sweep(self._endpoint, self.stats), name=f"{self.server_id}-sweeper"
+                    )
                     if on_ready is not None:
                         on_ready(self.address)
                     await self._stop.wait()
@@ -299,9 +242,7 @@ class EngineServer:
                 self._tg = None
                 if self.metrics is not None:
                     self.metrics.detach(self.server_id)
-                if self._decoder is not None:
-                    self._decoder.shutdown(wait=False, cancel_futures=True)
-                    self._decoder = None
+                self._decoder.close()
                 if self._endpoint is not None:
                     await self._endpoint.close()
                 try:
@@ -439,7 +380,7 @@ class EngineServer:
                             self._errors += 1
                             self._reply(ident, error_reply(PermissionDeniedError(f"role {role!r} may not generate")))
                         elif not self._refuse_size(ident, payload):
-                            await self._offload_slots.acquire()  # back-pressure: bounded decodes waiting
+                            await self._decoder.reserve()  # back-pressure: bounded decodes waiting
                             self._start_offloaded(ident, payload)
                     else:
                         self._handle(ident, payload, role)
@@ -462,27 +403,19 @@ class EngineServer:
         if not self._endpoint.send(ident, encode(msg)):
             log.debug("server %s: peer gone, reply dropped", self.server_id)
             if self._endpoint.last_failure == "gone":
-                self._forget_client(ident, "it disconnected (a reply could not be delivered)")
+                self._peers.forget(ident, "it disconnected (a reply could not be delivered)")
 
     def _refuse_size(self, ident: bytes, payload: bytes) -> bool:
         """Refuse a frame over its kind's size limit before decoding it (True when refused)."""
-        n = len(payload)
-        cfg = self.config
-        if n <= cfg.max_control_bytes and n <= cfg.max_generate_bytes:
-            return False
-        generate = is_generate_frame(payload)
-        limit = cfg.max_generate_bytes if generate else cfg.max_control_bytes
-        if n <= limit:
+        exc = oversize(payload, self.config.max_generate_bytes, self.config.max_control_bytes)
+        if exc is None:
             return False
         self._errors += 1
-        what = "GenerateRequest" if generate else "control message"
-        self._reply(
-            ident, error_reply(MessageTooLargeError("message", f"<{n} bytes>", f"a {what} may take {limit} bytes"))
-        )
+        self._reply(ident, error_reply(exc))
         return True
 
     def _handle(self, ident: bytes, payload: bytes, role: str | None = None) -> None:
-        self._last_seen[ident] = self._now
+        self._peers.heard(ident, self._now)
         if self._refuse_size(ident, payload):
             return
         try:
@@ -528,7 +461,7 @@ class EngineServer:
             key = (ident, rid)
             if key in self._by_client:
                 raise DuplicateRequestError("rid", rid, "a request with this rid is already in flight")
-            self._admit(ident)
+            self._peers.admit(ident, in_flight=len(self._flights))
             if not checked:
                 check_against_limits(req, self.engine.limits)
         except RolloutError as exc:
@@ -542,7 +475,7 @@ class EngineServer:
         flight = _Flight(ident, rid, big=checked)
         self._flights[engine_rid] = flight
         self._by_client[key] = engine_rid
-        self._per_client[ident] = self._per_client.get(ident, 0) + 1
+        self._peers.accepted(ident)
         self._idle.clear()
         assert self._tg is not None
         if checked:  # our own object (decoded off the loop): no copy, no second pass over its ids
@@ -590,16 +523,12 @@ class EngineServer:
         finally:
             self._flights.pop(engine_rid, None)
             self._by_client.pop((flight.ident, flight.rid), None)
-            left = self._per_client.get(flight.ident, 1) - 1
-            if left > 0:
-                self._per_client[flight.ident] = left
-            else:
-                self._per_client.pop(flight.ident, None)
+            self._peers.answered(flight.ident)
             if not self._flights:
                 self._idle.set()
         self._reply(flight.ident, reply)
         if flight.big:
-            await _free_ids_in_chunks(req)
+            await free_ids_in_chunks(req)
 
     def _abort(self, ident: bytes, rid: str) -> int:
         if rid:
@@ -608,7 +537,7 @@ class EngineServer:
                 self.engine.abort(engine_rid)
                 return 1
             return 0
-        if ident not in self._per_client:
+        if not self._peers.holds(ident):
             return 0
         n = 0
         for (who, _), engine_rid in list(self._by_client.items()):
@@ -617,69 +546,17 @@ class EngineServer:
                 n += 1
         return n
 
-    # -- admission and orphans -----------------------------------------------------------------------
-
-    def _admit(self, ident: bytes) -> None:
-        """Raise ServerBusyError beyond the server's cap or this client's fair share of it."""
-        cap = self.config.max_requests
-        total = len(self._flights)
-        clients = max(1, len(self._last_seen))
-        share = max(1, cap // clients)
-        mine = self._per_client.get(ident, 0)
-        if total >= cap or mine >= share:
-            raise ServerBusyError(
-                f"server {self.server_id} is busy: {total}/{cap} requests accepted, this client holds {mine} "
-                f"(fair share {share} of {clients} client(s))"
-            )
-
-    def _forget_client(self, ident: bytes, why: str) -> None:
-        """The client is gone: abort what it left running (its results would go nowhere)."""
-        self._last_seen.pop(ident, None)
-        n = self._abort(ident, "")
-        if n:
-            log.warning("server %s: aborted %d request(s) of a client: %s", self.server_id, n, why)
-
-    async def _sweep_clients(self) -> None:
-        """A client silent for ``client_timeout_s`` is probed with a Pong: one still connected (its event
-        loop blocked by a training step, say; libzmq answers the ZMTP heartbeats) keeps its requests; one
-        whose connection is gone (closed, or dropped by the ZMTP heartbeat timeout) has them aborted."""
-        timeout = self.config.client_timeout_s
-        loop = asyncio.get_running_loop()
-        assert self._endpoint is not None
-        endpoint = self._endpoint
-        while True:
-            await asyncio.sleep(min(1.0, timeout / 4))
-            now = loop.time()
-            silent = [ident for ident, seen in self._last_seen.items() if now - seen > timeout]
-            if not silent:
-                continue
-            probe = encode(Pong(0, self.stats()))
-            for ident in silent:
-                if endpoint.send(ident, probe):
-                    continue
-                if endpoint.last_failure == "gone":
-                    self._forget_client(ident, f"silent for {timeout:.0f}s and disconnected")
-                else:
-                    self._last_seen.pop(ident, None)  # connected but not reading: no longer counted
-
-    # -- large frames ---------------------------------------------------------------------------------
+    # -- large frames (frames.py) ---------------------------------------------------------------------
 
     def _start_offloaded(self, ident: bytes, payload: bytes) -> None:
-        self._last_seen[ident] = self._now
+        self._peers.heard(ident, self._now)
         assert self._tg is not None
         self._tg.create_task(self._run_offloaded(ident, payload))
 
     async def _run_offloaded(self, ident: bytes, payload: bytes) -> None:
         """Decode a large GenerateRequest in the worker process; turn its ids into ints a chunk at a time."""
         try:
-            if self._decoder is None:
-                self._decoder = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=1, mp_context=multiprocessing.get_context("spawn")
-                )
-            loop = asyncio.get_running_loop()
-            ok, head, raw_ids = await loop.run_in_executor(
-                self._decoder, _decode_generate_frame, payload, self.engine.limits
-            )
+            ok, head, raw_ids = await self._decoder.decode(payload, self.engine.limits)
             del payload
             if not ok:
                 self._errors += 1
@@ -688,19 +565,15 @@ class EngineServer:
                 return
             stub = decode_client_message(head)
             assert isinstance(stub, GenerateRequest)
-            view = memoryview(raw_ids).cast("I")
-            ids: list[int] = []
-            for i in range(0, len(view), _IDS_CHUNK):
-                ids.extend(view[i : i + _IDS_CHUNK].tolist())
-                await asyncio.sleep(0)
-            msgspec.structs.force_setattr(stub, "input_ids", ids)  # validated in the worker already
+            # validated in the worker already
+            msgspec.structs.force_setattr(stub, "input_ids", await ids_from_uint32(raw_ids))
             self._start_generate(ident, stub, checked=True)
         except Exception as exc:  # a broken worker fails this request, not the server
             log.exception("server %s: decoding a large request failed", self.server_id)
             self._errors += 1
             self._reply(ident, error_reply(RemoteError(f"decoding failed: {type(exc).__name__}: {exc}")))
         finally:
-            self._offload_slots.release()
+            self._decoder.release()
 
     # -- control -----------------------------------------------------------------------------------
 
@@ -813,38 +686,3 @@ class EngineServer:
                     await asyncio.wait(pending, timeout=self._time_left(reserve))
         if controls:
             await asyncio.wait(controls, timeout=self._time_left(reserve))
-
-
-def _decode_generate_frame(data: bytes, limits: EngineLimits) -> tuple[bool, bytes, bytes]:
-    """In the decode worker: decode and check one large GenerateRequest.
-
-    Returns ``(True, the request without its ids (encoded), the ids as uint32 bytes)``, or ``(False, an
-    encoded ErrorReply, b"")``.  Bytes both ways: cheap to pass between processes, cheap to read back.
-    """
-    req: Any = None
-    try:
-        req = decode_client_message(data)
-        if not isinstance(req, GenerateRequest):
-            raise ProtocolError("expected a GenerateRequest")
-        check_against_limits(req, limits)
-    except RolloutError as exc:
-        rid = req.rid if isinstance(req, GenerateRequest) else None
-        return False, encode(error_reply(exc, rid=rid)), b""
-    head = msgspec.structs.replace(req, input_ids=[0])
-    return True, encode(head), array.array("I", req.input_ids).tobytes()  # ids < vocab_size < 2**32
-
-
-async def _free_ids_in_chunks(req: GenerateRequest) -> None:
-    """Free a large request's ids a chunk at a time (one ``del`` of millions of ints stalls the loop), but
-    only once nothing else holds the request (the refs left are this frame, the caller's, getrefcount's).
-    An engine may hold it a moment after answering (until its next step): look again for up to ~1 s."""
-    for _ in range(100):
-        if sys.getrefcount(req) <= 3 and sys.getrefcount(req.input_ids) <= 2:
-            break
-        await asyncio.sleep(0.01)
-    else:
-        return  # kept (a test fake's history, say): leave it alone
-    ids = req.input_ids
-    while ids:
-        del ids[-_IDS_CHUNK:]
-        await asyncio.sleep(0)

@@ -1,0 +1,68 @@
+"""What a :class:`~rollout_sdk.client.RolloutClient` is told (``ClientConfig``) and where it is in its
+lifecycle (``ClientState``)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..scheduler import SchedulerConfig
+
+__all__ = ["ClientConfig", "ClientState"]
+
+
+class ClientState(enum.Enum):
+    """Where a :class:`RolloutClient` is in its lifecycle (``client.state``); see :mod:`rollout_sdk.client.client`."""
+
+    #: created; open() (or ``async with``) has not been called
+    UNOPENED = "unopened"
+    #: open() is finding and connecting to the servers
+    OPENING = "opening"
+    #: connected: requests and streams can run
+    OPEN = "open"
+    #: aclose() is aborting requests and closing sockets
+    CLOSING = "closing"
+    #: closed for good: a client never reopens
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientConfig:
+    """Everything a :class:`RolloutClient` can be told.  The client takes each field (and each of
+    :class:`SchedulerConfig`'s: policy, max_in_flight_per_server, ...) as a keyword argument."""
+
+    #: routing, back-pressure and affinity: the scheduler's own config, held as is
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    #: default per-call timeout in seconds (None: no timeout)
+    timeout_s: float | None = None
+    #: times a request is retried on another server when its server dies
+    retries: int = 1
+    heartbeat_interval_s: float = 1.0
+    #: a server that answers no heartbeat for this long is marked dead
+    heartbeat_timeout_s: float = 10.0
+    #: how long open() waits for servers to be found and to answer
+    connect_timeout_s: float = 120.0
+    #: embedded default only: how many in-process CPU servers to start
+    num_embedded_servers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise ConfigError("retries", self.retries, "must be >= 0")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ConfigError("timeout_s", self.timeout_s, "must be > 0 or None")
+        if self.heartbeat_interval_s <= 0:
+            raise ConfigError("heartbeat_interval_s", self.heartbeat_interval_s, "must be > 0")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ConfigError(
+                "heartbeat_timeout_s", self.heartbeat_timeout_s, "must be larger than heartbeat_interval_s"
+            )
+        if self.connect_timeout_s <= 0:
+            raise ConfigError("connect_timeout_s", self.connect_timeout_s, "must be > 0")
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return self.scheduler
+
+    @property
+    def max_in_flight_per_server(self) -> int | None:
+        return self.scheduler.max_in_flight_per_server

@@ -1,0 +1,128 @@
+"""Large frames: the size limits checked before a frame is decoded, and GenerateRequests too big to decode
+on the event loop, decoded in a worker process instead (docs/reliability.md).
+
+    decode worker .... a spawned process (made on first use) that decodes GenerateRequests larger than
+                        ``offload_decode_bytes``; at most ``max_offloaded_decodes`` wait for it (beyond that
+                        the server's recv loop waits: back-pressure into ZMQ and TCP)
+
+A frame larger than the bigger size limit never reaches Python (ZMQ MAXMSGSIZE); one larger than its
+kind's limit is refused before decoding (:func:`oversize`).  The ids of a request decoded off the loop come
+back as uint32 bytes and become Python ints a chunk at a time (:func:`ids_from_uint32`), and are freed a
+chunk at a time once answered (:func:`free_ids_in_chunks`): one pass over millions of ints would stall
+the loop.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import concurrent.futures
+import multiprocessing
+import sys
+from typing import Any
+
+import msgspec
+
+from ..errors import MessageTooLargeError, ProtocolError, RolloutError
+from ..protocol import (
+    EngineLimits,
+    GenerateRequest,
+    check_against_limits,
+    decode_client_message,
+    encode,
+    error_reply,
+    is_generate_frame,
+)
+
+__all__ = ["DecodeWorker", "decode_generate_frame", "free_ids_in_chunks", "ids_from_uint32", "oversize"]
+
+#: token ids are turned into Python ints this many at a time, yielding in between
+_IDS_CHUNK = 16384
+
+
+def oversize(payload: bytes, max_generate_bytes: int, max_control_bytes: int) -> MessageTooLargeError | None:
+    """The error for a frame over its kind's size limit (checked before decoding it), or None."""
+    n = len(payload)
+    if n <= max_control_bytes and n <= max_generate_bytes:
+        return None
+    generate = is_generate_frame(payload)
+    limit = max_generate_bytes if generate else max_control_bytes
+    if n <= limit:
+        return None
+    what = "GenerateRequest" if generate else "control message"
+    return MessageTooLargeError("message", f"<{n} bytes>", f"a {what} may take {limit} bytes")
+
+
+class DecodeWorker:
+    """The worker process that decodes large GenerateRequests, and the bound on decodes waiting for it."""
+
+    def __init__(self, max_waiting: int) -> None:
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._slots = asyncio.Semaphore(max_waiting)
+
+    async def reserve(self) -> None:
+        """Wait for a slot: at most ``max_waiting`` decodes wait at once (back-pressure)."""
+        await self._slots.acquire()
+
+    def release(self) -> None:
+        """Give back the slot of a decode that :meth:`reserve` admitted, once it is handled."""
+        self._slots.release()
+
+    async def decode(self, payload: bytes, limits: EngineLimits) -> tuple[bool, bytes, bytes]:
+        """:func:`decode_generate_frame` in the worker process (started on first use)."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn")
+            )
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, decode_generate_frame, payload, limits)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def decode_generate_frame(data: bytes, limits: EngineLimits) -> tuple[bool, bytes, bytes]:
+    """In the decode worker: decode and check one large GenerateRequest.
+
+    Returns ``(True, the request without its ids (encoded), the ids as uint32 bytes)``, or ``(False, an
+    encoded ErrorReply, b"")``.  Bytes both ways: cheap to pass between processes, cheap to read back.
+    """
+    req: Any = None
+    try:
+        req = decode_client_message(data)
+        if not isinstance(req, GenerateRequest):
+            raise ProtocolError("expected a GenerateRequest")
+        check_against_limits(req, limits)
+    except RolloutError as exc:
+        rid = req.rid if isinstance(req, GenerateRequest) else None
+        return False, encode(error_reply(exc, rid=rid)), b""
+    head = msgspec.structs.replace(req, input_ids=[0])
+    return True, encode(head), array.array("I", req.input_ids).tobytes()  # ids < vocab_size < 2**32
+
+
+async def ids_from_uint32(raw_ids: bytes) -> list[int]:
+    """The ids :func:`decode_generate_frame` sent back, as Python ints, made a chunk at a time."""
+    view = memoryview(raw_ids).cast("I")
+    ids: list[int] = []
+    for i in range(0, len(view), _IDS_CHUNK):
+        ids.extend(view[i : i + _IDS_CHUNK].tolist())
+        await asyncio.sleep(0)
+    return ids
+
+
+async def free_ids_in_chunks(req: GenerateRequest) -> None:
+    """Free a large request's ids a chunk at a time (one ``del`` of millions of ints stalls the loop), but
+    only once nothing else holds the request (the refs left are this frame, the caller's, getrefcount's).
+    An engine may hold it a moment after answering (until its next step): look again for up to ~1 s."""
+    for _ in range(100):
+        if sys.getrefcount(req) <= 3 and sys.getrefcount(req.input_ids) <= 2:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        return  # kept (a test fake's history, say): leave it alone
+    ids = req.input_ids
+    while ids:
+        del ids[-_IDS_CHUNK:]
+        await asyncio.sleep(0)
