@@ -138,7 +138,8 @@ async def run_demo(
     say("")
     say(f"solved {solved} of {len(trajs)} trajectories ({report['success_rate']:.0%}, {temp}, held-back questions)")
     say("")
-    for t in trajs[: demo.show]:
+    shown = [g[0] for g in groups if g][: demo.show]  # one trajectory of each of the first questions
+    for t in shown:
         sample = instances[t.sample_index]
         calls = [f"{c.name}({_args(c.arguments)}) -> {_tool_result(t, k)}" for k, c in enumerate(_calls(t))]
         mark = "ok   " if (t.reward or 0) > 0 else "WRONG"
@@ -158,7 +159,7 @@ async def run_demo(
             f"  errors {s.errors}  p50 {_ms(s.latency_p50_s)}"
         )
     if trajs:
-        t = max(trajs[: max(1, demo.show)], key=lambda t: len(t.turns))
+        t = max(shown or trajs[:1], key=lambda t: len(t.turns))
         say("")
         say(f"one trajectory, as a trainer gets it (question {t.sample_index}; reward {t.reward})")
         say(f"  prompt_ids    {len(t.prompt_ids)} tokens (system prompt with the tool schema, the question)")
