@@ -232,3 +232,38 @@ async def test_release_memory_with_requests_held_by_a_pause(cpu_server) -> None:
         await client.resume_memory()
         results = await asyncio.gather(*tasks)
     assert all(len(r.output_ids) == 160 and r.finish_reason == "length" for r in results)
+
+
+def test_a_gone_client_is_forgotten_once_not_once_per_undeliverable_abort(caplog) -> None:
+    """Aborting a gone client's requests makes each answer ``abort`` to nobody: that must not abort (and
+    log) the client again per reply; a client heard from again can be forgotten again."""
+    import logging
+
+    from rollout_sdk.server.peers import Peers
+
+    running: dict[bytes, int] = {b"c1": 0}
+    calls: list[bytes] = []
+
+    def abort_client(ident: bytes) -> int:
+        calls.append(ident)
+        return running[ident]
+
+    peers = Peers("s0", max_requests=64, client_timeout_s=30.0, abort_client=abort_client)
+    peers.heard(b"c1", 0.0)
+    for _ in range(5):
+        peers.accepted(b"c1")
+    running[b"c1"] = 5
+    with caplog.at_level(logging.WARNING, logger="rollout_sdk.server"):
+        peers.forget(b"c1", "it disconnected")
+        for left in range(4, -1, -1):  # each aborted request's reply is undeliverable in turn
+            running[b"c1"] = left
+            peers.answered(b"c1")
+            peers.forget(b"c1", "it disconnected")
+    assert calls == [b"c1"]
+    assert [r.getMessage() for r in caplog.records] == ["server s0: aborted 5 request(s) of a client: it disconnected"]
+    # the client comes back (same routing id) and leaves again: forgotten again
+    peers.heard(b"c1", 1.0)
+    peers.accepted(b"c1")
+    running[b"c1"] = 1
+    peers.forget(b"c1", "it disconnected")
+    assert calls == [b"c1", b"c1"]

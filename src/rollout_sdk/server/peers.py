@@ -44,10 +44,15 @@ class Peers:
         self._abort_client = abort_client
         self._per_client: dict[bytes, int] = {}  # ident -> requests accepted and not yet answered
         self._last_seen: dict[bytes, float] = {}  # ident -> loop time of its last message
+        # clients whose requests were aborted as orphans and not heard from since: each of those aborts
+        # answers ``abort`` to a peer that is gone, which must not forget (and log) the client again;
+        # an ident leaves when the client speaks again or its last request is answered (bounded)
+        self._forgotten: set[bytes] = set()
 
     def heard(self, ident: bytes, now: float) -> None:
         """The client sent a message (at loop time ``now``)."""
         self._last_seen[ident] = now
+        self._forgotten.discard(ident)
 
     def holds(self, ident: bytes) -> bool:
         """Whether the client has requests accepted and not yet answered."""
@@ -77,10 +82,17 @@ class Peers:
             self._per_client[ident] = left
         else:
             self._per_client.pop(ident, None)
+            self._forgotten.discard(ident)
 
     def forget(self, ident: bytes, why: str) -> None:
-        """The client is gone: abort what it left running (its results would go nowhere)."""
+        """The client is gone: abort what it left running (its results would go nowhere).  Once: the
+        aborted requests' own undeliverable replies do not forget it again."""
+        if ident in self._forgotten:
+            return
         self._last_seen.pop(ident, None)
+        if not self.holds(ident):
+            return  # nothing of it runs here
+        self._forgotten.add(ident)
         n = self._abort_client(ident)
         if n:
             log.warning("server %s: aborted %d request(s) of a client: %s", self._server_id, n, why)
