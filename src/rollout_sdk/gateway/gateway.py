@@ -57,6 +57,9 @@ class GatewayConfig:
     #: where to listen: loopback and a free port by default
     host: str = "127.0.0.1"
     port: int = 0
+    #: the listening socket's accept queue: a burst of agents connecting at once beyond it is dropped
+    #: and retried by the kernel (the OS caps it at net.core.somaxconn)
+    backlog: int = 1024
     #: the model name clients must send (default: the served model directory's name)
     model_name: str | None = None
     #: the tokenizer / chat template (a local HF directory); default: the served model's, or the embedded one
@@ -100,6 +103,7 @@ class GatewayConfig:
             "max_body_bytes",
             "max_in_flight",
             "default_max_tokens",
+            "backlog",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "must be >= 1")
@@ -227,8 +231,9 @@ class Gateway:
         await self._runner.setup()
         # bind the socket here (port 0: a free one) and hand it to aiohttp, so the bound port is known
         family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
-        sock = socket.create_server((cfg.host, cfg.port), family=family, backlog=1024)
-        site = web.SockSite(self._runner, sock)
+        sock = socket.create_server((cfg.host, cfg.port), family=family, backlog=cfg.backlog)
+        # aiohttp listens again with its own backlog (128 unless told): pass ours, or a burst overflows it
+        site = web.SockSite(self._runner, sock, backlog=cfg.backlog)
         await site.start()
         self.host, self.port = sock.getsockname()[:2]
         loop = asyncio.get_running_loop()
