@@ -208,3 +208,28 @@ async def test_client_memory_is_flat_over_10k_requests(spawn_server) -> None:
         grown = len(gc.get_objects()) - base
         assert all(not c._pending for c in client.servers)
     assert grown < 2000, grown  # a leak would keep >= 1 object per request (9,000)
+
+
+def test_a_client_used_from_another_event_loop_raises_instead_of_hanging() -> None:
+    """Its tasks live on the loop that opened it; awaiting it from another loop would wait forever
+    (pytest-asyncio with a session-scoped client fixture and function-scoped tests does exactly this)."""
+    from rollout_sdk import EngineServer, ServerConfig
+    from rollout_sdk.engines.fake import FakeEngine
+
+    first = asyncio.new_event_loop()
+    server = EngineServer(FakeEngine(), ServerConfig(server_id="fake-0"))  # type: ignore[arg-type]
+    first.run_until_complete(server.__aenter__())
+    client = RolloutClient(servers=[server.address])
+    first.run_until_complete(client.open())
+    try:
+
+        async def use() -> None:
+            await client.generate([1, 2], sampling=SamplingParams(max_new_tokens=2))
+
+        with pytest.raises(ClientStateError, match="another event loop"):
+            asyncio.run(use())
+        first.run_until_complete(use())  # still fine on its own loop
+    finally:
+        first.run_until_complete(client.aclose())
+        first.run_until_complete(server.aclose())
+        first.close()

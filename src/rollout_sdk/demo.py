@@ -168,7 +168,7 @@ async def run_demo(
         say("                (1: the model's tokens; 0: what the loop added: end of turn, tool result, next prompt)")
         lps = [round(lp, 3) for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m][:8]
         say(f"  logprobs      {lps}... (the engine's, one per model token)")
-        say(f"  finish        {t.finish_reason}   weight versions {t.weight_versions}")
+        say(f"  finish        {t.finish_reason}   weight versions {t.weight_versions} (version, model tokens)")
         say("  decoded       " + repr(tokenizer.decode(t.response_ids))[:400])
     say(f"\ndone in {report['total_s']:.1f}s")
     return report

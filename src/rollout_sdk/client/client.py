@@ -151,6 +151,7 @@ class RolloutClient:
         self._discovery = discovery
         self._credentials = credentials
         self._state = ClientState.UNOPENED
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop that opened it: its tasks live there
         self._scheduler = Scheduler(self.config.scheduler)
         self._supervisor: asyncio.Task[None] | None = None
         self._owned: set[asyncio.Task[Any]] = set()
@@ -191,6 +192,7 @@ class RolloutClient:
         if self._state is not ClientState.UNOPENED:
             raise ClientStateError(f"a RolloutClient opens once (this one is {self._state.value})")
         self._state = ClientState.OPENING
+        self._loop = asyncio.get_running_loop()
         try:
             await self._open()
         except BaseException:
@@ -290,6 +292,13 @@ class RolloutClient:
             )
         if self._broken is not None:
             raise ClientStateError(f"RolloutClient failed: {self._broken!r}")
+        running = asyncio._get_running_loop()
+        if running is not None and running is not self._loop:
+            # its tasks live on the loop it was opened on, which is not running now: awaiting would hang
+            raise ClientStateError(
+                "this RolloutClient was opened on another event loop: use it on the loop that opened it (with "
+                "pytest-asyncio, give a client fixture and the tests that use it the same loop scope)"
+            )
 
     def _own(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
         """Start a task owned by this client: cancelled and awaited by aclose()."""
