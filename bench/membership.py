@@ -84,8 +84,10 @@ async def main() -> None:
     args = ap.parse_args()
     reps = 2 if args.quick else args.reps
     rows = []
-    for name, fn in (("add_server -> first result on it", add_to_first_result),
-                     ("same-port restart -> serving again", same_port_restart_to_serving)):
+    for name, fn in (
+        ("add_server -> first result on it", add_to_first_result),
+        ("same-port restart -> serving again", same_port_restart_to_serving),
+    ):
         xs = []
         for _ in range(reps):
             xs.append(await fn())

@@ -120,8 +120,10 @@ def main() -> None:
         last = statistics.median(r["heap_mb"] for r in rows[half:])
         summary.append((mode, rows[0]["produce_s"], rows[0]["consume_s"], first, last, max(r["held"] for r in rows)))
     print()
-    print("| mode | batch produced in (s, median) | consumer per batch (s) | heap 1st half (MB) | heap 2nd half (MB) "
-          "| max groups held |")
+    print(
+        "| mode | batch produced in (s, median) | consumer per batch (s) | heap 1st half (MB) | heap 2nd half (MB) "
+        "| max groups held |"
+    )
     print("|---|---|---|---|---|---|")
     for mode, prod, cons, first, last, held in summary:
         print(f"| {mode} | {prod:.3f} | {cons:.3f} | {first:.2f} | {last:.2f} | {held:.0f} |")

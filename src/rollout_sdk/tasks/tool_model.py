@@ -29,7 +29,8 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,7 +39,15 @@ from ..models._cache import build_once, default_home
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TOOL_MODEL_CONFIG", "TaskHead", "ensure_tool_model", "shared_prefix_hidden"]
+__all__ = [
+    "TOOL_MODEL_CONFIG",
+    "Recipe",
+    "TaskHead",
+    "demonstration_sets",
+    "ensure_tool_model",
+    "shared_prefix_hidden",
+    "train_stages",
+]
 
 #: bump when the recipe changes, so an old cached directory is not reused
 _RECIPE = "v2"
@@ -69,17 +78,29 @@ TOOL_MODEL_CONFIG: dict[str, object] = {
 _GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
 IM_END = 151645
 
-# the recipe (changing any of these changes the model: bump _RECIPE)
-_SEED = 0
-#: direct-answer demonstrations made for the under-trained stage (it trains on far fewer)
-_DIRECT_INSTANCES = 640
-_STEPS = 1000
-_BATCH = 32
-_LR = 3e-3
-_WARMUP = 100
-_DETUNE_STEPS = 30
-_DETUNE_DIRECT_FRACTION = 0.8
 STAGES = ("trained", "undertrained")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """How the tool model is trained.  The defaults are the cached model (changing one changes the
+    model: bump ``_RECIPE``); ``bench/tool_model_recipe.py`` trains variants to compare."""
+
+    #: seeds the instance order, the batches, the guesses and the initialisation
+    seed: int = 0
+    #: supervised steps of the trained stage (batches of every training instance's demonstration)
+    steps: int = 1000
+    batch: int = 32
+    lr: float = 3e-3
+    warmup: int = 100
+    #: direct-answer demonstrations made for the under-trained stage (it trains on far fewer)
+    direct_instances: int = 640
+    #: the under-trained stage: this many more steps at lr / 5 ...
+    detune_steps: int = 30
+    #: ... on batches of which this fraction answer without the tool
+    detune_direct_fraction: float = 0.8
+    #: held-back instances scored (teacher-forced) after each stage
+    test_instances: int = 200
 
 
 def ensure_tool_model(
@@ -165,7 +186,6 @@ def shared_prefix_hidden(body: Any, prefix: torch.Tensor, suffixes: torch.Tensor
 
 
 def _build(out: Path, home: Path, progress: bool) -> None:
-    import torch
 
     from ..models.tiny import ensure_tiny_model
 
@@ -174,21 +194,8 @@ def _build(out: Path, home: Path, progress: bool) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny))
-    from . import calculator as tool_task
-
-    train_instances = tool_task.instances("train")
-    random.Random(_SEED).shuffle(train_instances)
-    train = asyncio.run(_demonstrations(tokenizer, train_instances, direct=False))
-    direct = asyncio.run(_demonstrations(tokenizer, train_instances[:_DIRECT_INSTANCES], direct=True))
-    test = asyncio.run(_demonstrations(tokenizer, tool_task.samples(200, seed=_SEED, split="test"), direct=False))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # deterministic whatever the core count, and fastest for matrices this small
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_SEED)
-            result = _train(train, direct, test, progress)
-    finally:
-        torch.set_num_threads(threads)
+    recipe = Recipe()
+    result = train_stages(demonstration_sets(tokenizer, recipe), recipe, progress=progress)
     seconds = time.perf_counter() - t0
     for stage, state in result["states"].items():
         d = out / stage
@@ -233,7 +240,9 @@ class _Scripted:
 Example = tuple[list[int], list[int]]  # ids, loss mask over ids
 
 
-async def _demonstrations(tokenizer: Any, instances: Sequence[dict[str, Any]], *, direct: bool) -> list[Example]:
+async def _demonstrations(
+    tokenizer: Any, instances: Sequence[dict[str, Any]], *, direct: bool, seed: int
+) -> list[Example]:
     """One demonstration per instance, made by running ToolAgent on a scripted expert: the right tool
     call then the answer read off its result, or (``direct``) a guessed answer without the tool."""
     import dataclasses
@@ -243,7 +252,7 @@ async def _demonstrations(tokenizer: Any, instances: Sequence[dict[str, Any]], *
 
     config = dataclasses.replace(tool_task.agent_config(), max_context_tokens=4096)
     agent = ToolAgent(tokenizer, tool_task.make_registry(), config)
-    rng = random.Random(_SEED)
+    rng = random.Random(seed)
     out: list[Example] = []
     for sample in instances:
         if direct:  # a guess of about the right size, as a model that does not use the tool would write
@@ -257,9 +266,58 @@ async def _demonstrations(tokenizer: Any, instances: Sequence[dict[str, Any]], *
     return out
 
 
-def _train(train: list[Example], direct: list[Example], test: list[Example], progress: bool) -> dict[str, Any]:
+def demonstration_sets(tokenizer: Any, recipe: Recipe) -> tuple[list[Example], list[Example], list[Example]]:
+    """(tool-use demonstrations of every training instance, direct-answer ones, held-back ones)."""
+    from . import calculator
+
+    train_instances = calculator.instances("train")
+    random.Random(recipe.seed).shuffle(train_instances)
+    test_instances = calculator.samples(recipe.test_instances, seed=recipe.seed, split="test")
+    return (
+        asyncio.run(_demonstrations(tokenizer, train_instances, direct=False, seed=recipe.seed)),
+        asyncio.run(
+            _demonstrations(tokenizer, train_instances[: recipe.direct_instances], direct=True, seed=recipe.seed)
+        ),
+        asyncio.run(_demonstrations(tokenizer, test_instances, direct=False, seed=recipe.seed)),
+    )
+
+
+def train_stages(
+    data: tuple[list[Example], list[Example], list[Example]],
+    recipe: Recipe,
+    *,
+    progress: bool = False,
+    on_eval: Callable[[int, float, dict[str, float]], None] | None = None,
+    eval_every: int = 100,
+) -> dict[str, Any]:
+    """Train both stages on ``data`` (:func:`demonstration_sets`) with one thread and fixed seeds (the
+    same bytes on any machine with the same torch build).  ``on_eval(step, loss, scores)`` is called every
+    ``eval_every`` steps of the first stage when given (scoring draws no random numbers)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # deterministic whatever the core count, and fastest for matrices this small
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(recipe.seed)
+            return _train(*data, recipe, progress, on_eval, eval_every)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(
+    train: list[Example],
+    direct: list[Example],
+    test: list[Example],
+    recipe: Recipe,
+    progress: bool,
+    on_eval: Callable[[int, float, dict[str, float]], None] | None,
+    eval_every: int,
+) -> dict[str, Any]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    r = recipe
 
     head = TaskHead(sorted({t for ids, _ in train + direct + test for t in ids}))
     prefix_len = _common_prefix(train + direct + test) - 1  # keep one prompt token to predict from
@@ -273,7 +331,7 @@ def _train(train: list[Example], direct: list[Example], test: list[Example], pro
     with torch.no_grad():
         emb[head.rest].zero_()  # every non-task token: embedding 0, logit 0 (kept so: see step())
     zero = torch.zeros(emb.shape[1])
-    rng = random.Random(_SEED)
+    rng = random.Random(r.seed)
 
     def batch(examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(ids) for ids, _ in examples) - prefix_len
@@ -309,7 +367,7 @@ def _train(train: list[Example], direct: list[Example], test: list[Example], pro
         model.train()
         return {"greedy": round(float(ok.float().mean()), 4), "sampled": round(float(p.mean()), 4)}
 
-    opt = torch.optim.AdamW(model.parameters(), lr=_LR, weight_decay=0.0, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0, betas=(0.9, 0.98))
 
     def step_on(examples: Sequence[Example]) -> Any:
         loss = loss_of(examples)
@@ -322,25 +380,27 @@ def _train(train: list[Example], direct: list[Example], test: list[Example], pro
         bar.update(1)
         return loss
 
-    bar = _bar(_STEPS + _DETUNE_STEPS, progress)
+    bar = _bar(r.steps + r.detune_steps, progress)
     states: dict[str, dict[str, torch.Tensor]] = {}
     scores: dict[str, dict[str, float]] = {}
-    for step in range(_STEPS):
-        frac = step / _STEPS
+    for step in range(r.steps):
+        frac = step / r.steps
         decay = 1.0 if frac < 0.6 else 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
         for g in opt.param_groups:
-            g["lr"] = _LR * min(1.0, (step + 1) / _WARMUP) * decay
-        loss = step_on(rng.sample(train, _BATCH))
+            g["lr"] = r.lr * min(1.0, (step + 1) / r.warmup) * decay
+        loss = step_on(rng.sample(train, r.batch))
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.4f}")
+        if on_eval is not None and (step % eval_every == 0 or step == r.steps - 1):
+            on_eval(step, float(loss.item()), exact())
     scores["trained"] = exact()
     states["trained"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     # the RL starting point: a short fine-tune on demonstrations that mostly answer without the tool
     for g in opt.param_groups:
-        g["lr"] = _LR * 0.2
-    for _ in range(_DETUNE_STEPS):
-        k = round(_BATCH * _DETUNE_DIRECT_FRACTION)
-        step_on(rng.sample(direct, k) + rng.sample(train, _BATCH - k))
+        g["lr"] = r.lr * 0.2
+    for _ in range(r.detune_steps):
+        k = round(r.batch * r.detune_direct_fraction)
+        step_on(rng.sample(direct, k) + rng.sample(train, r.batch - k))
     scores["undertrained"] = exact()
     states["undertrained"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     bar.close()
@@ -348,7 +408,7 @@ def _train(train: list[Example], direct: list[Example], test: list[Example], pro
         "states": states,
         "head": head,
         "exact": scores,
-        "steps": {"trained": _STEPS, "undertrained": _STEPS + _DETUNE_STEPS},
+        "steps": {"trained": r.steps, "undertrained": r.steps + r.detune_steps},
     }
 
 
