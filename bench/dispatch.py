@@ -440,7 +440,12 @@ async def bench_memory_inflight(address: str, args: argparse.Namespace) -> dict[
     await asyncio.gather(*tasks, return_exceptions=True)
     del futs, tasks
 
-    async with RolloutClient(servers=[address], max_in_flight_per_server=n + 64) as client:
+    from rollout_sdk.admission import AdmissionConfig
+
+    # the stalled engine runs one request at a time: let the client's window queue all N there anyway
+    # (the default window is the engine's running limit plus a short queue; the rest would wait here)
+    admission = AdmissionConfig(ceiling=n + 64, min_queue=n + 64)
+    async with RolloutClient(servers=[address], admission=admission) as client:
         conn = client.servers[0]
 
         async def hold(k: int) -> list[asyncio.Task[Any]]:
