@@ -136,12 +136,12 @@ def _policy_step(
     """One policy-gradient step on the trajectories (in a worker thread); returns (loss, max logprob gap)."""
     import torch
 
+    from .tasks.tool_model import common_prefix
+
     seqs = [t.prompt_ids + t.response_ids for t in trajs]
     first = seqs[0]
-    p = 0
-    while p < min(len(s) for s in seqs) - 1 and all(s[p] == first[p] for s in seqs):
-        p += 1
-    p = min(p, min(len(t.prompt_ids) for t in trajs)) - 1  # predict from the prompt's last token on
+    shared = min(common_prefix(seqs), min(len(s) for s in seqs) - 1, min(len(t.prompt_ids) for t in trajs))
+    p = shared - 1  # predict from the prompt's last token on
     width = max(len(s) for s in seqs) - p
     ids = torch.full((len(seqs), width), head.rest_token, dtype=torch.long)
     mask = torch.zeros(len(seqs), width)

@@ -19,7 +19,7 @@ from typing import Any
 
 from ._cache import build_once, default_home
 
-__all__ = ["TINY_MODEL_CONFIG", "default_home", "ensure_tiny_model", "write_tokenizer"]
+__all__ = ["GENERATION_CONFIG", "TINY_MODEL_CONFIG", "default_home", "ensure_tiny_model", "write_tokenizer"]
 
 #: bump when the recipe changes, so an old cached directory is not reused
 _RECIPE = "v1"
@@ -46,7 +46,7 @@ TINY_MODEL_CONFIG: dict[str, object] = {
     "pad_token_id": 151643,
     "torch_dtype": "float32",
 }
-_GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
+GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
 
 
 def ensure_tiny_model(home: str | os.PathLike[str] | None = None, *, seed: int = 0) -> Path:
@@ -99,4 +99,4 @@ def _write_model(out: Path, seed: int) -> None:
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     cfg = dict(TINY_MODEL_CONFIG)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    (out / "generation_config.json").write_text(json.dumps(_GENERATION_CONFIG, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..models._cache import build_once, default_home
+from ..models.tiny import GENERATION_CONFIG, TINY_MODEL_CONFIG
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +44,7 @@ __all__ = [
     "TOOL_MODEL_CONFIG",
     "Recipe",
     "TaskHead",
+    "common_prefix",
     "demonstration_sets",
     "ensure_tool_model",
     "shared_prefix_hidden",
@@ -51,31 +53,11 @@ __all__ = [
 
 #: bump when the recipe changes, so an old cached directory is not reused
 _RECIPE = "v2"
-VOCAB_SIZE = 151936
+VOCAB_SIZE = cast(int, TINY_MODEL_CONFIG["vocab_size"])
 
-TOOL_MODEL_CONFIG: dict[str, object] = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "vocab_size": VOCAB_SIZE,
-    "hidden_size": 64,
-    "intermediate_size": 192,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-    "rope_theta": 10000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-    "initializer_range": 0.02,
-    "use_sliding_window": False,
-    "attention_dropout": 0.0,
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "pad_token_id": 151643,
-    "torch_dtype": "float32",
-}
-_GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
+#: the embedded default's architecture and special tokens (its config), with RoPE's base at 10,000: the
+#: copies the task needs are over a few dozen positions
+TOOL_MODEL_CONFIG: dict[str, object] = {**TINY_MODEL_CONFIG, "rope_theta": 10000.0}
 IM_END = 151645
 
 STAGES = ("trained", "undertrained")
@@ -186,7 +168,6 @@ def shared_prefix_hidden(body: Any, prefix: torch.Tensor, suffixes: torch.Tensor
 
 
 def _build(out: Path, home: Path, progress: bool) -> None:
-
     from ..models.tiny import ensure_tiny_model
 
     t0 = time.perf_counter()
@@ -248,10 +229,10 @@ async def _demonstrations(
     import dataclasses
 
     from ..agents import RolloutContext, ToolAgent
-    from . import calculator as tool_task
+    from . import calculator
 
-    config = dataclasses.replace(tool_task.agent_config(), max_context_tokens=4096)
-    agent = ToolAgent(tokenizer, tool_task.make_registry(), config)
+    config = dataclasses.replace(calculator.agent_config(), max_context_tokens=4096)
+    agent = ToolAgent(tokenizer, calculator.make_registry(), config)
     rng = random.Random(seed)
     out: list[Example] = []
     for sample in instances:
@@ -273,13 +254,15 @@ def demonstration_sets(tokenizer: Any, recipe: Recipe) -> tuple[list[Example], l
     train_instances = calculator.instances("train")
     random.Random(recipe.seed).shuffle(train_instances)
     test_instances = calculator.samples(recipe.test_instances, seed=recipe.seed, split="test")
-    return (
-        asyncio.run(_demonstrations(tokenizer, train_instances, direct=False, seed=recipe.seed)),
-        asyncio.run(
-            _demonstrations(tokenizer, train_instances[: recipe.direct_instances], direct=True, seed=recipe.seed)
-        ),
-        asyncio.run(_demonstrations(tokenizer, test_instances, direct=False, seed=recipe.seed)),
-    )
+
+    async def make() -> tuple[list[Example], list[Example], list[Example]]:
+        return (
+            await _demonstrations(tokenizer, train_instances, direct=False, seed=recipe.seed),
+            await _demonstrations(tokenizer, train_instances[: recipe.direct_instances], direct=True, seed=recipe.seed),
+            await _demonstrations(tokenizer, test_instances, direct=False, seed=recipe.seed),
+        )
+
+    return asyncio.run(make())
 
 
 def train_stages(
@@ -320,7 +303,7 @@ def _train(
     r = recipe
 
     head = TaskHead(sorted({t for ids, _ in train + direct + test for t in ids}))
-    prefix_len = _common_prefix(train + direct + test) - 1  # keep one prompt token to predict from
+    prefix_len = common_prefix([ids for ids, _ in train + direct + test]) - 1  # keep one prompt token to predict from
     prefix = head.compact(torch.tensor(train[0][0][:prefix_len]))
     skip = ("architectures", "model_type", "vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")
     fields: dict[str, Any] = {k: v for k, v in TOOL_MODEL_CONFIG.items() if k not in skip}
@@ -412,11 +395,12 @@ def _train(
     }
 
 
-def _common_prefix(examples: Sequence[Example]) -> int:
-    first = examples[0][0]
-    n = min(len(ids) for ids, _ in examples)
+def common_prefix(seqs: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every sequence of ``seqs`` shares."""
+    first = seqs[0]
+    n = min(len(s) for s in seqs)
     for i in range(n):
-        if any(ids[i] != first[i] for ids, _ in examples):
+        if any(s[i] != first[i] for s in seqs):
             return i
     return n
 
@@ -436,7 +420,7 @@ def _save(out: Path, state: dict[str, torch.Tensor], head: TaskHead) -> None:
         tensors[name] = t.contiguous()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(TOOL_MODEL_CONFIG, indent=2))
-    (out / "generation_config.json").write_text(json.dumps(_GENERATION_CONFIG, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
 
 
 class _NoBar:
