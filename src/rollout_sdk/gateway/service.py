@@ -281,7 +281,7 @@ class TurnService:
         results, decoded, elapsed = await self._run_choices(session, prompt, opts, parse)
         choices = []
         for k, (result, dec) in enumerate(zip(results, decoded, strict=True)):
-            kept = _cut(result, dec.cut) if dec.cut < len(result.output_ids) else result
+            kept = _cut(result, dec.cut)
             call_ids = session.new_call_ids(len(dec.parsed.calls) if dec.parsed else 0)
             wire, tmpl, errors = assistant_reply(dec.parsed, dec.content, call_ids)
             calls = dec.parsed.calls if dec.parsed else []
@@ -355,7 +355,7 @@ class TurnService:
         prefix_text = prompt_in if isinstance(prompt_in, str) else ""
         choices = []
         for k, (result, dec) in enumerate(zip(results, decoded, strict=True)):
-            kept = _cut(result, dec.cut) if dec.cut < len(result.output_ids) else result
+            kept = _cut(result, dec.cut)
             turn = Turn(
                 index=0,
                 model_tokens=len(kept.output_ids),
@@ -409,7 +409,10 @@ def _first_covering(tok: Any, ids: list[int], chars: int) -> int:
 
 
 def _cut(result: GenerateResult, k: int) -> GenerateResult:
-    """The first ``k`` tokens of ``result``, as a stop there would have returned them."""
+    """The first ``k`` tokens of ``result``, as a stop there would have returned them (``result`` itself
+    when it has no more than ``k``)."""
+    if k >= len(result.output_ids):
+        return result
     segments: list[tuple[int, int]] = []
     left = k
     for version, n in result.version_segments or [(result.weight_version, len(result.output_ids))]:
