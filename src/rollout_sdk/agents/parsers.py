@@ -178,13 +178,9 @@ class HermesParser:
         if failed or not values:
             return self._parse_block_by_search(text, start, out)
         # the block ends at the first close tag after the decoded values: tags inside strings are content
-        end = text.find(self.close_tag, json_end)
-        reopen = text.find(self.open_tag, json_end)
-        if end == -1 or (reopen != -1 and reopen < end):
-            stop = len(text) if end == -1 else reopen
-            out.error(self._unclosed(start, text[start:stop], truncated=end == -1))
+        end, stop = self._close_after(text, start, json_end, out)
+        if end == -1:
             return stop
-        stop = end + len(self.close_tag)
         raw = text[start:stop]
         several = len(values) > 1
         for value, value_raw in values:
@@ -201,13 +197,9 @@ class HermesParser:
     def _parse_block_by_search(self, text: str, start: int, out: _Collector) -> int:
         """The JSON does not decode: the block ends at the next close tag found by string search."""
         body_start = start + len(self.open_tag)
-        end = text.find(self.close_tag, body_start)
-        reopen = text.find(self.open_tag, body_start)
-        if end == -1 or (reopen != -1 and reopen < end):
-            stop = len(text) if end == -1 else reopen
-            out.error(self._unclosed(start, text[start:stop], truncated=end == -1))
+        end, stop = self._close_after(text, start, body_start, out)
+        if end == -1:
             return stop
-        stop = end + len(self.close_tag)
         raw = text[start:stop]
         items = _decode_values(text[body_start:end])
         several = sum(not isinstance(item, ParseError) for item in items) > 1
@@ -221,6 +213,18 @@ class HermesParser:
             else:
                 out.call(result)
         return stop
+
+    def _close_after(self, text: str, start: int, pos: int, out: _Collector) -> tuple[int, int]:
+        """The block opened at ``start`` closes at the first close tag from ``pos``: ``(end, stop)``, the
+        tag's index and the index past it.  A block with no close tag before the text ends or the next
+        open tag is an error (recorded in ``out``): ``(-1, where parsing resumes)``."""
+        end = text.find(self.close_tag, pos)
+        reopen = text.find(self.open_tag, pos)
+        if end == -1 or (reopen != -1 and reopen < end):
+            stop = len(text) if end == -1 else reopen
+            out.error(self._unclosed(start, text[start:stop], truncated=end == -1))
+            return -1, stop
+        return end, end + len(self.close_tag)
 
     def _unclosed(self, start: int, raw: str, *, truncated: bool) -> ParseError:
         where = "the end of the text" if truncated else f"the next {self.open_tag}"
@@ -258,9 +262,7 @@ class _Collector:
         self.errors.append(error)
 
     def turn(self) -> ParsedTurn:
-        return ParsedTurn(
-            content="".join(self.outside).strip(), calls=self.calls, errors=self.errors, order=self.order
-        )
+        return ParsedTurn(content="".join(self.outside).strip(), calls=self.calls, errors=self.errors, order=self.order)
 
 
 class _NotJson(ValueError):
