@@ -292,8 +292,11 @@ class RolloutClient:
             )
         if self._broken is not None:
             raise ClientStateError(f"RolloutClient failed: {self._broken!r}")
-        running = asyncio._get_running_loop()
-        if running is not None and running is not self._loop:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:  # a synchronous call outside any loop (abort(), stats() from a thread)
+            return
+        if running is not self._loop:
             # its tasks live on the loop it was opened on, which is not running now: awaiting would hang
             raise ClientStateError(
                 "this RolloutClient was opened on another event loop: use it on the loop that opened it (with "
