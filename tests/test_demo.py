@@ -39,3 +39,24 @@ def test_demo_runs_end_to_end(tmp_path, sdk_home, tool_model) -> None:
     assert report["groups"] == 4
     assert report["tool_calls"] > 0
     assert report["model_tokens_per_s"] > 0
+
+
+def test_demo_and_grpo_configs_refuse_values_that_would_break_them() -> None:
+    import math
+
+    import pytest
+
+    from rollout_sdk.demo import DemoConfig
+    from rollout_sdk.errors import ConfigError
+    from rollout_sdk.rl_demo import GrpoConfig
+
+    for field, value in (("prompts", 0), ("samples", -3), ("max_new_tokens", 0), ("show", -1)):
+        with pytest.raises(ConfigError, match=f"{field}={value}"):
+            DemoConfig(**{field: value})
+    for field, value in (("steps", 0), ("prompts", 0), ("group", 1), ("eval_instances", -1)):
+        with pytest.raises(ConfigError, match=f"{field}={value}"):
+            GrpoConfig(**{field: value})
+    for lr in (0.0, -1e-3, math.nan, math.inf):
+        with pytest.raises(ConfigError, match="lr="):
+            GrpoConfig(lr=lr)
+    GrpoConfig(group=2, eval_instances=0)  # the smallest that works

@@ -17,6 +17,7 @@ from typing import Any
 
 from .client import ClientConfig, RolloutClient
 from .engines.cpu import CpuEngineConfig
+from .errors import ConfigError
 
 __all__ = ["DemoConfig", "run_demo"]
 
@@ -39,6 +40,11 @@ class DemoConfig:
     progress: bool = True
     #: also write every trajectory (JSONL, rollout_sdk.export) to this file
     export: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, least in (("prompts", 1), ("samples", 1), ("max_new_tokens", 1), ("show", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(name, getattr(self, name), f"must be >= {least}")
 
 
 def _model_line(path: str) -> str:

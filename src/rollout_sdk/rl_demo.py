@@ -19,6 +19,7 @@ the largest gap to the engine's logprobs of the same tokens: ~1e-6, the same wei
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any
 
 from .client import RolloutClient
 from .engines.cpu import CpuEngineConfig
+from .errors import ConfigError
 
 __all__ = ["GrpoConfig", "run_grpo"]
 
@@ -42,6 +44,14 @@ class GrpoConfig:
     #: held-back instances solved greedily before and after training (0: skip)
     eval_instances: int = 50
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        # a group of one has no relative advantage: GRPO compares a group's trajectories
+        for name, least in (("steps", 1), ("prompts", 1), ("group", 2), ("eval_instances", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(name, getattr(self, name), f"must be >= {least}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError("lr", self.lr, "must be finite and > 0")
 
 
 async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) -> list[dict[str, float]]:
