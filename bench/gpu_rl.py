@@ -250,7 +250,7 @@ def http_argv(model: str, port: int, a: argparse.Namespace, max_total_tokens: in
         "--mem-fraction-static", str(a.http_mem_fraction), "--max-total-tokens", str(max_total_tokens),
         "--cuda-graph-max-bs-decode", str(a.graph_bs), "--disable-prefill-cuda-graph",
         "--random-seed", "0", "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
+    ] + (["--max-running-requests", str(a.max_running)] if a.max_running else [])  # fmt: skip
 
 
 def wait_http(url: str, proc: subprocess.Popen[Any] | None, timeout: float) -> None:
@@ -408,6 +408,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                 mem_fraction_static=a.mem_fraction,
                 cuda_graph_max_bs=a.graph_bs,
                 random_seed=0,
+                max_running_requests=a.max_running or None,
                 extra={"disable_prefill_cuda_graph": True, "max_total_tokens": max_total_tokens},
             )
         )
@@ -624,6 +625,9 @@ def main() -> None:
     ap.add_argument("--http-mem-fraction", type=float, default=0.4)
     ap.add_argument("--max-total-tokens", type=int, default=0, help="KV pool of both engines (0: per shape)")
     ap.add_argument("--graph-bs", type=int, default=512)
+    ap.add_argument(
+        "--max-running", type=int, default=0, help="the engines' max_running_requests (0: SGLang's own choice)"
+    )
     ap.add_argument("--http-connections", type=int, default=20000)
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--queue-fraction", type=float, default=None, help="the SDK client's AdmissionConfig")

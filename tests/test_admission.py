@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 from hypothesis import given
@@ -94,7 +95,8 @@ def test_limit_is_always_within_bounds(
     if ceiling is not None:
         assert c.limit <= ceiling
     if max_running is not None and max_running > 0 and not c.kv_bound:
-        assert c.limit <= max(cfg.min_limit, max_running + max(cfg.min_queue, -(-max_running // 8)))
+        queue = max(cfg.min_queue, math.ceil(cfg.queue_fraction * max_running))
+        assert c.limit <= max(cfg.min_limit, max_running + queue)
 
 
 async def test_client_window_follows_the_servers_running_limit(fake_servers) -> None:

@@ -312,3 +312,30 @@ async def test_load_never_shows_more_than_runs_here(engine) -> None:
     eng._load = EngineLoad(running=1, queued=0)
     assert eng.load().running == 1  # a fresh snapshot below what runs is kept as it is
     await asyncio.gather(*tasks)
+
+
+async def test_gc_freeze_uses_sglangs_call_and_a_failure_is_not_fatal(engine, caplog) -> None:
+    """After start the engine asks SGLang to freeze the garbage collector (here and in its scheduler); an
+    SGLang without the call, or one that fails it, leaves the engine serving."""
+    eng, tm = engine
+    calls: list[str] = []
+
+    async def freeze_gc() -> None:
+        calls.append("freeze")
+
+    tm.freeze_gc = freeze_gc  # type: ignore[attr-defined]
+    await eng._freeze_gc()
+    assert calls == ["freeze"]
+
+    async def broken() -> None:
+        raise RuntimeError("no scheduler")
+
+    tm.freeze_gc = broken  # type: ignore[attr-defined]
+    with caplog.at_level("WARNING", logger="rollout_sdk.engines.sglang"):
+        await eng._freeze_gc()
+    assert "freezing the garbage collector failed" in caplog.text
+    del tm.freeze_gc  # an SGLang without it
+    await eng._freeze_gc()
+    r = await eng.generate(req("after", 5))
+    assert exact(r, 5)
+    assert SglangEngineConfig(model_path="/m").freeze_gc is True

@@ -58,6 +58,7 @@ _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 _EVENTS = int(zmq.EVENTS)
 _NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
 def new_context() -> zmq.Context[zmq.Socket[bytes]]:
@@ -213,7 +214,10 @@ class RouterEndpoint:
     def send(self, ident: bytes, payload: bytes) -> bool:
         """Send to one peer without blocking.  False when the peer is gone (the reply is dropped)."""
         try:
-            self._sock.send_multipart([ident, payload], _NOBLOCK)
+            # the two frames by hand: send_multipart does IntFlag arithmetic per frame (~3 us a reply).  A
+            # ROUTER decides at the first frame (EHOSTUNREACH / EAGAIN); the second always follows it.
+            self._sock.send(ident, _SNDMORE_NOBLOCK)
+            self._sock.send(payload, _NOBLOCK)
             return True
         except zmq.ZMQError as exc:
             if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):

@@ -46,8 +46,10 @@ class AdmissionConfig:
     ceiling: int | None = None
     #: the window while the server has not reported its capacity
     fallback: int = 512
-    #: queue kept behind the engine's running batch, as a fraction of its running limit ...
-    queue_fraction: float = 0.125
+    #: queue kept behind the engine's running batch, as a fraction of its running limit (1.0: a whole
+    #: running batch waits behind the running one, so a wave of requests finishing at once is replaced
+    #: from the engine's own queue, not through a client round trip) ...
+    queue_fraction: float = 1.0
     #: ... and at least this many requests
     min_queue: int = 32
     #: KV usage at or above which a server that already queues is treated as KV-bound ...

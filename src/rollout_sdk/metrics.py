@@ -137,7 +137,9 @@ class ClientMetrics(Collector):
         self.tool_duration = self._histogram(
             "rollout_agent_tool_duration_seconds", "Tool call latency, by tool.", ("tool",), TOOL_BUCKETS
         )
-        self._lock = threading.Lock()  # the counters below are read on the scrape thread
+        # the token counters have one writer (the event loop) and are read whole on the scrape thread, so they
+        # need no lock; the dicts below do (the scrape thread iterates them)
+        self._lock = threading.Lock()
         self._output_tokens = 0
         self._prompt_tokens = 0
         self._updates: dict[tuple[str, str], int] = {}
@@ -161,9 +163,8 @@ class ClientMetrics(Collector):
             self.queue_wait.observe(max(0.0, lc.dispatched_at - lc.queued_at))
             if lc.first_token_at is not None:
                 self.ttft.observe(max(0.0, lc.first_token_at - lc.dispatched_at))
-        with self._lock:
-            self._output_tokens += len(result.output_ids)
-            self._prompt_tokens += result.prompt_tokens
+        self._output_tokens += len(result.output_ids)
+        self._prompt_tokens += result.prompt_tokens
 
     def observe_weight_update(self, method: str, seconds: float, *, ok: bool) -> None:
         if ok:
@@ -231,8 +232,8 @@ class ClientMetrics(Collector):
         yield GaugeMetricFamily(
             "rollout_client_weight_version", "Last weight version pushed through this client.", value=version
         )
+        out, prompt = self._output_tokens, self._prompt_tokens
         with self._lock:
-            out, prompt = self._output_tokens, self._prompt_tokens
             updates, tools = dict(self._updates), dict(self._tools)
         yield CounterMetricFamily("rollout_client_output_tokens", "Tokens generated (rate() is tokens/s).", value=out)
         yield CounterMetricFamily("rollout_client_prompt_tokens", "Prompt tokens of finished requests.", value=prompt)

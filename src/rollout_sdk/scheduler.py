@@ -330,8 +330,9 @@ class Scheduler:
                 conn.aborted += 1
             else:
                 conn.completed += 1
-            result = msgspec.structs.replace(
-                result, lifecycle=_lifecycle(result, queued_at, dispatched_at, dt, attempt + 1, failed_over_from)
+            # the result was decoded from this request's reply and nobody else holds it: set it in place
+            msgspec.structs.force_setattr(
+                result, "lifecycle", _lifecycle(result, queued_at, dispatched_at, dt, attempt + 1, failed_over_from)
             )
             if self.on_result is not None:
                 self.on_result(result)

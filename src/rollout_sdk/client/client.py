@@ -73,6 +73,7 @@ log = logging.getLogger("rollout_sdk.client")
 T = TypeVar("T")
 PauseMode = Literal["abort", "hold", "retract", "in_place"]
 WeightMethod = Literal["distributed", "ipc"]
+_DEFAULT_SAMPLING = SamplingParams()  # frozen: shared by every request that names no sampling
 
 
 class RolloutClient:
@@ -337,9 +338,17 @@ class RolloutClient:
         ServerUnavailableError / EngineDeadError.
         """
         self._check_open()
-        req = self._as_request(request, sampling, session_id)
-        if not req.rid:
-            req = msgspec.structs.replace(req, rid=f"{self._rid_prefix}-{next(self._rid_counter)}")
+        if isinstance(request, list) and request:  # the common case, built (and validated) once with its rid
+            req = GenerateRequest(
+                input_ids=list(request),  # our own copy: the caller may reuse its list
+                sampling=sampling if sampling is not None else _DEFAULT_SAMPLING,
+                session_id=session_id,
+                rid=f"{self._rid_prefix}-{next(self._rid_counter)}",
+            )
+        else:
+            req = self._as_request(request, sampling, session_id)
+            if not req.rid:
+                req = msgspec.structs.replace(req, rid=f"{self._rid_prefix}-{next(self._rid_counter)}")
         payload = encode(req)
         timeout = self.config.timeout_s if isinstance(timeout, UseClientDefault) else timeout
         retries = self.config.retries if isinstance(retries, UseClientDefault) else retries

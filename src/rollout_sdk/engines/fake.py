@@ -65,10 +65,19 @@ class FakeEngineConfig:
 
 
 class _Req:
-    __slots__ = ("done", "future", "logprobs", "out", "req", "started_at", "t0", "target", "versions")
+    __slots__ = ("done", "future", "logprobs", "out", "req", "started_at", "stops", "t0", "target", "versions")
 
-    def __init__(self, req: GenerateRequest, target: list[int], future: asyncio.Future[GenerateResult]):
+    def __init__(
+        self,
+        req: GenerateRequest,
+        target: list[int],
+        future: asyncio.Future[GenerateResult],
+        eos_token_ids: Sequence[int],
+    ) -> None:
         self.req = req
+        sp = req.sampling
+        # the ids that stop it, once per request (not per token)
+        self.stops = frozenset(sp.stop_token_ids if sp.ignore_eos else (*sp.stop_token_ids, *eos_token_ids))
         self.target = target
         self.out: list[int] = []
         self.logprobs: list[float] = []
@@ -155,7 +164,7 @@ class FakeEngine(Engine):
             raise InvalidRequestError("rid", req.rid, "a request with this rid is already in flight")
         self.requests_seen.append(req)
         fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
-        r = _Req(req, self._target(req), fut)
+        r = _Req(req, self._target(req), fut, self.config.eos_token_ids)
         self._reqs[req.rid] = r
         limit = self.config.die_after_requests
         if limit is not None and len(self.requests_seen) >= limit:
@@ -187,10 +196,7 @@ class FakeEngine(Engine):
         r.out.append(tok)
         r.logprobs.append(-0.1 * (1 + len(r.out) % 7))
         append_segments(r.versions, ((self._weight_version, 1),))
-        stops = set(sp.stop_token_ids)
-        if not sp.ignore_eos:
-            stops.update(self.config.eos_token_ids)
-        if tok in stops and len(r.out) >= sp.min_new_tokens:
+        if tok in r.stops and len(r.out) >= sp.min_new_tokens:
             self._finish(r, "stop", matched=tok)
             return True
         if len(r.out) >= sp.max_new_tokens or len(r.out) >= len(r.target):

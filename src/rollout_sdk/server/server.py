@@ -478,10 +478,9 @@ class EngineServer:
         self._peers.accepted(ident)
         self._idle.clear()
         assert self._tg is not None
-        if checked:  # our own object (decoded off the loop): no copy, no second pass over its ids
-            msgspec.structs.force_setattr(req, "rid", engine_rid)
-        else:
-            req = msgspec.structs.replace(req, rid=engine_rid)
+        # the request is this server's own object (decoded from the frame here or off the loop): the engine
+        # rid is set in place, with no copy and no second validation pass over its ids
+        msgspec.structs.force_setattr(req, "rid", engine_rid)
         flight.task = self._tg.create_task(self._run_generate(flight, req, engine_rid))
 
     def _check_supported(self, req: GenerateRequest) -> None:

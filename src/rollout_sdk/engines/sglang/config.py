@@ -46,6 +46,10 @@ class SglangEngineConfig:
     log_level: str = "warning"
     #: seconds allowed for the engine to start (model load, KV allocation, CUDA graphs)
     startup_timeout_s: float = 1200.0
+    #: after start, move every object made so far (torch, SGLang, the model) out of the garbage collector's
+    #: reach, in this process and in SGLang's scheduler (SGLang's ``freeze_gc``): a full collection over that
+    #: heap stalled the event loop ~0.5 s per pass on an H200 (docs/benchmarks.md section 15)
+    freeze_gc: bool = True
     #: any other ServerArgs field, passed through unchanged
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -153,8 +153,19 @@ class SglangEngine(Engine):
         self._top_k = int(getattr(hf_text, "num_experts_per_tok", 0) or 0)
         if self.supports_routed_experts and self._top_k <= 0:
             self.supports_routed_experts = False  # not an MoE model: refuse the flag instead of failing later
+        if self.config.freeze_gc:
+            await self._freeze_gc()
         self._load_task = asyncio.create_task(self._refresh_load(), name="sglang-load")
         log.info("SGLang engine ready in %.1fs: %s", self.startup_s, self.config.model_path)
+
+    async def _freeze_gc(self) -> None:
+        """SGLang's ``freeze_gc``: ``gc.freeze()`` here and in the scheduler (it only sends a message there).
+        Advisory: a failure is logged, never fatal."""
+        try:
+            async with asyncio.timeout(30):
+                await self._tm.freeze_gc()
+        except Exception:
+            log.warning("freezing the garbage collector failed; continuing without", exc_info=True)
 
     def _build(self) -> Any:
         import sglang
