@@ -38,7 +38,9 @@ async def until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> N
 
 
 async def test_added_server_takes_the_next_request(fake_servers) -> None:
-    a, b = await fake_servers(2, SLOW)
+    gate = asyncio.Event()  # a's requests stay in flight until the end, however slow add_server is
+    (a,) = await fake_servers(1, SLOW, gate=gate)
+    (b,) = await fake_servers(1, SLOW)
     async with RolloutClient(servers=[a.address]) as client:
         busy = [asyncio.create_task(client.generate(_req(i, n=200))) for i in range(8)]
         await until(lambda: client.stats().servers[0].in_flight == 8, "8 requests in flight on a")
@@ -49,6 +51,7 @@ async def test_added_server_takes_the_next_request(fake_servers) -> None:
         assert r.server_id == b.server_id and r.incarnation == b.incarnation
         assert (await client.add_server(b.address)).incarnation == b.incarnation  # idempotent
         assert len(client.servers) == 2
+        gate.set()
         await asyncio.gather(*busy)
 
 
