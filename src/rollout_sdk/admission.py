@@ -11,8 +11,9 @@ pressure into a *limit*, re-computed on every heartbeat (Pong)::
 
 The rule (all numbers per server, from the latest Pong):
 
-* **capacity known** (the engine reports ``max_running``): keep the engine saturated with a short queue
-  behind its running batch, so a finishing request is replaced without a client round trip::
+* **capacity known** (the engine reports ``max_running``): keep the engine saturated with a queue behind
+  its running batch (by default one more running batch), so finishing requests are replaced from the
+  engine's own queue without a client round trip, even when a whole wave finishes at once::
 
       target = max_running + queue          queue = max(min_queue, ceil(queue_fraction * max_running))
 
