@@ -40,7 +40,7 @@ __all__ = ["DecodeWorker", "decode_generate_frame", "free_ids_in_chunks", "ids_f
 #: token ids are turned into Python ints (and freed) this many at a time, yielding in between (~0.1 ms each)
 _IDS_CHUNK = 4096
 #: the decode worker's niceness: it is background work, and on a machine with few cores the OS must not let
-#: it preempt the serving event loop (measured: p99 loop lag 5.7 ms -> see docs/benchmarks.md section 11)
+#: it preempt the serving event loop (measured: p99 loop lag 5.7 -> 3.7 ms, docs/benchmarks.md section 11b)
 _WORKER_NICENESS = 10
 
 
