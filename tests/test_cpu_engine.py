@@ -135,10 +135,13 @@ async def test_penalties_change_greedy_output(engine: CpuEngine) -> None:
 
 async def test_pause_modes(engine: CpuEngine) -> None:
     p = _prompts(1, seed=12)[0]
-    want = (await engine.generate(_req(p, "pm0", temperature=0, max_new_tokens=40, **DIVERSE))).output_ids
+    # long enough that the request is still running when the pause lands on a fast machine (40 tokens once
+    # left a 2x margin over the fixed sleep that used to stand before the pause)
+    want = (await engine.generate(_req(p, "pm0", temperature=0, max_new_tokens=150, **DIVERSE))).output_ids
     for mode in ("in_place", "retract"):
-        task = asyncio.create_task(engine.generate(_req(p, f"pm-{mode}", temperature=0, max_new_tokens=40, **DIVERSE)))
-        await asyncio.sleep(0.1)
+        task = asyncio.create_task(engine.generate(_req(p, f"pm-{mode}", temperature=0, max_new_tokens=150, **DIVERSE)))
+        while not engine.load().running:  # a condition: the request is running, then pause it
+            await asyncio.sleep(0.005)
         await engine.pause(mode)  # type: ignore[arg-type]
         assert engine.paused
         await asyncio.sleep(0.1)

@@ -21,8 +21,10 @@ from rollout_sdk import (
 from rollout_sdk.engines.fake import FakeEngineConfig
 from rollout_sdk.protocol import (
     Abort,
+    ControlReply,
     ErrorReply,
     GenerateResult,
+    PauseGeneration,
     Ping,
     Pong,
     decode_server_message,
@@ -156,6 +158,10 @@ async def test_bad_input_gets_typed_errors_and_the_server_keeps_serving(cpu_serv
 async def test_duplicate_rid_in_flight_is_refused(cpu_server) -> None:
     raw = RawClient(cpu_server.address)
     try:
+        # a paused engine holds requests: the first stays in flight however fast the engine or slow this test
+        # process is (it once finished all its tokens before the Abort below reached a loaded machine's server)
+        await raw.sock.send(encode(PauseGeneration(call_id="hold", mode="in_place")))
+        assert isinstance(await raw.recv(), ControlReply)
         req = msgspec.structs.replace(_gen(0, max_new_tokens=500, ignore_eos=True), rid="dup")
         await raw.sock.send(encode(req))
         await raw.sock.send(encode(req))
