@@ -180,6 +180,36 @@ async def test_reused_rid_on_the_wire_gets_a_typed_error_and_the_first_is_answer
             assert server.stats().in_flight == 0
 
 
+async def test_an_abort_handled_before_its_request_reached_the_engine_still_aborts_it() -> None:
+    """A request and its Abort in one recv batch: the Abort is handled before the request's task first runs,
+    when the engine has not seen the request.  It must still end as ``abort`` (it used to be lost: the request
+    then ran to its end, or here, behind a closed gate, forever).  Driven through the server's message handler
+    directly, both in one loop step, so the order is certain rather than likely."""
+    gate = asyncio.Event()  # never opened: a request that reaches the engine never finishes
+    engine = FakeEngine(gate=gate)
+    ident = b"early-abort-client"
+    async with serving(engine) as server:
+        raw = Raw.__new__(Raw)  # a Raw whose routing id is known, so the server's replies reach it
+        raw.ctx = zmq.asyncio.Context()
+        raw.sock = raw.ctx.socket(zmq.DEALER)
+        raw.sock.setsockopt(zmq.LINGER, 0)
+        raw.sock.setsockopt(zmq.ROUTING_ID, ident)
+        raw.sock.connect(server.address)
+        try:
+            await raw.ping()  # connected and heard from: replies can reach it
+            server._handle(ident, encode(_req(1, rid="early")))
+            server._handle(ident, encode(Abort("early")))  # same loop step: the request's task has not run
+            done = await raw.recv()
+            while isinstance(done, Pong):  # a heartbeat answer may come first
+                done = await raw.recv()
+            assert isinstance(done, GenerateResult)
+            assert (done.rid, done.finish_reason, done.output_ids) == ("early", "abort", [])
+            assert not any(r.rid.endswith(":early") for r in engine.requests_seen)  # the engine never ran it
+            assert server.stats().in_flight == 0
+        finally:
+            raw.close()
+
+
 # -- 4. bounded wire --------------------------------------------------------------------------------------
 
 

@@ -136,13 +136,16 @@ def authorize(msg: msgspec.Struct, role: str | None) -> None:
 
 
 class _Flight:
-    __slots__ = ("big", "ident", "rid", "task")
+    __slots__ = ("aborted", "big", "ident", "rid", "task")
 
     def __init__(self, ident: bytes, rid: str, big: bool = False) -> None:
         self.ident = ident
         self.rid = rid
         self.big = big  # decoded off the loop: its ids are also freed a chunk at a time
         self.task: asyncio.Task[None] | None = None
+        # an Abort arrived: also when it was handled before this request's task first ran (the same recv
+        # batch, or the next one on a busy loop), when the engine has not seen the request yet
+        self.aborted = False
 
 
 class EngineServer:
@@ -498,7 +501,18 @@ class EngineServer:
     async def _run_generate(self, flight: _Flight, req: GenerateRequest, engine_rid: str) -> None:
         reply: msgspec.Struct
         try:
-            result: GenerateResult = await self.engine.generate(req)
+            result: GenerateResult
+            if flight.aborted:  # aborted before the engine saw it: answered as an abort with no tokens
+                result = GenerateResult(
+                    rid=req.rid,
+                    output_ids=[],
+                    finish_reason="abort",
+                    prompt_tokens=len(req.input_ids),
+                    weight_version=self.engine.weight_version,
+                    logprobs=[] if req.return_logprobs else None,
+                )
+            else:  # no await between the check and the engine registering the request (its first step)
+                result = await self.engine.generate(req)
             reply = msgspec.structs.replace(
                 result, rid=flight.rid, server_id=self.server_id, incarnation=self.incarnation
             )
@@ -533,7 +547,7 @@ class EngineServer:
         if rid:
             engine_rid = self._by_client.get((ident, rid))
             if engine_rid is not None:
-                self.engine.abort(engine_rid)
+                self._abort_one(engine_rid)
                 return 1
             return 0
         if not self._peers.holds(ident):
@@ -541,9 +555,15 @@ class EngineServer:
         n = 0
         for (who, _), engine_rid in list(self._by_client.items()):
             if who == ident:
-                self.engine.abort(engine_rid)
+                self._abort_one(engine_rid)
                 n += 1
         return n
+
+    def _abort_one(self, engine_rid: str) -> None:
+        flight = self._flights.get(engine_rid)
+        if flight is not None:
+            flight.aborted = True  # in case its task has not reached the engine yet
+        self.engine.abort(engine_rid)
 
     # -- large frames (frames.py) ---------------------------------------------------------------------
 
