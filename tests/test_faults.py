@@ -53,10 +53,12 @@ HANG_GUARD_S = 60.0  # only against a hang: no assertion depends on it
 class Raw:
     """A bare DEALER socket for the wire-level tests."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, routing_id: bytes | None = None) -> None:
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if routing_id is not None:  # a known identity: the server's replies to it can be addressed by hand
+            self.sock.setsockopt(zmq.ROUTING_ID, routing_id)
         self.sock.connect(address)
 
     async def send(self, msg: msgspec.Struct | bytes) -> None:
@@ -189,12 +191,7 @@ async def test_an_abort_handled_before_its_request_reached_the_engine_still_abor
     engine = FakeEngine(gate=gate)
     ident = b"early-abort-client"
     async with serving(engine) as server:
-        raw = Raw.__new__(Raw)  # a Raw whose routing id is known, so the server's replies reach it
-        raw.ctx = zmq.asyncio.Context()
-        raw.sock = raw.ctx.socket(zmq.DEALER)
-        raw.sock.setsockopt(zmq.LINGER, 0)
-        raw.sock.setsockopt(zmq.ROUTING_ID, ident)
-        raw.sock.connect(server.address)
+        raw = Raw(server.address, routing_id=ident)
         try:
             await raw.ping()  # connected and heard from: replies can reach it
             server._handle(ident, encode(_req(1, rid="early")))
