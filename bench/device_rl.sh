@@ -11,6 +11,11 @@ SG=${SG:-.whl/sglang}
 EXTRA=${EXTRA:-.whl/extra}
 source "$EXTRA/install-sglang.sh" "$SG" >/dev/null || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --root-user-action=ignore --target /tmp/site "$EXTRA"/*.whl 2>&1 | grep -v WARNING
+export PATH=/tmp/site/bin:$PATH  # py-spy (carried in EXTRA) for bench/gpu_soak.py's live dumps
+# rollout-sdk is not pip-installed there: its SGLang plugin entry point (pyproject.toml) needs dist-info
+mkdir -p /tmp/site/rollout_sdk-0.1.0.dist-info
+printf 'Metadata-Version: 2.1\nName: rollout-sdk\nVersion: 0.1.0\n' >/tmp/site/rollout_sdk-0.1.0.dist-info/METADATA
+printf '[sglang.srt.plugins]\nrollout_sdk_radix_eviction = rollout_sdk.engines.sglang.radix_patch:plugin\n' >/tmp/site/rollout_sdk-0.1.0.dist-info/entry_points.txt
 export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 ROLLOUT_SDK_HOME=/tmp/rsdk
 quiet() { grep -v -E "^\[20|^Loading|it/s\]|^\s*$" ; }
 for step in "$@"; do
@@ -27,6 +32,11 @@ for step in "$@"; do
     gputests) timeout 470 python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rA --durations=0 >$OUT/gputests.log 2>&1; tail -25 $OUT/gputests.log ;;
     http05) timeout 575 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --http --budget-s 555 --json $OUT/rl-0.5b-http.json --log-dir $OUT 2>$OUT/rl-0.5b-http.log; tail -8 $OUT/rl-0.5b-http.log | quiet ;;
     http7) timeout 575 python3 bench/gpu_rl.py --shape 7b --reps 3 --http --max-running 1024 --budget-s 555 --json $OUT/rl-7b-http.json --log-dir $OUT 2>$OUT/rl-7b-http.log; tail -8 $OUT/rl-7b-http.log | quiet ;;
+    radix) timeout 120 python3 bench/sglang_radix_evict.py --both --leaves 1000 8000 32000 64000 --calls 20 2>&1 | grep -v -i warn | tail -7 ;;
+    soakab) timeout 575 python3 bench/gpu_soak.py --shape 0.5b --steps ${SOAK_STEPS:-4} --patch-after-step ${SOAK_PATCH_AT:-1} --workloads grpo short oversub long agent --max-total-tokens 3000000 --no-update-flush --budget-s ${SOAK_BUDGET:-400} --json $OUT/soakab-0.5b.json --stacks-json $OUT/stacks-ab.json 2>$OUT/soakab-0.5b.log; tail -12 $OUT/soakab-0.5b.log | quiet ;;
+    soakfix) timeout ${SOAK_TIMEOUT:-290} python3 bench/gpu_soak.py --shape 0.5b --patch-after-step 0 --max-total-tokens 3000000 --no-update-flush --plan raw:grpo raw:short raw:oversub raw:long128 FIX raw:long128 sdk:long128 sdk:long --json $OUT/soakfix.json --stacks-json $OUT/stacks-fix.json 2>$OUT/soakfix.log; grep -a "soak " $OUT/soakfix.log | tail -12 ;;
+    soak05) timeout 580 python3 bench/gpu_soak.py --shape 0.5b --steps ${SOAK_STEPS:-6} --budget-s ${SOAK_BUDGET:-430} --json $OUT/soak-0.5b.json --stacks-json $OUT/stacks-0.5b.json 2>$OUT/soak-0.5b.log; tail -48 $OUT/soak-0.5b.log | quiet ;;
+    soak7) timeout 580 python3 bench/gpu_soak.py --shape 7b --steps ${SOAK_STEPS:-3} --budget-s ${SOAK_BUDGET:-400} --json $OUT/soak-7b.json --stacks-json $OUT/stacks-7b.json 2>$OUT/soak-7b.log; tail -40 $OUT/soak-7b.log | quiet ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -339,8 +339,14 @@ class ServerMetrics(Collector):
             "Requests answered, by outcome (completed, aborted, error).",
             labels=["server", "outcome"],
         )
+        stalls = CounterMetricFamily(
+            "rollout_server_engine_stalls",
+            "Stalls the stall detector declared (server/stall.py).",
+            labels=["server"],
+        )
         for sid, snapshot in servers:
             s = snapshot()
+            stalls.add_metric([sid], s.stalls)
             gauge("rollout_server_requests_in_flight", "Requests the server holds now.").add_metric([sid], s.in_flight)
             gauge("rollout_server_engine_running", "Requests the engine decodes now.").add_metric([sid], s.running)
             gauge("rollout_server_engine_queued", "Requests waiting inside the engine.").add_metric([sid], s.queued)
@@ -353,6 +359,9 @@ class ServerMetrics(Collector):
             gauge("rollout_server_engine_up", "1 while the engine is alive.").add_metric([sid], float(s.engine_alive))
             gauge("rollout_server_paused", "1 while generation is paused.").add_metric([sid], float(s.paused))
             gauge("rollout_server_draining", "1 while the server shuts down.").add_metric([sid], float(s.draining))
+            gauge(
+                "rollout_server_engine_stalled", "1 while the stall detector sees the engine's progress collapsed."
+            ).add_metric([sid], float(s.stalled))
             if s.kv_usage is not None:
                 gauge("rollout_server_kv_cache_usage_ratio", "Fraction of the KV cache in use.").add_metric(
                     [sid], s.kv_usage
@@ -362,6 +371,7 @@ class ServerMetrics(Collector):
             requests.add_metric([sid, "error"], s.errors)
         yield from fams.values()
         yield requests
+        yield stalls
         prompt = CounterMetricFamily(
             "rollout_server_prompt_tokens", "Prompt tokens of answered requests.", labels=["server"]
         )

@@ -396,6 +396,11 @@ class ServerStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     max_running_requests: int | None = None
     #: which process this is: a server restarted at the same address answers with a new one
     incarnation: str = ""
+    #: the server's stall detector: the engine's progress collapsed while requests run, or its loop is
+    #: blocked (``stall_reason`` says which); ``stalls`` counts them since start
+    stalled: bool = False
+    stalls: int = 0
+    stall_reason: str = ""
 
 
 class Pong(msgspec.Struct, tag="pong", frozen=True):

@@ -7,7 +7,8 @@ An engine lives inside one server process, on that server's event loop.  The ser
   whatever happens to the request (``finish_reason='abort'`` with the tokens so far when aborted) and
   raises :class:`EngineDeadError` only when the engine itself died;
 * ``engine.abort(rid)`` (sync, idempotent, unknown rids ignored) to cut one request short;
-* ``engine.load()`` for live load (cheap, sync, called on every heartbeat);
+* ``engine.load()`` for live load (cheap, sync, called on every heartbeat), ``engine.progress()`` for the
+  stall detector;
 * the lifecycle hooks below, which a backend may leave unsupported (they raise
   :class:`UnsupportedOperationError`).
 
@@ -152,6 +153,11 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def load(self) -> EngineLoad: ...
+
+    def progress(self) -> int | None:
+        """A counter that grows with the tokens the engine decodes (running requests included), for the
+        server's stall detector (server/stall.py); None where the engine cannot tell.  Cheap and sync."""
+        return None
 
     # -- lifecycle hooks for trainers (optional) ---------------------------------------------------------
 

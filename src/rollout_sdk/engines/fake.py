@@ -115,6 +115,9 @@ class FakeEngine(Engine):
         self._resumed.set()
         self._paused = False
         self._loop_task: asyncio.Task[None] | None = None
+        self._decoded = 0  # tokens emitted (progress())
+        #: fault injection: every step takes this many times its modelled time (a stalling engine)
+        self.step_scale = 1.0
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -247,13 +250,15 @@ class FakeEngine(Engine):
                 continue
             # sleep to a running deadline: the loop's timer rounds each sleep to a millisecond, so a
             # per-step sleep would drift from the model; this keeps the average step exact
-            deadline = max(deadline, loop.time()) + c.step_base_s + c.step_per_seq_s * len(self._running)
+            step_s = (c.step_base_s + c.step_per_seq_s * len(self._running)) * self.step_scale
+            deadline = max(deadline, loop.time()) + step_s
             await asyncio.sleep(deadline - loop.time())
             if self._paused:
                 continue
             for r in self._running:
                 if not r.done:
                     self._emit(r)
+                    self._decoded += 1
 
     def abort(self, rid: str) -> None:
         r = self._reqs.get(rid)
@@ -263,6 +268,9 @@ class FakeEngine(Engine):
 
     def running_rids(self) -> Sequence[str]:
         return list(self._reqs)
+
+    def progress(self) -> int:
+        return self._decoded
 
     def load(self) -> EngineLoad:
         running = sum(1 for r in self._running if not r.done)

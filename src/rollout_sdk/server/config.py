@@ -44,6 +44,13 @@ class ServerConfig:
     max_requests: int = 4096
     #: a client silent this long (no message, not even a Ping) is gone: its requests are aborted
     client_timeout_s: float = 30.0
+    #: the stall detector (server/stall.py): an engine whose tokens/s per running request falls below
+    #: ``stall_ratio`` x what a batch of its size made within the last 15 minutes, over ``stall_window_s``,
+    #: is reported stalled (stats, metrics, one log line); so is a tick of the server's loop later than
+    #: ``stall_loop_lag_s``.  It samples every ``stall_window_s / 10``; None turns it off
+    stall_window_s: float | None = 10.0
+    stall_ratio: float = 0.25
+    stall_loop_lag_s: float = 2.0
 
     #: CURVE keys and roles (``ServerAuth.from_env()``, ``JobSecret.server_auth()``); None: no
     #: authentication, which only a loopback bind allows
@@ -61,5 +68,11 @@ class ServerConfig:
         for name in ("max_generate_bytes", "max_control_bytes", "max_requests", "max_offloaded_decodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "must be >= 1")
+        if self.stall_window_s is not None and not 0.0 < self.stall_window_s <= MAX_TIMEOUT_S:
+            raise ConfigError("stall_window_s", self.stall_window_s, f"must be in (0, {MAX_TIMEOUT_S:.0f}] s or None")
+        if not 0.0 < self.stall_ratio < 1.0:
+            raise ConfigError("stall_ratio", self.stall_ratio, "must be in (0, 1)")
+        if not 0.0 < self.stall_loop_lag_s <= MAX_TIMEOUT_S:
+            raise ConfigError("stall_loop_lag_s", self.stall_loop_lag_s, f"must be in (0, {MAX_TIMEOUT_S:.0f}] seconds")
         if self.offload_decode_bytes < 0:
             raise ConfigError("offload_decode_bytes", self.offload_decode_bytes, "must be >= 0")

@@ -110,6 +110,7 @@ from ..protocol import (
 from .config import ServerConfig
 from .frames import DecodeWorker, free_ids_in_chunks, ids_from_uint32, oversize
 from .peers import Peers
+from .stall import Sample, StallDetector
 
 if TYPE_CHECKING:
     from ..metrics import ServerMetrics
@@ -197,6 +198,13 @@ class EngineServer:
         self._controls: set[asyncio.Task[None]] = set()
         self._decoder = DecodeWorker(self.config.max_offloaded_decodes)
         self._stop_deadline: float | None = None
+        c = self.config
+        self._stall = StallDetector(
+            window_s=c.stall_window_s or 10.0,
+            ratio=c.stall_ratio,
+            loop_lag_s=c.stall_loop_lag_s,
+            history_s=max(900.0, 2 * (c.stall_window_s or 10.0)),
+        )
 
     # -- running -----------------------------------------------------------------------------------
 
@@ -234,6 +242,7 @@ class EngineServer:
                     sweep = tg.create_task(
                         self._peers.sweep(self._endpoint, self.stats), name=f"{self.server_id}-sweeper"
                     )
+                    stall = tg.create_task(self._watch_progress(), name=f"{self.server_id}-stall")
                     if on_ready is not None:
                         on_ready(self.address)
                     await self._stop.wait()
@@ -241,6 +250,7 @@ class EngineServer:
                     recv.cancel()
                     watch.cancel()
                     sweep.cancel()
+                    stall.cancel()
             finally:
                 self._tg = None
                 if self.metrics is not None:
@@ -321,6 +331,9 @@ class EngineServer:
             kv_capacity_tokens=load.kv_capacity_tokens,
             max_running_requests=load.max_running_requests,
             incarnation=self.incarnation,
+            stalled=self._stall.stalled,
+            stalls=self._stall.stalls,
+            stall_reason=self._stall.reason,
         )
 
     @property
@@ -395,6 +408,23 @@ class EngineServer:
                     await asyncio.sleep(0)  # a long batch never holds the loop: timers and replies run
                     self._now = loop.time()
                     t0 = perf()
+
+    async def _watch_progress(self) -> None:
+        """The stall detector's ticker (server/stall.py): the engine's progress and how late the tick came."""
+        if self.config.stall_window_s is None:
+            return
+        loop = asyncio.get_running_loop()
+        every = self.config.stall_window_s / 10
+        due = loop.time() + every
+        while True:
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            now = loop.time()
+            lag, due = now - due, now + every
+            line = self._stall.observe(
+                Sample(t=now, progress=self.engine.progress(), running=self.engine.load().running, lag_s=lag)
+            )
+            if line is not None:
+                (log.warning if self._stall.stalled else log.info)("server %s: %s", self.server_id, line)
 
     async def _watch_engine(self) -> None:
         exc = await self.engine.wait_dead()

@@ -79,6 +79,7 @@ class CpuEngine(Engine):
         self.config = config or CpuEngineConfig()
         self._runner = ModelRunner(self.config)
         self._scheduler = Scheduler(self.config)
+        self._decoded = 0  # tokens emitted (progress())
         self._limits: EngineLimits | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._wake = asyncio.Event()
@@ -185,6 +186,9 @@ class CpuEngine(Engine):
     def load(self) -> EngineLoad:
         return self._scheduler.load()
 
+    def progress(self) -> int:
+        return self._decoded
+
     def _finish(self, seq: Sequence, reason: FinishReason, matched: int | None = None) -> None:
         if seq.done:
             return
@@ -244,6 +248,7 @@ class CpuEngine(Engine):
         for seq, exc in failed:
             self._fail(seq, exc)
         now = time.perf_counter()
+        self._decoded += len(emitted)
         for seq, tok, lp in emitted:
             if seq.done:
                 continue

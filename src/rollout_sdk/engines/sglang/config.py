@@ -50,6 +50,10 @@ class SglangEngineConfig:
     #: reach, in this process and in SGLang's scheduler (SGLang's ``freeze_gc``): a full collection over that
     #: heap stalled the event loop ~0.5 s per pass on an H200 (docs/benchmarks.md section 15)
     freeze_gc: bool = True
+    #: replace the radix cache's eviction, which rebuilds a heap of every cached leaf on each call, by an
+    #: incremental one (engines/sglang/radix_patch.py): with tens of thousands of cached requests the old one
+    #: made every decode step O(leaves) and long passes several times slower (docs/benchmarks.md section 18)
+    incremental_eviction: bool = True
     #: any other ServerArgs field, passed through unchanged
     extra: dict[str, Any] = field(default_factory=dict)
 

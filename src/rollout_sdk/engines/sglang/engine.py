@@ -49,6 +49,7 @@ from ...protocol import (
     UpdateWeightsFromIpc,
 )
 from ..base import Engine, EngineLoad
+from . import radix_patch
 from .config import SglangEngineConfig
 from .control import Control, Flight
 from .translate import Parts, load_from_snapshot, sampling_params, score_result
@@ -91,6 +92,7 @@ class SglangEngine(Engine):
         self._control = Control(self)
         self._load = EngineLoad()
         self._load_task: asyncio.Task[None] | None = None
+        self._decoded = 0  # progress(): growth of the KV tokens held by running requests, summed
         self._warned_seed = False
         self.startup_s = 0.0
 
@@ -175,6 +177,8 @@ class SglangEngine(Engine):
         # SGLang's spawned children inherit os.environ: hide torchrun's rank variables from them, so they
         # set up their own process groups instead of reading ours
         hidden = {k: os.environ.pop(k) for k in list(os.environ) if k in _TORCHRUN_ENV or k.startswith("TORCHELASTIC_")}
+        if self.config.incremental_eviction:  # read by our SGLang plugin in the processes SGLang starts
+            os.environ.setdefault(radix_patch.ENV, "1")
         try:
             return sglang.Engine(**self.config.server_args())
         finally:  # sglang.Engine reconfigures the root logger (basicConfig(force=True)): undo that
@@ -264,6 +268,11 @@ class SglangEngine(Engine):
     def running_rids(self) -> Sequence[str]:
         return list(self._flights)
 
+    def progress(self) -> int:
+        """SGLang returns tokens only when a request ends, so progress is read from its scheduler's load
+        snapshot: the growth of the KV tokens running requests hold (one per request per decode step)."""
+        return self._decoded
+
     def load(self) -> EngineLoad:
         """SGLang's last load snapshot (at most a second old), with what only this engine knows: nothing of
         ours runs inside SGLang when no part is running (the snapshot may predate the end of a run)."""
@@ -283,7 +292,10 @@ class SglangEngine(Engine):
                 snaps = await self._tm.get_loads()
                 if snaps:
                     s = snaps[0]
+                    before = self._load.kv_used_tokens or 0
                     self._load = load_from_snapshot(s, self.config)
+                    # each decode step adds one KV token per running request; finished ones free theirs
+                    self._decoded += max(0, (self._load.kv_used_tokens or 0) - before)
             except Exception:  # load is advisory: never let it take the engine down
                 log.debug("reading SGLang load failed", exc_info=True)
             await asyncio.sleep(1.0)
