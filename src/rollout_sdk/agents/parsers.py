@@ -198,24 +198,44 @@ class _Text:
     def at(self, tag: str, pos: int) -> bool:
         return self.s.startswith(tag, pos)
 
-    def decode(self, pos: int) -> tuple[Any, int, str]:
+    def decode(self, pos: int, origin: int | None = None) -> tuple[Any, int, str]:
         """One JSON value at ``pos``: ``(value, end, "")``, or ``(None, where it failed, message)``.
 
         Only finite numbers are JSON here; JSON nested too deeply is an error, never a RecursionError.
+        Positions in messages count from ``origin`` (default ``pos``).  The decoder reads a window that
+        doubles until the value (or its error) lies inside it: an error is never built against the whole
+        text (``JSONDecodeError`` counts lines from the start of its document: quadratic over many errors).
         """
-        try:
-            value, end = _DECODER.raw_decode(self.s, pos)
-        except json.JSONDecodeError as exc:
-            self.work += max(exc.pos - pos, 0) + 1
-            return None, exc.pos, _bad_json_message(exc, pos)
-        except RecursionError:
-            self.work += self.n - pos  # an upper bound: the decoder went that far at most
-            return None, pos, "invalid JSON in tool call: the value is nested too deeply"
-        self.work += end - pos
-        problem = _non_finite(value)
-        if problem:
-            return None, pos, f"invalid JSON in tool call: {problem}"
-        return value, end, ""
+        origin = pos if origin is None else origin
+        size = 64
+        while True:
+            stop = min(self.n, pos + size)
+            doc = self.s[pos:stop]
+            self.work += len(doc)
+            more = stop < self.n
+            try:
+                value, end = _DECODER.raw_decode(doc, 0)
+            except json.JSONDecodeError as exc:
+                if more and (exc.pos >= len(doc) - 16 or exc.msg.startswith(("Unterminated", "Invalid \\u"))):
+                    size *= 2  # the error may be the window's end, not the value's
+                    continue
+                return None, pos + exc.pos, self.message(exc.msg, pos + exc.pos, origin)
+            except RecursionError:
+                return None, pos, "invalid JSON in tool call: the value is nested too deeply"
+            if more and end >= len(doc) - 16:  # a number (or the value) may go on past the window
+                size *= 2
+                continue
+            problem = _non_finite(value)
+            if problem:
+                return None, pos, f"invalid JSON in tool call: {problem}"
+            return value, pos + end, ""
+
+    def message(self, msg: str, at: int, origin: int) -> str:
+        """A JSON error message with its line, column and character counted from ``origin``."""
+        seg = self.s[origin:at]
+        self.work += len(seg)
+        line, column = seg.count("\n") + 1, len(seg) - seg.rfind("\n")
+        return f"invalid JSON in tool call: {msg}: line {line} column {column} (char {len(seg)})"
 
 
 def _match_end(pattern: re.Pattern[str], s: str, pos: int) -> int:
@@ -251,15 +271,6 @@ def _loads(text: str) -> Any:
     if problem:
         raise ValueError(problem)
     return value
-
-
-def _bad_json_message(exc: json.JSONDecodeError, start: int = 0) -> str:
-    """The decoder's message with its position counted from ``start`` (where the JSON text begins)."""
-    doc = exc.doc[start:]
-    pos = max(exc.pos - start, 0)
-    line = doc.count("\n", 0, pos) + 1
-    col = pos - doc.rfind("\n", 0, pos)
-    return f"invalid JSON in tool call: {exc.msg}: line {line} column {col} (char {pos})"
 
 
 class _Collector:
@@ -363,7 +374,7 @@ def _show(value: Any, limit: int = 120) -> str:
 
 def _extra_data(t: _Text, json_start: int, junk_at: int, raw: str) -> ParseError:
     """Text after a call's JSON value: the whole block is an error (the value may have been cut short)."""
-    return ParseError("bad_json", _bad_json_message(json.JSONDecodeError("Extra data", t.s, junk_at), json_start), raw)
+    return ParseError("bad_json", t.message("Extra data", junk_at, json_start), raw)
 
 
 # -- tag-delimited blocks (Hermes, Qwen3-Coder) ---------------------------------------------------
@@ -520,12 +531,12 @@ class HermesParser(_TaggedBlocks):
         inner = _Text(body)
         at = 0
         while True:  # objects one after the other, as the block was read; the first problem is the answer
-            _, stop, problem = inner.decode(at)
+            _, stop, problem = inner.decode(at, origin=0)
             if problem:
                 break
             at = inner.skip_ws(stop)
             if at >= inner.n or not inner.at("{", at):
-                problem = _bad_json_message(json.JSONDecodeError("Extra data", body, min(at, inner.n)))
+                problem = inner.message("Extra data", min(at, inner.n), 0)
                 break
         t.work += inner.work
         return problem
@@ -674,15 +685,9 @@ class _Failure(msgspec.Struct, frozen=True):
 
 
 def _one_newline_less(value: str) -> str:
-    if value.startswith("\r\n"):
-        value = value[2:]
-    elif value.startswith("\n"):
-        value = value[1:]
-    if value.endswith("\r\n"):
-        value = value[:-2]
-    elif value.endswith("\n"):
-        value = value[:-1]
-    return value
+    """The template writes ``<parameter=p>\\n{value}\\n</parameter>``: take those two newlines off."""
+    value = value[1:] if value.startswith("\n") else value
+    return value[:-1] if value.endswith("\n") else value
 
 
 def _parameter_schemas(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
