@@ -372,9 +372,27 @@ def _show(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _extra_data(t: _Text, json_start: int, junk_at: int, raw: str) -> ParseError:
-    """Text after a call's JSON value: the whole block is an error (the value may have been cut short)."""
-    return ParseError("bad_json", t.message("Extra data", junk_at, json_start), raw)
+class _Item(msgspec.Struct, frozen=True):
+    """One call's JSON value: ``end`` is past the value, or (with a ``problem``) past the call's text."""
+
+    value: Any
+    end: int
+    problem: str = ""
+
+
+def _json_item(t: _Text, at: int, follows: tuple[str, ...], boundary: str) -> _Item:
+    """The JSON value of one call at ``at``, after which only whitespace and then one of ``follows`` (or
+    the end of the text) may come.  Anything else after the value is an "Extra data" problem: the whole
+    call is an error, since the value the model meant may have been cut short.  With a problem, the call's
+    text ends at the next ``boundary`` tag (or the end)."""
+    value, end, problem = t.decode(at)
+    if not problem:
+        after = t.skip_ws(end)
+        if after >= t.n or any(t.at(tag, after) for tag in follows):
+            return _Item(value, end)
+        problem, end = t.message("Extra data", after, at), after
+    nxt = t.find(boundary, max(end, at))
+    return _Item(None, t.n if nxt == -1 else nxt, problem)
 
 
 # -- tag-delimited blocks (Hermes, Qwen3-Coder) ---------------------------------------------------
@@ -421,24 +439,31 @@ class _TaggedBlocks:
     def _parse_block(self, t: _Text, start: int, out: _Collector) -> int:
         raise NotImplementedError
 
-    def _close_after(self, t: _Text, start: int, pos: int, out: _Collector, why: str = "") -> tuple[int, int]:
-        """The block opened at ``start`` closes at the first close tag from ``pos``: ``(end, stop)``, the
-        tag's index and the index past it.  A block with no close tag before the text ends or the next
-        open tag is an error (recorded in ``out``): ``(-1, where parsing resumes)``."""
+    def _block_end(self, t: _Text, pos: int) -> tuple[int, int]:
+        """Where a block whose text goes on at ``pos`` ends: ``(end, stop)``, the index of the first close
+        tag from ``pos`` and the index past it; ``(-1, stop)`` when no close tag comes before the next open
+        tag (``stop`` is that tag) or the end of the text (``stop`` is the end)."""
         end = t.find(self.close_tag, pos)
+        if end == -1:
+            return -1, t.n
         reopen = t.find(self.open_tag, pos)
-        if end == -1 or (reopen != -1 and reopen < end):
-            stop = t.n if end == -1 else reopen
-            out.error(self._unclosed(start, t.s[start:stop], truncated=end == -1, why=why))
-            return -1, stop
+        if reopen != -1 and reopen < end:
+            return -1, reopen
         return end, end + len(self.close_tag)
 
-    def _unclosed(self, start: int, raw: str, *, truncated: bool, why: str = "") -> ParseError:
+    def _close_after(self, t: _Text, start: int, pos: int, out: _Collector) -> tuple[int, int]:
+        """:meth:`_block_end`, recording an unclosed block (opened at ``start``) as an error."""
+        end, stop = self._block_end(t, pos)
+        if end == -1:
+            out.error(self._unclosed(start, t.s[start:stop], truncated=stop == t.n))
+        return end, stop
+
+    def _unclosed(self, start: int, raw: str, *, truncated: bool) -> ParseError:
         where = "the end of the text" if truncated else f"the next {self.open_tag}"
-        what = why or f"{self.open_tag} at character {start} has no matching {self.close_tag}"
         return ParseError(
             "unclosed_tag",
-            f"{what} before {where}; the call was not run. Close every call with {self.close_tag}.",
+            f"{self.open_tag} at character {start} has no matching {self.close_tag} before {where}; "
+            f"the call was not run. Close every call with {self.close_tag}.",
             raw,
         )
 
@@ -666,15 +691,12 @@ class Qwen3CoderParser(_TaggedBlocks):
     def _fail(self, t: _Text, start: int, failure: _Failure, out: _Collector) -> int:
         """A malformed block: one error, nothing in it runs.  The block ends at the first close tag from
         where it went wrong, or (none before the next open tag) just before that open tag."""
-        end = t.find(self.close_tag, failure.pos)
-        reopen = t.find(self.open_tag, failure.pos)
-        closed = end != -1 and (reopen == -1 or end < reopen)
-        stop = end + len(self.close_tag) if closed else (t.n if reopen == -1 else reopen)
+        _, stop = self._block_end(t, failure.pos)
         raw = t.s[start:stop]
         if failure.message:
             out.error(ParseError(failure.kind, f"{failure.message}; the call was not run.", raw))
         else:
-            out.error(self._unclosed(start, raw, truncated=reopen == -1))
+            out.error(self._unclosed(start, raw, truncated=stop == t.n))
         return stop
 
 
@@ -796,27 +818,18 @@ class Llama3JsonParser:
             elif t.at(self.separator, pos):
                 pos += len(self.separator)
             at = t.skip_ws(pos)
-            value, end, problem = t.decode(at)
-            if problem:
-                stop = self._next_tag(t, max(end, at))
-                if at >= t.n or at == stop:
+            value = _json_item(t, at, (self.separator, self.tag), self.tag)
+            if value.problem:
+                problem = value.problem
+                if at >= value.end:
                     problem = f"empty tool call after {t.s[item:pos]!r}: expected a JSON object {_shape('parameters')}"
-                out.error(ParseError("bad_json", problem, t.s[item:stop]))
-                pos = max(stop, item + 1)
+                out.error(ParseError("bad_json", problem, t.s[item : value.end]))
+                pos = max(value.end, item + 1)
                 continue
-            after = t.skip_ws(end)
-            if after < t.n and not t.at(self.separator, after) and not t.at(self.tag, after):
-                stop = self._next_tag(t, after)
-                out.error(_extra_data(t, at, after, t.s[item:stop]))
-                pos = max(stop, item + 1)
-                continue
-            out.add(_call_from_value(value, t.s[item:end], out.next_id(), key="parameters", alias="arguments"))
-            pos = after
+            raw = t.s[item : value.end]
+            out.add(_call_from_value(value.value, raw, out.next_id(), key="parameters", alias="arguments"))
+            pos = t.skip_ws(value.end)
         return out.turn()
-
-    def _next_tag(self, t: _Text, pos: int) -> int:
-        i = t.find(self.tag, pos)
-        return t.n if i == -1 else i
 
 
 class MistralParser:
@@ -873,23 +886,17 @@ class MistralParser:
         return self._compact(t, start, at, bound, out)
 
     def _json_list(self, t: _Text, start: int, at: int, out: _Collector) -> int:
-        value, end, problem = t.decode(at)
-        if problem:
-            stop = self._next_marker(t, max(end, at))
-            out.error(ParseError("bad_json", problem, t.s[start:stop]))
-            return stop
-        after = t.skip_ws(end)
-        if after < t.n and not t.at(self.marker, after):
-            stop = self._next_marker(t, after)
-            out.error(_extra_data(t, at, after, t.s[start:stop]))
-            return stop
-        raw = t.s[start:end]
-        items = value if isinstance(value, list) else [value]
+        value = _json_item(t, at, (self.marker,), self.marker)
+        raw = t.s[start : value.end]
+        if value.problem:
+            out.error(ParseError("bad_json", value.problem, raw))
+            return value.end
+        items = value.value if isinstance(value.value, list) else [value.value]
         if not items:
             out.error(ParseError("not_object", f"an empty list of tool calls: expected {self.call_format}", raw))
         for item in items:
             out.add(_call_from_value(item, raw, self._id(out, item)))
-        return after
+        return t.skip_ws(value.end)
 
     def _compact(self, t: _Text, start: int, at: int, bound: int, out: _Collector) -> int:
         args = t.find(self.args_marker, at)
@@ -909,24 +916,14 @@ class MistralParser:
             message = f"tool call name must be a non-empty word before {self.args_marker}, got {_show(name)}"
             out.error(ParseError("missing_name", message, t.s[start:bound]))
             return bound
-        json_at = t.skip_ws(args + len(self.args_marker))
-        value, end, problem = t.decode(json_at)
-        if problem:
-            stop = self._next_marker(t, max(end, json_at))
-            out.error(ParseError("bad_json", problem, t.s[start:stop]))
-            return stop
-        after = t.skip_ws(end)
-        if after < t.n and not t.at(self.marker, after):
-            stop = self._next_marker(t, after)
-            out.error(_extra_data(t, json_at, after, t.s[start:stop]))
-            return stop
-        raw = t.s[start:end]
-        arguments = _arguments(value, name)
+        value = _json_item(t, t.skip_ws(args + len(self.args_marker)), (self.marker,), self.marker)
+        raw = t.s[start : value.end]
+        arguments = value.problem or _arguments(value.value, name)
         if isinstance(arguments, str):
-            out.error(ParseError("bad_arguments_type", arguments, raw))
+            out.error(ParseError("bad_json" if value.problem else "bad_arguments_type", arguments, raw))
         else:
             out.call(ToolCall(name=name, arguments=arguments, id=call_id or self._id(out, None), raw=raw))
-        return after
+        return value.end if value.problem else t.skip_ws(value.end)
 
     def _id(self, out: _Collector, item: Any) -> str:
         given = item.get("id") if isinstance(item, dict) else None
