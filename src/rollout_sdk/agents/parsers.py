@@ -398,7 +398,21 @@ def _json_item(t: _Text, at: int, follows: tuple[str, ...], boundary: str) -> _I
 # -- tag-delimited blocks (Hermes, Qwen3-Coder) ---------------------------------------------------
 
 
-class _TaggedBlocks:
+class _Parser:
+    """What the built-in parsers share: ``parse`` scans the text once, forward (:class:`_Text`)."""
+
+    def __init__(self, *, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
+        """``tools``: the tool schemas offered to the model (used by formats whose values are untyped)."""
+
+    def parse(self, text: str) -> ParsedTurn:
+        """Split ``text`` into prose, calls (in text order, deterministic ids) and errors."""
+        return self._parse(_Text(text))
+
+    def _parse(self, t: _Text) -> ParsedTurn:
+        raise NotImplementedError
+
+
+class _TaggedBlocks(_Parser):
     """Blocks between an open and a close tag, anywhere in the text; subclasses parse one block."""
 
     open_tag = "<tool_call>"
@@ -406,10 +420,6 @@ class _TaggedBlocks:
     #: tags whose region is prose even when it holds the open tag (Hermes: ``<think>``)
     think_open = ""
     think_close = ""
-
-    def parse(self, text: str) -> ParsedTurn:
-        """Split ``text`` into prose, calls (ids ``call_0``, ...) and errors, in text order."""
-        return self._parse(_Text(text))
 
     def _parse(self, t: _Text) -> ParsedTurn:
         out = _Collector()
@@ -778,7 +788,7 @@ def _fits(value: Any, types: set[str]) -> bool:
 # -- JSON after a marker (Llama 3.x, Mistral) -----------------------------------------------------
 
 
-class Llama3JsonParser:
+class Llama3JsonParser(_Parser):
     """The Llama 3.1 / 3.2 / 3.3 JSON format::
 
         <|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}
@@ -795,12 +805,6 @@ class Llama3JsonParser:
     tag = "<|python_tag|>"
     separator = ";"
     call_format = f"<|python_tag|>{_shape('parameters')}"
-
-    def __init__(self, *, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
-        pass
-
-    def parse(self, text: str) -> ParsedTurn:
-        return self._parse(_Text(text))
 
     def _parse(self, t: _Text) -> ParsedTurn:
         out = _Collector()
@@ -832,7 +836,7 @@ class Llama3JsonParser:
         return out.turn()
 
 
-class MistralParser:
+class MistralParser(_Parser):
     """The Mistral formats, after ``[TOOL_CALLS]`` (text before it is content)::
 
         [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]
@@ -851,12 +855,6 @@ class MistralParser:
     args_marker = "[ARGS]"
     id_marker = "[CALL_ID]"
     call_format = '[TOOL_CALLS] [{"name": <tool name>, "arguments": {<argument name>: <value>, ...}}]'
-
-    def __init__(self, *, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
-        pass
-
-    def parse(self, text: str) -> ParsedTurn:
-        return self._parse(_Text(text))
 
     def _parse(self, t: _Text) -> ParsedTurn:
         out = _Collector()
