@@ -72,8 +72,12 @@ def names_and_args(calls: list[ToolCall]) -> list[tuple[str, dict[str, Any]]]:
     return [(c.name, c.arguments) for c in calls]
 
 
-def check_invariants(text: str, turn: Any) -> None:
-    """What every parse of every text must satisfy."""
+OPENERS = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "{")
+
+
+def check_invariants(text: str, turn: Any, parser: ToolCallParser | None = None) -> None:
+    """What every parse of every text must satisfy; with ``parser``, a call parsed again from its own
+    text (when that text is a whole call of the format) is the same call."""
     assert isinstance(turn.content, str)
     assert len(turn.order) == len(turn.calls) + len(turn.errors)
     small = len(text) < 100_000  # (a substring search per item would make this check quadratic)
@@ -86,6 +90,8 @@ def check_invariants(text: str, turn: Any) -> None:
         assert isinstance(call.arguments, dict)
         assert json.loads(json.dumps(call.arguments, allow_nan=False)) == call.arguments  # finite, JSON
         assert call.raw and (not small or call.raw in text)
+        if parser is not None and call.raw.startswith(OPENERS):
+            assert (call.name, call.arguments) in names_and_args(parser.parse(call.raw).calls), call.raw
     assert len({c.id for c in turn.calls}) == len(turn.calls)
 
 
@@ -351,7 +357,8 @@ FAST = settings(
 @FAST
 @given(text=TEXTS)
 def test_any_text_never_raises_and_every_call_is_sound(fmt: str, text: str) -> None:
-    check_invariants(text, get_parser(fmt).parse(text))
+    parser = get_parser(fmt)
+    check_invariants(text, parser.parse(text), parser)
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
@@ -359,10 +366,11 @@ def test_any_text_never_raises_and_every_call_is_sound(fmt: str, text: str) -> N
 @given(calls=JSON_CALLS, prose=PROSE)
 def test_json_calls_round_trip(fmt: str, calls: list[tuple[str, dict[str, Any]]], prose: str) -> None:
     text = render(fmt, calls) if fmt == "llama3_json" else prose + render(fmt, calls)
-    turn = get_parser(fmt).parse(text)
+    parser = get_parser(fmt)
+    turn = parser.parse(text)
     assert turn.errors == []
     assert names_and_args(turn.calls) == calls
-    check_invariants(text, turn)
+    check_invariants(text, turn, parser)
 
 
 @FAST
@@ -372,7 +380,7 @@ def test_xml_calls_round_trip(calls: list[tuple[str, dict[str, str]]], prose: st
     turn = Qwen3CoderParser().parse(text)
     assert turn.errors == []
     assert names_and_args(turn.calls) == calls
-    check_invariants(text, turn)
+    check_invariants(text, turn, Qwen3CoderParser())
 
 
 # -- linear time: counted work, not wall-clock ----------------------------------------------------
