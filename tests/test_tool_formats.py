@@ -157,11 +157,14 @@ def test_qwen3_coder_types_values_from_the_schema() -> None:
         "opt": {"type": ["string", "null"]},
         "s": {"type": "string"},
         "bad": {"type": "integer"},
+        "whole": {"type": "integer"},
     }
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": props}}}]
     args = {"n": "42", "x": "2.5", "ok": "True", "tags": '["a", 1]', "opt": "null", "s": "007", "bad": "4x"}
-    [call] = Qwen3CoderParser(tools=tools).parse(qwen3_coder("f", args)).calls
-    assert call.arguments == {"n": 42, "x": 2.5, "ok": True, "tags": ["a", 1], "opt": None, "s": "007", "bad": "4x"}
+    [call] = Qwen3CoderParser(tools=tools).parse(qwen3_coder("f", {**args, "whole": " 3.0 "})).calls
+    expected = {"n": 42, "x": 2.5, "ok": True, "tags": ["a", 1], "opt": None, "s": "007", "bad": "4x", "whole": 3}
+    assert call.arguments == expected
+    assert type(call.arguments["whole"]) is int
     # no schema for the tool (an unknown name: the registry reports it): every value is its text
     [call] = Qwen3CoderParser(tools=tools).parse(qwen3_coder("g", {"n": "42"})).calls
     assert call.arguments == {"n": "42"}

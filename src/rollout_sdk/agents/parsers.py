@@ -764,9 +764,11 @@ def _typed_value(value: str, schema: Any) -> Any:
         decoded = _loads(text)
     except ValueError:
         return value
-    if _fits(decoded, types):
-        return decoded
-    return value
+    if not _fits(decoded, types):
+        return value
+    if isinstance(decoded, float) and "number" not in types:  # an integer parameter written as 3.0
+        return int(decoded)
+    return decoded
 
 
 def _fits(value: Any, types: set[str]) -> bool:
