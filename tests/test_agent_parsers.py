@@ -164,11 +164,12 @@ def test_empty_tag_is_bad_json(parser: HermesParser) -> None:
     ("trailing", "where"),
     [(" trailing words", "line 1 column 38 (char 37)"), ("}", "line 1 column 37 (char 36)")],
 )
-def test_garbage_after_a_valid_object_keeps_the_object(parser: HermesParser, trailing: str, where: str) -> None:
+def test_anything_after_the_object_makes_the_block_an_error_and_runs_nothing(
+    parser: HermesParser, trailing: str, where: str
+) -> None:
     raw = block(call_json("f", x=1) + trailing)
     turn = parser.parse(raw)
-    assert [(c.name, c.arguments) for c in turn.calls] == [("f", {"x": 1})]
-    assert turn.calls[0].raw == raw  # one object in the block: the block is its raw text
+    assert turn.calls == []  # the extra text may mean the value was cut short: never run it
     assert [(e.kind, e.message, e.raw) for e in turn.errors] == [
         ("bad_json", f"invalid JSON in tool call: Extra data: {where}", raw)
     ]
@@ -294,7 +295,7 @@ def test_every_malformed_kind_in_one_turn_keeps_the_valid_calls(parser: HermesPa
         "bad_arguments_type",
         "unclosed_tag",
     ]
-    assert set(PARSE_ERROR_KINDS) == {e.kind for e in turn.errors}
+    assert set(PARSE_ERROR_KINDS) - {"bad_markup"} == {e.kind for e in turn.errors}  # bad_markup: XML formats
 
 
 def test_parser_never_raises_on_random_input(parser: HermesParser) -> None:
@@ -327,7 +328,8 @@ def test_get_parser_by_name() -> None:
     assert isinstance(get_parser("qwen25"), HermesParser)
     assert get_parser("hermes") is not get_parser("hermes")
     assert isinstance(get_parser("hermes"), ToolCallParser)
-    with pytest.raises(ConfigError, match=r"parser='nope': unknown tool-call parser; known: hermes, qwen25"):
+    known = "hermes, llama3_json, mistral, qwen25, qwen3_coder"
+    with pytest.raises(ConfigError, match=rf"parser='nope': unknown tool-call parser; known: {known}"):
         get_parser("nope")
 
 
@@ -418,7 +420,7 @@ def test_think_opened_by_the_prompt() -> None:
 
 def test_a_second_object_and_junk_in_one_tag(parser: HermesParser) -> None:
     turn = parser.parse(block(call_json("f") + " " + call_json("g") + " oops"))
-    assert [c.name for c in turn.calls] == ["f", "g"]
+    assert turn.calls == []  # the whole block is malformed: none of its calls run
     assert [e.kind for e in turn.errors] == ["bad_json"]
     assert "Extra data" in turn.errors[0].message
 

@@ -157,6 +157,7 @@ async def test_malformed_calls_are_fed_back_and_the_trajectory_continues(fake_se
     else:
         assert first.parse_errors and not first.tool_calls
     assert traj.metrics["tool_errors"] + traj.metrics["parse_errors"] == 1
+    assert traj.drift is None  # the malformed text stays in the recorded message: re-rendering gives the same tokens
 
 
 async def test_a_valid_call_next_to_a_malformed_one_still_runs(fake_servers, tok) -> None:
@@ -306,3 +307,106 @@ async def test_tool_results_and_parse_errors_reach_the_model_in_text_order(fake_
     tools = [m for m in traj.messages if m["role"] == "tool"]
     assert [m["name"] for m in tools] == ["error", "add", "error"]
     assert "bad_json" in tools[0]["content"] and tools[1]["content"] == "3" and "not_object" in tools[2]["content"]
+
+
+# -- issue 29: blocks with extra text, turns cut inside a call, reasoning, other formats -------------
+
+
+def recording_registry(calls: list[dict]) -> ToolRegistry:
+    reg = registry()
+
+    @reg.register
+    async def write_file(path: str, content: str) -> str:
+        """Write a file."""
+        calls.append({"path": path, "content": content})
+        return "written"
+
+    return reg
+
+
+async def test_a_block_with_one_brace_too_many_runs_nothing(fake_servers, tok) -> None:
+    """The extra brace may mean the model's value was cut short: the write must not happen."""
+    bad = '<tool_call>\n{"name": "write_file", "arguments": {"path": "a.txt", "content": "hel"}}}\n</tool_call>'
+    script = Script(tok, [bad, "Done."])
+    client, _ = await _client(fake_servers, script)
+    written: list[dict] = []
+    async with client:
+        traj = await ToolAgent(tok, recording_registry(written), AgentConfig(drift_check=True)).run(
+            RolloutContext(client), USER
+        )
+    assert written == []
+    assert traj.turns[0].tool_calls == []
+    [error] = traj.turns[0].parse_errors
+    assert "Extra data" in error
+    assert "Extra data" in script.seen[1].split("<|im_start|>user")[-1]  # the model is told why
+    assert traj.finish_reason == "stop"
+    assert traj.drift is None
+
+
+async def test_a_turn_cut_inside_a_tool_call_keeps_the_model_text_and_no_drift(fake_servers, tok) -> None:
+    full = "Let me add.\n" + call("add", a=1, b=2)
+    script = Script(tok, [full])
+    cut_at = len(script.outputs[0]) - 6  # inside the call's JSON, before </tool_call>
+    client, _ = await _client(fake_servers, script)
+    reg = registry()
+    cfg = AgentConfig(drift_check=True, max_new_tokens=cut_at)
+    async with client:
+        traj = await ToolAgent(tok, reg, cfg).run(RolloutContext(client), USER)
+    assert traj.finish_reason == "length"
+    model_text = tok.decode(script.outputs[0][:cut_at])
+    assert "</tool_call>" not in model_text and "<tool_call>" in model_text
+    assert traj.messages[-1] == {"role": "assistant", "content": model_text}  # the partial call, as content
+    [error] = traj.turns[0].parse_errors  # with its error
+    assert "no matching </tool_call>" in error
+    assert reg.stats()["calls"] == 0  # a cut turn runs nothing
+    assert traj.drift is None
+
+
+async def test_calls_drafted_while_thinking_never_run(fake_servers, tok) -> None:
+    draft = call("write_file", path="x", content="draft")
+    turn = f"<think>\nI could {draft} but no.\n</think>\n\n" + call("add", a=2, b=3)
+    written: list[dict] = []
+    for reasoning in ("think", "none"):
+        script = Script(tok, [turn, "Five."])
+        client, _ = await _client(fake_servers, script)
+        cfg = AgentConfig(reasoning_parser=reasoning, drift_check=True)
+        async with client:
+            traj = await ToolAgent(tok, recording_registry(written), cfg).run(RolloutContext(client), USER)
+        # "none" hands the whole text to the Hermes parser, which skips <think> blocks itself
+        assert written == []
+        assert [c.name for c in traj.turns[0].tool_calls] == ["add"]
+        assert traj.messages[1]["content"].startswith("<think>\nI could <tool_call>")  # reasoning is recorded
+        assert "<tool_response>\n5\n</tool_response>" in script.seen[1]
+        # reasoning tokens are the model's own output: trained like any output token (mask 1)
+        assert sum(traj.loss_mask) == sum(len(o) for o in script.outputs)
+
+
+async def test_qwen3_coder_format_with_typed_parameters(fake_servers, tok) -> None:
+    params = "<parameter=a>\n2\n</parameter>\n<parameter=b>\n3\n</parameter>\n"
+    xml = f"<tool_call>\n<function=add>\n{params}</function>\n</tool_call>"
+    draft = xml.replace("add", "mul")
+    script = Script(tok, [f"<think>{draft}</think>{xml}", "Five."])
+    client, _ = await _client(fake_servers, script)
+    async with client:
+        traj = await ToolAgent(tok, registry(), AgentConfig(parser="qwen3_coder")).run(RolloutContext(client), USER)
+    assert [(c.name, c.arguments, c.ok) for c in traj.turns[0].tool_calls] == [("add", {"a": 2, "b": 3}, True)]
+    assert "<tool_response>\n5\n</tool_response>" in script.seen[1]
+
+
+async def test_a_parse_error_shows_the_configured_format(fake_servers, tok) -> None:
+    script = Script(tok, ["<tool_call>\n<function=add>\n<parameter=a>\n1\n</function>\n</tool_call>", "Sorry."])
+    client, _ = await _client(fake_servers, script)
+    async with client:
+        traj = await ToolAgent(tok, registry(), AgentConfig(parser="qwen3_coder")).run(RolloutContext(client), USER)
+    assert traj.turns[0].parse_errors
+    feedback = script.seen[1].split("<|im_start|>user")[-1]
+    assert "<function=TOOL_NAME>" in feedback and "</parameter>" in feedback
+
+
+def test_unknown_parser_names_are_config_errors() -> None:
+    from rollout_sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"parser='qwen4'.*known: hermes, llama3_json, mistral"):
+        AgentConfig(parser="qwen4")
+    with pytest.raises(ConfigError, match=r"reasoning_parser='deep'.*known: none, think"):
+        AgentConfig(reasoning_parser="deep")

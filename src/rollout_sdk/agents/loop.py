@@ -26,7 +26,16 @@ from ..rollouts.context import RolloutContext
 from ..rollouts.group import Agent, Sample
 from ..rollouts.trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
 from .chat import ChatTemplate
-from .parsers import HermesParser, ParsedTurn, ParseError, ToolCallParser, format_tool_error
+from .parsers import (
+    ParsedTurn,
+    ParseError,
+    ReasoningParser,
+    ToolCall,
+    ToolCallParser,
+    format_tool_error,
+    get_parser,
+    get_reasoning_parser,
+)
 from .tools import ToolRegistry, ToolResult
 
 __all__ = ["AgentConfig", "ToolAgent"]
@@ -50,15 +59,22 @@ class AgentConfig:
     template_strategy: str = "auto"
     #: keep the chat messages in the trajectory
     keep_messages: bool = True
+    #: the tool-call format (``rollout_sdk.agents.parser_names()``): "hermes", "qwen3_coder", ...
+    parser: str = "hermes"
+    #: how reasoning is split off before tool calls are parsed (``reasoning_parser_names()``): with
+    #: "think", calls inside ``<think>...</think>`` are drafts and never run
+    reasoning_parser: str = "think"
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_response_tokens", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "must be >= 1")
+        get_parser(self.parser)  # unknown names: ConfigError naming the value and the choices
+        get_reasoning_parser(self.reasoning_parser)
 
 
 class ToolAgent(Agent):
-    """The default loop: chat messages in, tool calls in the Hermes / Qwen2.5 format, tools from a registry.
+    """The default loop: chat messages in, tool calls in the configured format, tools from a registry.
 
     ``sample["messages"]`` is an OpenAI-style message list (system / user ...).  Example::
 
@@ -80,12 +96,14 @@ class ToolAgent(Agent):
         config: AgentConfig | None = None,
         *,
         parser: ToolCallParser | None = None,
+        reasoning_parser: ReasoningParser | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.tools = tools or ToolRegistry()
         self.config = config or AgentConfig()
-        self.parser = parser or HermesParser()
         schemas = self.tools.schemas()
+        self.parser = parser or get_parser(self.config.parser, tools=schemas)
+        self.reasoning_parser = reasoning_parser or get_reasoning_parser(self.config.reasoning_parser)
         self.chat = ChatTemplate(tokenizer, tools=schemas or None, strategy=self.config.template_strategy)
 
     async def run(self, ctx: RolloutContext, sample: Sample) -> Trajectory:
@@ -117,8 +135,11 @@ class ToolAgent(Agent):
             builder.add_model(result)
             text = self.tokenizer.decode(result.output_ids, skip_special_tokens=False)
             body = _strip_end(text, self.chat.assistant_suffix)
-            parsed = self.parser.parse(body)
-            messages.append(_assistant_message(parsed, body))
+            reasoning, visible = self.reasoning_parser.split(body)  # calls drafted while thinking never run
+            parsed = self.parser.parse(visible)
+            cut = result.finish_reason in ("abort", "length")
+            messages.append(_assistant_message(parsed, body, visible if reasoning is not None else body, cut=cut))
+            turn.parse_errors = [e.message for e in parsed.errors]
             if result.finish_reason == "abort":
                 finish = "abort"
                 break
@@ -141,8 +162,7 @@ class ToolAgent(Agent):
             if metrics is not None:
                 for rec in turn.tool_calls:
                     metrics.observe_tool_call(rec.name, rec.latency_s, error_kind=rec.error_kind)
-            turn.parse_errors = [e.message for e in parsed.errors]
-            tool_msgs = _tool_messages(parsed, outcomes)
+            tool_msgs = _tool_messages(parsed, outcomes, getattr(self.parser, "call_format", None))
             glue, local = self.chat.glue_ids(messages, tool_msgs, text)
             rewrites = rewrites or local
             if builder.response_len + len(glue) >= cfg.max_response_tokens or builder.num_ids + len(glue) >= limit:
@@ -182,23 +202,33 @@ def _strip_end(text: str, suffix: str) -> str:
     return text
 
 
-def _tool_messages(parsed: ParsedTurn, outcomes: Sequence[ToolResult]) -> list[dict[str, Any]]:
+def _tool_messages(parsed: ParsedTurn, outcomes: Sequence[ToolResult], call_format: str | None) -> list[dict[str, Any]]:
     """One tool message per call result and per parse error, in the order they appear in the text."""
     results = iter(outcomes)
     msgs: list[dict[str, Any]] = []
     for item in parsed.in_text_order():
         if isinstance(item, ParseError):
-            msgs.append({"role": "tool", "name": "error", "content": format_tool_error(item)})
+            msgs.append({"role": "tool", "name": "error", "content": format_tool_error(item, call_format)})
         else:
             o = next(results)
-            msgs.append({"role": "tool", "name": o.name, "content": o.content})
+            msgs.append({"role": "tool", "name": o.name, "content": o.content, "tool_call_id": item.id})
     return msgs
 
 
-def _assistant_message(parsed: Any, body: str) -> dict[str, Any]:
-    # an answer keeps the model's exact text (so a re-rendering reproduces it); a turn with tool calls
-    # keeps the text around the calls, which the template writes back in its own format
-    content = parsed.content if (parsed.calls or parsed.errors) else body
+def _assistant_message(parsed: ParsedTurn, body: str, visible: str, *, cut: bool) -> dict[str, Any]:
+    """The assistant message that re-renders to the model's own text as closely as the template allows.
+
+    A turn without well-formed calls, and a turn cut by the token limit (whose calls, complete or not,
+    never run), keep the model's exact text: malformed and partial calls stay in the content, so a
+    re-rendering (the drift check) reproduces the tokens.  A turn with calls keeps everything but the
+    calls (its reasoning and its malformed blocks too); the template writes the calls back in its format.
+    ``visible`` is the text tool calls were parsed from (``body`` less its reasoning).
+    """
+    if cut or not parsed.calls:
+        return {"role": "assistant", "content": body}
+    at = body.rfind(visible) if visible else len(body)
+    head = body[:at] if at >= 0 else ""  # the reasoning before the content, as the model wrote it
+    content = (head + _without_calls(visible, parsed.calls)).strip()
     msg: dict[str, Any] = {"role": "assistant", "content": content}
     if parsed.calls:
         msg["tool_calls"] = [
@@ -206,3 +236,17 @@ def _assistant_message(parsed: Any, body: str) -> dict[str, Any]:
             for c in parsed.calls
         ]
     return msg
+
+
+def _without_calls(text: str, calls: Sequence[ToolCall]) -> str:
+    """``text`` less the raw text of each call (searched in text order)."""
+    pieces: list[str] = []
+    cursor = 0
+    for call in calls:
+        at = text.find(call.raw, cursor) if call.raw else -1
+        if at == -1:
+            continue
+        pieces.append(text[cursor:at])
+        cursor = at + len(call.raw)
+    pieces.append(text[cursor:])
+    return "".join(pieces)
