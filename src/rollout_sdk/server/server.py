@@ -164,7 +164,8 @@ class EngineServer:
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
-        self.server_id = self.config.server_id or f"srv-{uuid.uuid4().hex[:8]}"
+        # stable across restarts (metrics series, a restarted server taking its slot): the configured id or the rank
+        self.server_id = self.config.server_id or f"dp{self.config.dp_rank}"
         #: Prometheus metrics this server reports into while it serves (docs/observability.md)
         self.metrics = metrics
         #: this start of the server; clients treat a new incarnation at a known address as a new member
