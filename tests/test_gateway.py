@@ -217,7 +217,8 @@ async def test_n_choices_are_sibling_branches_with_distinct_seeds(fake_servers, 
         await oa.close()
         assert len(r.choices) == 3 and r.usage is not None and r.usage.completion_tokens == 6
         # the SDK's one seed function, as generate_many(n=3) seeds its members (not seed + k)
-        assert sorted(req.sampling.seed for req, _ in client.calls) == sorted(sample_seed(7, member=k) for k in range(3))
+        seeds = sorted(req.sampling.seed for req, _ in client.calls)
+        assert seeds == sorted(sample_seed(7, member=k) for k in range(3))
         gw.finish(s.id)
         trajs = await collect(gw, 3)
     assert [t.metrics["branches"] for t in trajs] == [3.0, 3.0, 3.0]

@@ -259,7 +259,13 @@ class _Routes:
         write fails goes back to the queue for the next consumer."""
         self._admin(request)
         gw = self.gw
-        gw._check_consumable()
+        if gw.config.trajectories_jsonl:
+            raise GatewayError(
+                409,
+                "this gateway writes finished sessions to trajectories_jsonl; read that file, or GET "
+                "/v1/sessions/{id}/trajectory",
+                code="exported_to_jsonl",
+            )
         fmt = request.query.get("format", "ndjson")
         if fmt not in ("ndjson", "sse"):
             raise bad_request("format", f"format must be 'ndjson' or 'sse', not {fmt!r}")
