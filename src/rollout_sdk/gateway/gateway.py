@@ -9,7 +9,10 @@ Concurrency::
     aiohttp (one handler task per HTTP request) ──▶ TurnService ──▶ RolloutClient.generate
          │  admission: at most max_in_flight model calls at once (429 beyond, never an unbounded wait)
          └─ sessions: SessionStore (max_sessions) ── finish / idle ──▶ finished queue (bounded by
-            max_sessions, so put_nowait never overflows) ──▶ trajectories() or the JSONL writer task
+            max_sessions, so put_nowait never overflows) ──▶ ONE of: trajectories(), the JSONL writer
+            task, or GET /v1/trajectories/stream handlers (at most max_export_streams; each writes a
+            record and awaits its drain before taking the next: TCP back-pressure; a failed write
+            puts the session back) ──▶ exported records, the last keep_exported kept for GET
     owned tasks: the idle reaper and (with trajectories_jsonl) the JSONL writer; both cancelled and
     awaited by aclose(), which first stops the listener, then finishes every open session.
 
