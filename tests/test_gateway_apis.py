@@ -383,3 +383,14 @@ async def test_many_export_consumers_and_agents_at_once_lose_and_duplicate_nothi
         await oa.close()
     seen = [sid for got in results[:4] for sid in got]  # type: ignore[union-attr]
     assert sorted(seen) == sorted(h.id for h in handles)
+
+
+async def test_closing_the_gateway_ends_an_open_export_stream(fake_servers, tok) -> None:
+    from test_gateway import wait_for
+
+    async with aiohttp.ClientSession() as http:
+        async with gateway_on(fake_servers, tok, Script(tok, ["x"])) as (gw, _):
+            r = await http.get(f"{root(gw)}/v1/trajectories/stream")
+            await wait_for(lambda: gw.export_streams == 1)
+        assert [line async for line in r.content if line.strip()] == []  # ended, not hung
+        r.release()

@@ -36,7 +36,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,6 +186,8 @@ class Gateway:
         self._runner: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = asyncio.Event()
+        #: set when closing begins: export streams end then (the listener is going away)
+        self._stopping = asyncio.Event()
         self._in_flight = 0
         self.model_name = ""
         self.created = int(time.time())
@@ -278,6 +280,7 @@ class Gateway:
             self._state = "closed"
 
     async def _teardown(self) -> None:
+        self._stopping.set()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()  # stops the listener; cancels handlers still running
@@ -405,15 +408,19 @@ class Gateway:
         if self.config.trajectories_jsonl:
             raise ClientStateError("this gateway writes its trajectories to trajectories_jsonl; read that file")
 
-    async def _finished(self, heartbeat_s: float | None = None) -> AsyncIterator[Session | None]:
+    async def _finished(
+        self, heartbeat_s: float | None = None, *, http: bool = False
+    ) -> AsyncGenerator[Session | None, None]:
         """Finished sessions as they come (each to one consumer); ``None`` after ``heartbeat_s`` without
-        one.  The consumer exports a session (:meth:`_export`) or gives it back (``store.requeue``)."""
+        one.  The consumer exports a session (:meth:`_export`) or gives it back (``store.requeue``).
+        Ends once closed and drained; ``http`` consumers (export streams) end as soon as closing begins."""
         queue = self.store.finished
+        end = self._stopping if http else self._closed
         while True:
-            if queue.empty() and self._closed.is_set():
+            if end.is_set() and (http or queue.empty()):
                 return
             getter = asyncio.ensure_future(queue.get())
-            closer = asyncio.ensure_future(self._closed.wait())
+            closer = asyncio.ensure_future(end.wait())
             try:
                 await asyncio.wait([getter, closer], timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -422,7 +429,7 @@ class Gateway:
                     getter.cancel()
             if getter.done() and not getter.cancelled():
                 yield getter.result()
-            elif not self._closed.is_set():
+            elif not end.is_set():
                 yield None
 
     def _export(self, session: Session, record: SessionRecord | None = None) -> SessionRecord:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import bad_request, unsupported
+from .errors import GatewayError, bad_request, unsupported
 from .service import Choice, Outcome
 from .sessions import Session
 
@@ -118,7 +118,7 @@ def to_chat(body: dict[str, Any], session: Session) -> tuple[dict[str, Any], Ech
             raise bad_request("previous_response_id", "previous_response_id must be a string", "invalid_type")
         try:
             messages = [dict(m) for m in session.response_node(prev).messages]
-        except Exception:
+        except GatewayError:
             raise bad_request(
                 "previous_response_id",
                 f"no response {prev!r} in this session (responses chain within one session)",

@@ -25,9 +25,10 @@ aborts its generation on the engine (nothing is recorded for a turn that was nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -280,26 +281,33 @@ class _Routes:
             content_type = "application/x-ndjson" if fmt == "ndjson" else "text/event-stream"
             resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache"})
             await resp.prepare(request)
-            sent = 0
-            async for session in gw._finished(heartbeat_s=STREAM_HEARTBEAT_S):
-                if session is None:
-                    await resp.write(b"\n" if fmt == "ndjson" else b": keep-alive\n\n")
-                    continue
-                record = _record(session, per_turn)
-                line = msgspec.json.encode(record)
-                try:
-                    await resp.write(line + b"\n" if fmt == "ndjson" else b"data: " + line + b"\n\n")
-                except BaseException:
-                    gw.store.requeue(session)
-                    raise
-                gw._export(session, record if per_turn else None)
-                sent += 1
-                if limit is not None and sent >= limit:
-                    break
+            finished = gw._finished(heartbeat_s=STREAM_HEARTBEAT_S, http=True)
+            async with contextlib.aclosing(finished):
+                await self._send_records(resp, finished, fmt, per_turn, limit)
             await resp.write_eof()
             return resp
         finally:
             gw.export_streams -= 1
+
+    async def _send_records(
+        self, resp: web.StreamResponse, finished: AsyncGenerator[Any, None], fmt: str, per_turn: bool, limit: int | None
+    ) -> None:
+        gw, sent = self.gw, 0
+        async for session in finished:
+            if session is None:
+                await resp.write(b"\n" if fmt == "ndjson" else b": keep-alive\n\n")
+                continue
+            record = _record(session, per_turn)
+            line = msgspec.json.encode(record)
+            try:
+                await resp.write(line + b"\n" if fmt == "ndjson" else b"data: " + line + b"\n\n")
+            except BaseException:
+                gw.store.requeue(session)
+                raise
+            gw._export(session, record if per_turn else None)
+            sent += 1
+            if limit is not None and sent >= limit:
+                return
 
     async def finish(self, request: web.Request) -> web.StreamResponse:
         self._admin(request)
