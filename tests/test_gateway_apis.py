@@ -352,12 +352,16 @@ async def test_models_by_id_temperature_range_and_metrics(fake_servers, tok) -> 
         assert 'rollout_client_requests_total{outcome="completed",server="fake-0"} 1.0' in text
 
 
-def test_a_server_without_a_configured_id_is_labelled_by_its_rank() -> None:
+async def test_a_server_without_a_configured_id_is_labelled_by_its_rank_and_address() -> None:
     from rollout_sdk.engines.fake import FakeEngine
     from rollout_sdk.server import EngineServer, ServerConfig
 
-    assert EngineServer(FakeEngine(), ServerConfig()).server_id == "dp0"  # type: ignore[arg-type]
-    assert EngineServer(FakeEngine(), ServerConfig(dp_rank=3)).server_id == "dp3"  # type: ignore[arg-type]
+    async with EngineServer(FakeEngine(), ServerConfig(dp_rank=3)) as server:  # type: ignore[arg-type]
+        port = server.address.rsplit(":", 1)[1]
+        assert server.server_id == f"dp3@127.0.0.1:{port}"
+    # restarted on the same address: the same name, so the same metrics series and fleet slot
+    async with EngineServer(FakeEngine(), ServerConfig(dp_rank=3, port=int(port))) as again:  # type: ignore[arg-type]
+        assert again.server_id == server.server_id
     assert EngineServer(FakeEngine(), ServerConfig(server_id="a", dp_rank=3)).server_id == "a"  # type: ignore[arg-type]
 
 
