@@ -398,3 +398,11 @@ async def test_closing_the_gateway_ends_an_open_export_stream(fake_servers, tok)
             await wait_for(lambda: gw.export_streams == 1)
         assert [line async for line in r.content if line.strip()] == []  # ended, not hung
         r.release()
+
+
+def test_an_unknown_reasoning_parser_is_a_config_error_naming_it() -> None:
+    from rollout_sdk.errors import ConfigError
+    from rollout_sdk.gateway import GatewayConfig
+
+    with pytest.raises(ConfigError, match="reasoning_parser"):
+        GatewayConfig(reasoning_parser="deepthink")

@@ -10,7 +10,8 @@
     ◀────────────── context ids ────────────    more than a small render under the GIL; bench/gateway.py)
     n x client.generate (session affinity; an aborted generation — a trainer's pause — is continued
                          from its tokens, up to max_resumes times)
-    decode, stop strings, tool-call parser ─▶  (same rule)
+    decode, stop strings, reasoning split,
+    tool-call parser ───────────────────────▶  (same rule)
     record the turns (no await), answer
 
 The tokenizer is only ever called with its default truncation and padding, so the loop thread and the
