@@ -406,3 +406,59 @@ def test_an_unknown_reasoning_parser_is_a_config_error_naming_it() -> None:
 
     with pytest.raises(ConfigError, match="reasoning_parser"):
         GatewayConfig(reasoning_parser="deepthink")
+
+
+async def test_a_record_whose_write_fails_goes_back_for_the_next_consumer(fake_servers, tok) -> None:
+    from rollout_sdk.gateway.routes import _Routes
+
+    class GoneTrainer:
+        async def write(self, data: bytes) -> None:
+            raise ConnectionResetError("the trainer went away")
+
+    async with gateway_on(fake_servers, tok, Script(tok, ["x"])) as (gw, _):
+        s = gw.session()
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        await oa.chat.completions.create(model=gw.model_name, messages=[{"role": "user", "content": "hi"}])
+        await oa.close()
+        gw.finish(s.id)
+        with pytest.raises(ConnectionResetError):
+            await _Routes(gw)._send_records(GoneTrainer(), gw._finished(http=True), "ndjson", False, None)  # type: ignore[arg-type]
+        assert gw.exported_sessions == 0 and gw.store.finished.qsize() == 1  # not lost, not exported
+        async with aiohttp.ClientSession() as http, http.get(f"{root(gw)}/v1/trajectories/stream?limit=1") as r:
+            [line] = [x async for x in r.content if x.strip()]
+        assert msgspec.json.decode(line, type=SessionRecord).session == s.id and gw.exported_sessions == 1
+
+
+async def test_agents_sdk_streamed_run_and_langchain_on_the_responses_api(fake_servers, tok) -> None:
+    agents = pytest.importorskip("agents")
+    lc_openai = pytest.importorskip("langchain_openai")
+    agents.set_tracing_disabled(True)
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    script = Script(tok, [call("add", a=20, b=22), "The sum is 42."])
+    async with gateway_on(fake_servers, tok, script) as (gw, client):
+        s = gw.session()
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        agent = agents.Agent(name="calc", tools=[add], model=gw.model_name)
+        run = agents.Runner.run_streamed(
+            agent, "20+22?", run_config=agents.RunConfig(model_provider=agents.OpenAIProvider(openai_client=oa))
+        )
+        kinds = {e.type async for e in run.stream_events()}
+        await oa.close()
+        assert run.final_output == "The sum is 42." and "raw_response_event" in kinds
+        lc = gw.session()
+        llm = lc_openai.ChatOpenAI(
+            base_url=lc.base_url, api_key="x", model=gw.model_name, max_retries=0, use_responses_api=True
+        )
+        ai = await llm.bind_tools([CHAT_TOOL]).ainvoke("20+22?")  # LangChain parses function_call items
+        assert [(c["name"], c["args"]) for c in ai.tool_calls] == [("add", {"a": 20, "b": 22})]
+        assert [n.response_id[:5] for n in gw.get_session(s.id).nodes] == ["resp_", "resp_"]
+        assert [n.response_id[:5] for n in gw.get_session(lc.id).nodes] == ["resp_"]
+        gw.finish(s.id)
+        gw.finish(lc.id)
+        trajs = {t.id: t for t in await collect(gw, 2)}
+    check_alignment(trajs[s.id], [c for c in client.calls if c[0].session_id == s.id])
