@@ -120,14 +120,21 @@ async def test_responses_refuse_what_they_cannot_honour_by_field(fake_servers, t
             ({**good, "tools": [{"type": "web_search"}]}, "tools[0].type"),
             ({**good, "text": {"format": {"type": "json_schema"}}}, "text.format"),
             ({**good, "temperature": 7}, "temperature"),
+            ({**good, "max_output_tokens": 0}, "max_output_tokens"),
             ({**good, "conversation": "c1"}, "conversation"),
             ({"model": gw.model_name}, "input"),
+            ({**good, "metadata": ["x"]}, "metadata"),
+            ({**good, "tools": "add"}, "tools"),
+            ({**good, "input": [{"type": "function_call", "name": "f", "call_id": "c", "arguments": "{bad"}]}, None),
+            ({**good, "previous_response_id": "resp_nope"}, "previous_response_id"),
+            ({**good, "input": [{"role": "wizard", "content": "x"}]}, "input[0].role"),
+            ({**good, "input": 5}, "input"),
         ]
         async with aiohttp.ClientSession() as http:
             for body, param in cases:
                 async with http.post(f"{s.base_url}/responses", json=body) as r:
                     err = (await r.json())["error"]
-                    assert (r.status, err["param"]) == (400, param), (body, err)
+                    assert r.status == 400 and (param is None or err["param"] == param), (body, err)
         assert client.calls == []
 
 
@@ -171,14 +178,39 @@ async def test_messages_tool_round_trip_with_the_anthropic_client(fake_servers, 
     assert ChatTemplate(tok, tools=[CHAT_TOOL]).check_drift(traj.messages, traj.ids).ok
 
 
-async def test_messages_errors_have_anthropics_shape(fake_servers, tok) -> None:
-    async with gateway_on(fake_servers, tok, Script(tok, ["ok"])) as (gw, _):
+async def test_messages_refuse_bad_input_by_field_in_anthropics_error_shape(fake_servers, tok) -> None:
+    async with gateway_on(fake_servers, tok, Script(tok, ["ok"])) as (gw, client):
         s = gw.session()
+        good: dict[str, Any] = {"model": gw.model_name, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
+        user = {"role": "user"}
+        cases: list[tuple[dict[str, Any], str | None]] = [
+            ({**good, "n": 2}, "n"),
+            ({**good, "messages": []}, "messages"),
+            ({**good, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+            ({**good, "messages": [{**user, "content": [{"type": "document"}]}]}, "messages[0].content[0]"),
+            (
+                {**good, "messages": [{**user, "content": [{"type": "tool_result"}]}]},
+                "messages[0].content[0].tool_use_id",
+            ),
+            ({**good, "messages": [{**user, "content": 3}]}, "messages[0].content"),
+            ({**good, "tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0].type"),
+            ({**good, "tool_choice": {"type": "any"}}, "tool_choice"),
+            ({**good, "tool_choice": "auto"}, "tool_choice"),
+            ({**good, "system": [{"type": "image"}]}, "system[0]"),
+            ({**good, "temperature": 9}, "temperature"),
+            ({**good, "max_tokens": 0}, "max_tokens"),
+            ({**good, "stop_sequences": [""]}, "stop_sequences[0]"),
+            ({**good, "model": "claude-9"}, "model"),
+        ]
         async with aiohttp.ClientSession() as http:
-            body = {"model": gw.model_name, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "n": 2}
-            async with http.post(f"{s.base_url}/messages", json=body) as r:
-                data = await r.json()
-        assert r.status == 400 and data["type"] == "error" and data["error"]["param"] == "n"
+            for body, param in cases:
+                async with http.post(f"{s.base_url}/messages", json=body) as r:
+                    data = await r.json()
+                    assert r.status in (400, 404) and data["type"] == "error", (body, data)
+                    assert data["error"]["param"] == param and data["error"]["message"], (body, data)
+            async with http.post(f"{s.base_url}/messages", json=good) as r:  # still serving
+                assert r.status == 200 and (await r.json())["content"] == [{"type": "text", "text": "ok"}]
+        assert len(client.calls) == 1
 
 
 # -- reasoning ------------------------------------------------------------------------------------------

@@ -27,7 +27,10 @@ from typing import Any
 from .errors import bad_request, unsupported
 from .service import Outcome
 
-__all__ = ["message_body", "message_events", "to_chat"]
+__all__ = ["CHAT_NAMES", "message_body", "message_events", "to_chat"]
+
+#: chat fields an error may name -> the Messages field they came from
+CHAT_NAMES = {"stop": "stop_sequences"}
 
 _FIELDS = {
     "model",

@@ -33,7 +33,10 @@ from .errors import GatewayError, bad_request, unsupported
 from .service import Choice, Outcome
 from .sessions import Session
 
-__all__ = ["Echo", "response_body", "response_events", "to_chat"]
+__all__ = ["CHAT_NAMES", "Echo", "response_body", "response_events", "to_chat"]
+
+#: chat fields an error may name -> the Responses field they came from
+CHAT_NAMES = {"max_tokens": "max_output_tokens"}
 
 #: fields mapped onto the chat call
 _MAPPED = {
@@ -99,6 +102,10 @@ def to_chat(body: dict[str, Any], session: Session) -> tuple[dict[str, Any], Ech
         if key not in _MAPPED and key not in _IGNORED:
             raise unsupported(key, f"unsupported field {key!r}: this gateway does not implement it")
     _check_ignored(body)
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise bad_request("metadata", "metadata must be an object", "invalid_type")
+    if body.get("tools") is not None and not isinstance(body["tools"], list):
+        raise bad_request("tools", "tools must be a list", "invalid_type")
     echo = Echo(
         instructions=body.get("instructions"),
         tools=list(body.get("tools") or []),

@@ -166,7 +166,8 @@ class _Routes:
         body = await _body(request)
         session = self.gw.store.get(self._session_id(request), create=self.gw.config.auto_sessions)
         chat, echo = responses_api.to_chat(body, session)
-        outcome = await self.gw.serve_turn(session, chat, chat=True, id_prefix="resp_")
+        with _fields_named(responses_api.CHAT_NAMES):
+            outcome = await self.gw.serve_turn(session, chat, chat=True, id_prefix="resp_")
         if outcome.options.stream:
             return await self._events(request, responses_api.response_events(outcome, echo))
         return _json(responses_api.response_body(outcome, echo))
@@ -174,7 +175,8 @@ class _Routes:
     async def messages(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request)
         session = self.gw.store.get(self._session_id(request), create=self.gw.config.auto_sessions)
-        outcome = await self.gw.serve_turn(session, messages_api.to_chat(body), chat=True, id_prefix="msg_")
+        with _fields_named(messages_api.CHAT_NAMES):
+            outcome = await self.gw.serve_turn(session, messages_api.to_chat(body), chat=True, id_prefix="msg_")
         if outcome.options.stream:
             return await self._events(request, messages_api.message_events(outcome))
         return _json(messages_api.message_body(outcome))
@@ -341,6 +343,20 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_post("/v1/sessions/{session}/reward", r.reward)
     app.router.add_post("/v1/sessions/{session}/finish", r.finish)
     return app
+
+
+@contextlib.contextmanager
+def _fields_named(names: dict[str, str]) -> Any:
+    """Errors of the chat call an API was translated into name that API's field (``stop[0]`` ->
+    ``stop_sequences[0]``)."""
+    try:
+        yield
+    except GatewayError as exc:
+        param = exc.param or ""
+        head = param.split("[", 1)[0]
+        if head in names:
+            exc.param = names[head] + param[len(head) :]
+        raise
 
 
 async def _sse(request: web.Request) -> web.StreamResponse:
