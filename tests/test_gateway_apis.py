@@ -494,3 +494,60 @@ async def test_agents_sdk_streamed_run_and_langchain_on_the_responses_api(fake_s
         gw.finish(lc.id)
         trajs = {t.id: t for t in await collect(gw, 2)}
     check_alignment(trajs[s.id], [c for c in client.calls if c[0].session_id == s.id])
+
+
+def test_any_json_body_is_translated_or_refused_with_a_gateway_error() -> None:
+    """Fuzz both adapters (and the chat normalisation after them) with arbitrary JSON: a 4xx naming a
+    field, or a chat call; never another exception (which would be a 500)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from rollout_sdk.gateway import messages as messages_api
+    from rollout_sdk.gateway import responses as responses_api
+    from rollout_sdk.gateway.errors import GatewayError
+    from rollout_sdk.gateway.sessions import Session
+    from rollout_sdk.gateway.tools import template_messages, template_tools
+
+    scalar = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=4))
+    keys = st.sampled_from(
+        ["type", "role", "content", "text", "name", "call_id", "arguments", "output", "id", "input", "tool_use_id"]
+    )
+    values = st.sampled_from(
+        [
+            "message",
+            "function_call",
+            "function_call_output",
+            "reasoning",
+            "user",
+            "assistant",
+            "system",
+            "text",
+            "tool_use",
+            "tool_result",
+            "thinking",
+            "input_text",
+            "output_text",
+            "x",
+        ]
+    )
+    leaf = st.one_of(scalar, values)
+    json_ = st.recursive(
+        leaf, lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(keys, c, max_size=4)), max_leaves=12
+    )
+    field = st.sampled_from(["input", "messages", "system", "tools", "instructions", "tool_choice", "metadata"])
+    session = Session("s", max_turns=8)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.dictionaries(field, json_, max_size=4))
+    def prop(body: dict[str, Any]) -> None:
+        for translate in (lambda b: responses_api.to_chat(b, session)[0], messages_api.to_chat):
+            refused: GatewayError | None = None
+            try:
+                chat = translate({"model": "m", **body})
+                template_tools(chat.get("tools"))
+                template_messages(chat["messages"], max_messages=64)
+            except GatewayError as exc:
+                refused = exc
+            assert refused is None or (400 <= refused.status < 500 and refused.message)
+
+    prop()
