@@ -152,27 +152,24 @@ def to_chat(body: dict[str, Any], session: Session) -> tuple[dict[str, Any], Ech
     for key in ("temperature", "top_p", "stream", "seed", "stop", "top_k", "min_p", "repetition_penalty"):
         if body.get(key) is not None:
             chat[key] = body[key]
-    for key in ("frequency_penalty", "presence_penalty", "min_tokens"):
+    # checked by the chat path with the same names (parallel_tool_calls=false, top_logprobs > 0 ... are 400s)
+    for key in ("frequency_penalty", "presence_penalty", "min_tokens", "parallel_tool_calls", "service_tier"):
         if body.get(key) is not None:
             chat[key] = body[key]
+    if body.get("top_logprobs") is not None:
+        chat["top_logprobs"] = body["top_logprobs"]
     if echo.logprobs:
         chat["logprobs"] = True
     return chat, echo
 
 
 def _check_ignored(body: dict[str, Any]) -> None:
-    if body.get("parallel_tool_calls") is False:
-        raise unsupported("parallel_tool_calls", "parallel_tool_calls=false cannot be enforced on the model")
     if body.get("background"):
         raise unsupported("background", "background responses are not supported")
-    if body.get("top_logprobs"):
-        raise unsupported("top_logprobs", "top_logprobs > 0: the engines return the sampled token's logprob only")
     text = body.get("text")
     fmt = text.get("format") if isinstance(text, dict) else None
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise unsupported("text.format", "only the text format {'type': 'text'} is supported")
-    if body.get("service_tier") not in (None, "auto", "default"):
-        raise unsupported("service_tier", f"service_tier {body['service_tier']!r} is not supported")
 
 
 def chat_tools(tools: Any) -> Any:
