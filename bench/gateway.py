@@ -21,6 +21,7 @@ on the same 2 cores as the servers, so absolute rates are this machine's.
 
     python bench/gateway.py                 # C = 1, 64, 500 (S = max(C, 200)), K = 3, G = 16, 3 reps
     python bench/gateway.py --quick
+    python bench/gateway.py --api responses      # the same turns through /v1/responses (or --api messages)
 """
 
 from __future__ import annotations
@@ -71,7 +72,29 @@ async def run_direct(address: str, sessions: int, conc: int, turns: int, gen: in
     return {"rps": len(lat) / wall, "p50": pct(lat, 0.5) * 1e3, "p99": pct(lat, 0.99) * 1e3}
 
 
-async def run_gateway(url: str, sessions: int, conc: int, turns: int, gen: int, rep: int) -> dict[str, float]:
+def _call(api: str, history: list[dict[str, Any]], gen: int) -> tuple[str, dict[str, Any]]:
+    """The path and body of one call of ``api`` carrying ``history`` (what that API's client sends)."""
+    if api == "responses":
+        return "responses", {"model": "policy", "input": history, "max_output_tokens": gen}
+    return ("messages" if api == "messages" else "chat/completions"), {
+        "model": "policy",
+        "messages": history,
+        "max_tokens": gen,
+    }
+
+
+def _reply(api: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The reply as that API's client re-sends it with the next call."""
+    if api == "responses":
+        return list(data["output"])
+    if api == "messages":
+        return [{"role": "assistant", "content": data["content"]}]
+    return [data["choices"][0]["message"]]
+
+
+async def run_gateway(
+    url: str, sessions: int, conc: int, turns: int, gen: int, rep: int, api: str = "chat"
+) -> dict[str, float]:
     import aiohttp
 
     lat: list[float] = []
@@ -84,16 +107,14 @@ async def run_gateway(url: str, sessions: int, conc: int, turns: int, gen: int, 
                 key = f"bench-{rep}-{conc}-{i}"
                 msgs: list[dict[str, Any]] = [{"role": "user", "content": f"Question number {i}: what is 2+2?"}]
                 for k in range(turns):
-                    body = {"model": "policy", "messages": msgs, "max_tokens": gen}
+                    path, body = _call(api, msgs, gen)
                     t = time.perf_counter()
-                    async with http.post(
-                        f"{url}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-                    ) as r:
+                    async with http.post(f"{url}/{path}", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
                         data = await r.json()
                         if r.status != 200:
                             raise RuntimeError(f"gateway answered {r.status}: {data}")
                     lat.append(time.perf_counter() - t)
-                    msgs = [*msgs, data["choices"][0]["message"], {"role": "user", "content": f"and then {k}?"}]
+                    msgs = [*msgs, *_reply(api, data), {"role": "user", "content": f"and then {k}?"}]
                 async with http.post(f"{url}/sessions/{key}/finish") as r:
                     assert r.status == 200
 
@@ -120,14 +141,15 @@ async def main(args: argparse.Namespace) -> None:
             cells: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
             for rep in range(args.reps):
                 cells["direct"].append(await run_direct(engine, sessions, conc, args.turns, args.gen))
-                cells["gateway"].append(await run_gateway(url, sessions, conc, args.turns, args.gen, rep))
+                cells["gateway"].append(await run_gateway(url, sessions, conc, args.turns, args.gen, rep, args.api))
                 log(f"C={conc} rep {rep}: direct {cells['direct'][-1]}, gateway {cells['gateway'][-1]}")
             med = {
                 m: {k: statistics.median(c[k] for c in cs) for k in ("rps", "p50", "p99")} for m, cs in cells.items()
             }
             rows.append((conc, sessions, med))
         print(
-            f"\nsessions x {args.turns} turns x {args.gen} tokens, fake instant engine, medians of {args.reps} reps\n"
+            f"\nsessions x {args.turns} turns x {args.gen} tokens, {args.api} API, fake instant engine, medians of "
+            f"{args.reps} reps\n"
         )
         print(
             "| concurrent sessions | sessions | direct req/s | gateway req/s | gateway/direct | direct p50 ms | "
@@ -152,6 +174,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gen", type=int, default=16)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="C = 1, 32; 40 sessions; 1 rep")
+    p.add_argument(
+        "--api",
+        choices=["chat", "responses", "messages"],
+        default="chat",
+        help="the API the agents call: chat completions, the Responses API, Anthropic's Messages API",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.concurrency, args.sessions, args.reps = [1, 32], 40, 1

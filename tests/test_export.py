@@ -168,3 +168,19 @@ async def test_rollout_trajectories_carry_lifecycles_and_export(fake_servers, tm
     path = tmp_path / "batch.jsonl"
     assert write_jsonl(trajs, path) == 4
     assert read_jsonl(path) == trajs
+
+
+def test_every_line_carries_the_schema_version_and_every_default(tmp_path: Path) -> None:
+    import json
+
+    from rollout_sdk.rollouts.trajectory import TRAJECTORY_SCHEMA_VERSION
+
+    traj = Trajectory(id="t", prompt_ids=[1], response_ids=[2], loss_mask=[1], logprobs=[-0.5], finish_reason="stop")
+    path = tmp_path / "v.jsonl"
+    write_jsonl([traj], path)
+    line = json.loads(path.read_text())
+    assert line["schema_version"] == TRAJECTORY_SCHEMA_VERSION == 1
+    assert line["drift"] is None and line["metadata"] == {} and line["lifecycles"] == []  # defaults written
+    del line["schema_version"]  # a line from before the field existed loads as version 1
+    path.write_text(json.dumps(line) + "\n")
+    assert read_jsonl(path)[0].schema_version == 1

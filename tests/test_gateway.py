@@ -23,6 +23,7 @@ from rollout_sdk.agents import ChatTemplate, Trajectory
 from rollout_sdk.engines.fake import FakeEngineConfig
 from rollout_sdk.gateway import Gateway, read_trajectories
 from rollout_sdk.protocol import GenerateRequest, GenerateResult
+from rollout_sdk.rollouts.seeds import sample_seed
 
 IM_END = 151645
 QWEN = FakeEngineConfig(eos_token_ids=(IM_END,))
@@ -215,7 +216,9 @@ async def test_n_choices_are_sibling_branches_with_distinct_seeds(fake_servers, 
         )
         await oa.close()
         assert len(r.choices) == 3 and r.usage is not None and r.usage.completion_tokens == 6
-        assert sorted(req.sampling.seed for req, _ in client.calls) == [7, 8, 9]
+        # the SDK's one seed function, as generate_many(n=3) seeds its members (not seed + k)
+        seeds = sorted(req.sampling.seed for req, _ in client.calls)
+        assert seeds == sorted(sample_seed(7, member=k) for k in range(3))
         gw.finish(s.id)
         trajs = await collect(gw, 3)
     assert [t.metrics["branches"] for t in trajs] == [3.0, 3.0, 3.0]

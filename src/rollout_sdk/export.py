@@ -4,9 +4,10 @@ Each line is the trajectory as JSON (msgspec): ids (``prompt_ids`` + ``response_
 ``logprobs``, version segments (``weight_versions``), ``reward``, ``metadata`` (the caller's), ``metrics``,
 ``turns`` and tool calls, ``messages``, the lifecycle of each engine call (``lifecycles``: queued,
 dispatched, first token, finished, server, retries, failovers) and, for MoE routing replay,
-``routed_experts`` (int16 bytes, base64 in JSON).  Fields at their defaults are left out, so a line stays
-short; the loader fills them back.  The schema follows the structs' evolution rules (new fields get
-defaults), so files written now keep loading.
+``routed_experts`` (int16 bytes, base64 in JSON) and ``schema_version`` (the layout's version).  Every
+field is written, defaults included.  The schema follows the structs' evolution rules (new fields get
+defaults), so files written now keep loading, and lines written before ``schema_version`` existed load
+as version 1 (the same layout).
 
     write_jsonl(batch.trajectories, "rollouts.jsonl", append=True)     # from a training loop
     for traj in iter_jsonl("rollouts.jsonl"): ...                      # later, for analysis or replay

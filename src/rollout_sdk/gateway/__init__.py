@@ -6,6 +6,19 @@ extra (aiohttp) is needed once a :class:`Gateway` opens.
 
 from .errors import GatewayError
 from .gateway import Gateway, GatewayConfig, SessionHandle, read_trajectories
+from .records import SessionRecord, TurnSlice, discounted_returns
+from .sampling import SessionSampling
 from .sessions import Session
 
-__all__ = ["Gateway", "GatewayConfig", "GatewayError", "Session", "SessionHandle", "read_trajectories"]
+__all__ = [
+    "Gateway",
+    "GatewayConfig",
+    "GatewayError",
+    "Session",
+    "SessionHandle",
+    "SessionRecord",
+    "SessionSampling",
+    "TurnSlice",
+    "discounted_returns",
+    "read_trajectories",
+]

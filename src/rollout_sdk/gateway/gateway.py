@@ -9,7 +9,10 @@ Concurrency::
     aiohttp (one handler task per HTTP request) ──▶ TurnService ──▶ RolloutClient.generate
          │  admission: at most max_in_flight model calls at once (429 beyond, never an unbounded wait)
          └─ sessions: SessionStore (max_sessions) ── finish / idle ──▶ finished queue (bounded by
-            max_sessions, so put_nowait never overflows) ──▶ trajectories() or the JSONL writer task
+            max_sessions, so put_nowait never overflows) ──▶ ONE of: trajectories(), the JSONL writer
+            task, or GET /v1/trajectories/stream handlers (at most max_export_streams; each writes a
+            record and awaits its drain before taking the next: TCP back-pressure; a failed write
+            puts the session back) ──▶ exported records, the last keep_exported kept for GET
     owned tasks: the idle reaper and (with trajectories_jsonl) the JSONL writer; both cancelled and
     awaited by aclose(), which first stops the listener, then finishes every open session.
 
@@ -26,12 +29,14 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
+import math
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,8 +45,11 @@ import msgspec
 
 from .._aio import cancel_and_wait
 from ..agents import Trajectory
+from ..agents.parsers import get_reasoning_parser
 from ..errors import ClientStateError, ConfigError
 from .errors import GatewayError
+from .records import SessionRecord, session_record
+from .sampling import SessionSampling
 from .service import Outcome, ServiceLimits, TurnService
 from .sessions import Session, SessionStore
 
@@ -91,6 +99,13 @@ class GatewayConfig:
     template_strategy: str = "auto"
     #: the tool-call parser (rollout_sdk.agents.get_parser)
     parser: str = "hermes"
+    #: the reasoning parser ("none", "think": a leading <think>...</think> is returned as reasoning:
+    #: chat ``reasoning_content``, a Responses reasoning item, a Messages thinking block; tokens stay exact)
+    reasoning_parser: str = "none"
+    #: exported sessions whose records stay readable at GET /v1/sessions/{id}/trajectory (oldest dropped)
+    keep_exported: int = 1024
+    #: GET /v1/trajectories/stream consumers at once (429 beyond)
+    max_export_streams: int = 16
     #: times an aborted generation (a trainer's pause) is continued from its tokens
     max_resumes: int = 8
 
@@ -104,6 +119,7 @@ class GatewayConfig:
             "max_in_flight",
             "default_max_tokens",
             "backlog",
+            "max_export_streams",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "must be >= 1")
@@ -117,6 +133,9 @@ class GatewayConfig:
             raise ConfigError("template_strategy", self.template_strategy, "must be 'auto' or 'strict'")
         if self.max_resumes < 0:
             raise ConfigError("max_resumes", self.max_resumes, "must be >= 0")
+        if self.keep_exported < 0:
+            raise ConfigError("keep_exported", self.keep_exported, "must be >= 0")
+        get_reasoning_parser(self.reasoning_parser)  # a ConfigError naming it, before anything opens
 
 
 @dataclass(frozen=True)
@@ -167,6 +186,8 @@ class Gateway:
         self._runner: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = asyncio.Event()
+        #: set when closing begins: export streams end then (the listener is going away)
+        self._stopping = asyncio.Event()
         self._in_flight = 0
         self.model_name = ""
         self.created = int(time.time())
@@ -174,6 +195,11 @@ class Gateway:
         self.port = 0
         self.served_turns = 0
         self.rejected_busy = 0
+        #: records of exported sessions, newest last (bounded by keep_exported)
+        self._exported: collections.OrderedDict[str, SessionRecord] = collections.OrderedDict()
+        self.export_streams = 0
+        self.exported_sessions = 0
+        self._registry: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -225,6 +251,7 @@ class Gateway:
             request_timeout_s=cfg.request_timeout_s,
             template_strategy=cfg.template_strategy,
             parser=cfg.parser,
+            reasoning_parser=cfg.reasoning_parser,
         )
         self._service = TurnService(self._client, tokenizer, model=self.model_name, limits=limits)
         self._runner = web.AppRunner(build_app(self), access_log=None, handler_cancellation=True, shutdown_timeout=5)
@@ -253,6 +280,7 @@ class Gateway:
             self._state = "closed"
 
     async def _teardown(self) -> None:
+        self._stopping.set()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()  # stops the listener; cancels handlers still running
@@ -285,10 +313,23 @@ class Gateway:
 
     # -- sessions ----------------------------------------------------------------------------------
 
-    def session(self, session_id: str | None = None, *, metadata: dict[str, Any] | None = None) -> SessionHandle:
-        """Open a session; give the agent ``handle.base_url`` (or ``api_key`` with :attr:`url`)."""
+    def session(
+        self,
+        session_id: str | None = None,
+        *,
+        metadata: dict[str, Any] | None = None,
+        sampling: SessionSampling | dict[str, Any] | None = None,
+    ) -> SessionHandle:
+        """Open a session; give the agent ``handle.base_url`` (or ``api_key`` with :attr:`url`).
+
+        ``metadata`` is exported with its trajectories; ``sampling`` (a :class:`SessionSampling` or its
+        JSON form) fixes sampling fields for every call of the session and caps ``max_tokens``."""
         self._check_open()
-        s = self.store.create(session_id, metadata)
+        if isinstance(sampling, dict):
+            sampling = SessionSampling.from_json(sampling)
+        elif sampling is not None:
+            sampling.check()
+        s = self.store.create(session_id, metadata, sampling)
         root = f"http://{_host(self.host)}:{self.port}"
         return SessionHandle(id=s.id, base_url=f"{root}/s/{s.id}/v1", api_key=s.id, shared_base_url=self.url)
 
@@ -299,15 +340,34 @@ class Gateway:
         """Set a session's reward (every trajectory of it gets it); by default also finish it."""
         self._check_open()
         session = self.store.get(session_id, create=False)
-        session.reward = float(value)
+        session.reward = _finite(value, "reward")
         return self.store.finish(session) if finish else False
+
+    def turn_reward(
+        self, session_id: str, value: float, *, turn: int | None = None, response_id: str | None = None
+    ) -> None:
+        """Give one served turn of a session its own reward (``Turn.reward`` in every trajectory holding
+        it): by ``turn``, its index in serving order, or by the ``response_id`` the agent got."""
+        self._check_open()
+        session = self.store.get(session_id, create=False)
+        session.set_turn_reward(_finite(value, "reward"), turn=turn, response_id=response_id)
+
+    def session_record(self, session_id: str, *, per_turn: bool = True) -> SessionRecord:
+        """The trainer's view of one session (open, finished, or exported and still kept)."""
+        self._check_open()
+        kept = self._exported.get(session_id)
+        if kept is not None:
+            return kept if per_turn else msgspec.structs.replace(kept, turns=[])
+        return session_record(self.store.get(session_id, create=False), per_turn=per_turn)
 
     def finish(self, session_id: str, *, reward: float | None = None) -> bool:
         """Finish a session: its trajectories go to :meth:`trajectories`.  False if already finished."""
         self._check_open()
         return self.store.finish(self.store.get(session_id, create=False), reward=reward)
 
-    async def serve_turn(self, session: Session, body: dict[str, Any], *, chat: bool) -> Outcome:
+    async def serve_turn(
+        self, session: Session, body: dict[str, Any], *, chat: bool, id_prefix: str = "chatcmpl-"
+    ) -> Outcome:
         """One model call of ``session`` (used by the HTTP routes)."""
         self._check_open()
         assert self._service is not None
@@ -321,7 +381,11 @@ class Gateway:
             )
         self._in_flight += 1
         try:
-            outcome = await (self._service.chat(session, body) if chat else self._service.complete(session, body))
+            outcome = await (
+                self._service.chat(session, body, id_prefix=id_prefix)
+                if chat
+                else self._service.complete(session, body)
+            )
         finally:
             self._in_flight -= 1
         self.served_turns += len(outcome.choices)
@@ -334,33 +398,56 @@ class Gateway:
 
         Ends once the gateway is closed and everything finished before has been yielded.
         """
+        self._check_consumable()
+        async for session in self._finished():
+            if session is not None:
+                for traj in self._export(session).trajectories:
+                    yield traj
+
+    def _check_consumable(self) -> None:
         if self.config.trajectories_jsonl:
             raise ClientStateError("this gateway writes its trajectories to trajectories_jsonl; read that file")
-        async for session in self._finished():
-            for traj in session.trajectories():
-                yield traj
 
-    async def _finished(self) -> AsyncIterator[Session]:
+    async def _finished(
+        self, heartbeat_s: float | None = None, *, http: bool = False
+    ) -> AsyncGenerator[Session | None, None]:
+        """Finished sessions as they come (each to one consumer); ``None`` after ``heartbeat_s`` without
+        one.  The consumer exports a session (:meth:`_export`) or gives it back (``store.requeue``).
+        Ends once closed and drained; ``http`` consumers (export streams) end as soon as closing begins."""
         queue = self.store.finished
+        end = self._stopping if http else self._closed
         while True:
-            if queue.empty() and self._closed.is_set():
+            if end.is_set() and (http or queue.empty()):
                 return
             getter = asyncio.ensure_future(queue.get())
-            closer = asyncio.ensure_future(self._closed.wait())
+            closer = asyncio.ensure_future(end.wait())
             try:
-                await asyncio.wait([getter, closer], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([getter, closer], timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 closer.cancel()
                 if not getter.done():
                     getter.cancel()
             if getter.done() and not getter.cancelled():
-                session = getter.result()
-                self.store.taken(session)
-                yield session
+                yield getter.result()
+            elif not end.is_set():
+                yield None
+
+    def _export(self, session: Session, record: SessionRecord | None = None) -> SessionRecord:
+        """The session leaves the store for the trainer; its record stays readable (``keep_exported``)."""
+        record = record or session_record(session, state="exported")
+        self.store.taken(session)
+        self.exported_sessions += 1
+        if self.config.keep_exported:
+            self._exported[session.id] = record
+            while len(self._exported) > self.config.keep_exported:
+                self._exported.popitem(last=False)
+        return record
 
     async def _write_jsonl(self, path: str) -> None:
         async for session in self._finished():
-            trajs = session.trajectories()
+            if session is None:
+                continue
+            trajs = self._export(session).trajectories
             if trajs:
                 await asyncio.to_thread(_append_jsonl, path, trajs)
 
@@ -369,6 +456,19 @@ class Gateway:
             await asyncio.sleep(min(timeout_s / 4, 30.0))
             for session in self.store.idle(time.monotonic(), timeout_s):
                 self.store.finish(session, reason="idle")
+
+    def metrics(self) -> tuple[bytes, str]:
+        """The Prometheus exposition of ``/metrics``: the gateway's own series and its client's."""
+        from prometheus_client import CollectorRegistry
+
+        from ..metrics import render_metrics
+
+        if self._registry is None:
+            self._registry = CollectorRegistry(auto_describe=False)
+            self._registry.register(_GatewayCollector(self))
+        client_metrics = getattr(self._client, "metrics", None)
+        registries = [self._registry] + ([client_metrics.registry] if client_metrics is not None else [])
+        return render_metrics(*registries)
 
     def health(self) -> dict[str, Any]:
         client = self._client
@@ -383,12 +483,51 @@ class Gateway:
         }
 
 
+class _GatewayCollector:
+    """The gateway's counts, read at scrape time (docs/observability.md lists them)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        gw = self.gw
+        sessions = list(gw.store.sessions.values())
+        opened = sum(1 for s in sessions if s.state == "open")
+        yield GaugeMetricFamily("rollout_gateway_sessions_open", "Sessions open now.", value=opened)
+        yield GaugeMetricFamily(
+            "rollout_gateway_sessions_finished_waiting",
+            "Finished sessions the trainer has not taken yet (counted in max_sessions).",
+            value=len(sessions) - opened,
+        )
+        yield GaugeMetricFamily("rollout_gateway_calls_in_flight", "Model calls in flight.", value=gw._in_flight)
+        yield GaugeMetricFamily(
+            "rollout_gateway_export_streams", "Open /v1/trajectories/stream consumers.", value=gw.export_streams
+        )
+        yield CounterMetricFamily("rollout_gateway_turns", "Turns served (one per choice).", value=gw.served_turns)
+        yield CounterMetricFamily(
+            "rollout_gateway_rejected_busy", "Calls refused with 429 past max_in_flight.", value=gw.rejected_busy
+        )
+        yield CounterMetricFamily(
+            "rollout_gateway_sessions_exported",
+            "Sessions whose trajectories the trainer took.",
+            value=gw.exported_sessions,
+        )
+
+
 async def _drain(task: asyncio.Task[None]) -> None:
     """The JSONL writer ends by itself once closed and drained; bound the wait, then cancel."""
     try:
         await asyncio.wait_for(asyncio.shield(task), 60)
     except TimeoutError:
         await cancel_and_wait(task)
+
+
+def _finite(value: float, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise GatewayError(400, f"{name} must be a finite number, got {value!r}", param=name, code="invalid_value")
+    return float(value)
 
 
 def _host(host: str) -> str:

@@ -4,12 +4,16 @@
 
     POST /v1/chat/completions          POST /s/{session}/v1/chat/completions
     POST /v1/completions               POST /s/{session}/v1/completions
-    GET  /v1/models                    GET  /s/{session}/v1/models
-    GET  /health
-    POST /v1/sessions                  create a session: {"id", "base_url", "api_key"}
+    POST /v1/responses                 POST /s/{session}/v1/responses      (OpenAI Responses API)
+    POST /v1/messages                  POST /s/{session}/v1/messages       (Anthropic Messages API)
+    GET  /v1/models[/{model}]          GET  /s/{session}/v1/models[/{model}]
+    GET  /health                       GET  /metrics                       (Prometheus)
+    POST /v1/sessions                  create a session: {"id", "base_url", "api_key"} (metadata, sampling)
     GET  /v1/sessions/{session}        its turns, branches, state
-    POST /v1/sessions/{session}/reward {"reward": 1.0, "finish": true}
+    GET  /v1/sessions/{session}/trajectory    its SessionRecord (records.py)
+    POST /v1/sessions/{session}/reward {"reward": 1.0, "finish": true, "turn_rewards": [...]}
     POST /v1/sessions/{session}/finish {"reward": 1.0}  (reward optional)
+    GET  /v1/trajectories/stream       finished sessions' records as they finish (NDJSON or SSE)
 
 The session of a model call is the ``/s/{session}`` path segment, or else the API key (``Authorization:
 Bearer <session>``), so an unmodified agent only changes ``base_url`` or ``api_key``.  The
@@ -21,15 +25,20 @@ aborts its generation on the engine (nothing is recorded for a turn that was nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
 
+from . import messages as messages_api
+from . import responses as responses_api
 from .errors import GatewayError, bad_request, error_body, to_gateway_error
+from .records import SessionRecord
+from .sampling import SessionSampling
 from .service import Outcome
 
 if TYPE_CHECKING:
@@ -47,6 +56,16 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=msgspec.json.encode(data), status=status, content_type="application/json")
 
 
+def _error(request: web.Request, body: dict[str, Any], status: int) -> web.Response:
+    if request.path.endswith("/v1/messages"):  # Anthropic's error shape is OpenAI's plus a top-level type
+        body = {"type": "error", **body}
+    return _json(body, status)
+
+
+#: seconds between keep-alives on an idle export stream (how a gone trainer is noticed)
+STREAM_HEARTBEAT_S = 15.0
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -58,8 +77,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             exc.text if exc.status != 413 else f"request body larger than the limit ({request.client_max_size} bytes)"
         )
         kind = "invalid_request_error" if exc.status < 500 else "server_error"
-        return _json(
-            error_body(exc.status, message or exc.reason, type=kind, code=_STATUS_CODES.get(exc.status)), exc.status
+        return _error(
+            request,
+            error_body(exc.status, message or exc.reason, type=kind, code=_STATUS_CODES.get(exc.status)),
+            exc.status,
         )
     except asyncio.CancelledError:
         raise
@@ -67,7 +88,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         err = to_gateway_error(exc)
         if err.status >= 500 and err.code == "internal":
             log.exception("unexpected error serving %s %s", request.method, request.path)
-        return _json(err.body(), err.status)
+        return _error(request, err.body(), err.status)
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -118,11 +139,18 @@ class _Routes:
         return _json(_chat_body(outcome) if chat else _completion_body(outcome))
 
     async def _stream(self, request: web.Request, outcome: Outcome, chat: bool) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        resp = await _sse(request)
         for chunk in (_chat_chunks if chat else _completion_chunks)(outcome):
             await resp.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _events(self, request: web.Request, events: list[tuple[str, dict[str, Any]]]) -> web.StreamResponse:
+        """Typed SSE events (``event:`` and ``data:`` lines), as the Responses and Messages APIs send."""
+        resp = await _sse(request)
+        for kind, data in events:
+            await resp.write(b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n")
         await resp.write_eof()
         return resp
 
@@ -134,12 +162,45 @@ class _Routes:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = await _body(request)
+        session = self.gw.store.get(self._session_id(request), create=self.gw.config.auto_sessions)
+        chat, echo = responses_api.to_chat(body, session)
+        with _fields_named(responses_api.CHAT_NAMES):
+            outcome = await self.gw.serve_turn(session, chat, chat=True, id_prefix="resp_")
+        if outcome.options.stream:
+            return await self._events(request, responses_api.response_events(outcome, echo))
+        return _json(responses_api.response_body(outcome, echo))
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        body = await _body(request)
+        session = self.gw.store.get(self._session_id(request), create=self.gw.config.auto_sessions)
+        with _fields_named(messages_api.CHAT_NAMES):
+            outcome = await self.gw.serve_turn(session, messages_api.to_chat(body), chat=True, id_prefix="msg_")
+        if outcome.options.stream:
+            return await self._events(request, messages_api.message_events(outcome))
+        return _json(messages_api.message_body(outcome))
+
+    def _model(self) -> dict[str, Any]:
+        return {"id": self.gw.model_name, "object": "model", "created": self.gw.created, "owned_by": "rollout-sdk"}
+
     async def models(self, request: web.Request) -> web.StreamResponse:
-        model = {"id": self.gw.model_name, "object": "model", "created": self.gw.created, "owned_by": "rollout-sdk"}
-        return _json({"object": "list", "data": [model]})
+        return _json({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["model"]
+        if name != self.gw.model_name:
+            served = self.gw.model_name
+            message = f"the model {name!r} does not exist; this gateway serves {served!r}"
+            raise GatewayError(404, message, code="model_not_found")
+        return _json(self._model())
 
     async def health(self, request: web.Request) -> web.StreamResponse:
         return _json(self.gw.health())
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        body, content_type = await asyncio.to_thread(self.gw.metrics)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def create_session(self, request: web.Request) -> web.StreamResponse:
         self._admin(request)
@@ -153,7 +214,7 @@ class _Routes:
         sid = body.get("id")
         if sid is not None and not isinstance(sid, str):
             raise bad_request("id", "id must be a string", "invalid_type")
-        handle = self.gw.session(sid, metadata=meta)
+        handle = self.gw.session(sid, metadata=meta, sampling=SessionSampling.from_json(body.get("sampling")))
         return _json({"id": handle.id, "base_url": handle.base_url, "api_key": handle.api_key}, 201)
 
     async def session_info(self, request: web.Request) -> web.StreamResponse:
@@ -162,17 +223,93 @@ class _Routes:
         return _json(msgspec.to_builtins(session.stats()))
 
     async def reward(self, request: web.Request) -> web.StreamResponse:
+        """``{"reward": x}`` the session's reward; ``{"turn_rewards": [{"turn": k | "response_id": id,
+        "reward": x}, ...]}`` turns' own.  Finishes the session unless ``"finish": false``."""
         self._admin(request)
         body = await _body(request)
         value = body.get("reward")
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        turns = body.get("turn_rewards")
+        if value is None and turns is None:
+            raise bad_request("reward", "give a 'reward' or 'turn_rewards'", "missing_required_parameter")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise bad_request("reward", f"reward must be a number, got {value!r}", "invalid_type")
         finish = body.get("finish", True)
         if not isinstance(finish, bool):
             raise bad_request("finish", "finish must be a boolean", "invalid_type")
         sid = request.match_info["session"]
-        done = self.gw.reward(sid, float(value), finish=finish)
-        return _json({"id": sid, "reward": float(value), "finished": done})
+        for k, item in enumerate(_turn_rewards(turns)):
+            try:
+                self.gw.turn_reward(sid, item["reward"], turn=item.get("turn"), response_id=item.get("response_id"))
+            except GatewayError as exc:
+                exc.param = f"turn_rewards[{k}].{exc.param}" if exc.param else f"turn_rewards[{k}]"
+                raise
+        if value is not None:
+            done = self.gw.reward(sid, float(value), finish=finish)
+        else:
+            done = self.gw.finish(sid) if finish else False
+        return _json({"id": sid, "reward": None if value is None else float(value), "finished": done})
+
+    async def trajectory(self, request: web.Request) -> web.StreamResponse:
+        self._admin(request)
+        per_turn = _query_flag(request, "per_turn", True)
+        return _json(self.gw.session_record(request.match_info["session"], per_turn=per_turn))
+
+    async def trajectory_stream(self, request: web.Request) -> web.StreamResponse:
+        """Finished sessions' records as they finish, each to one consumer, until ``limit`` records (if
+        given) or the gateway closes.  A record goes out only as fast as the trainer reads (TCP
+        back-pressure: the next session is not taken before the last write drained); finished sessions
+        meanwhile wait in the store (bounded by max_sessions, agents get 429 beyond).  A record whose
+        write fails goes back to the queue for the next consumer."""
+        self._admin(request)
+        gw = self.gw
+        if gw.config.trajectories_jsonl:
+            raise GatewayError(
+                409,
+                "this gateway writes finished sessions to trajectories_jsonl; read that file, or GET "
+                "/v1/sessions/{id}/trajectory",
+                code="exported_to_jsonl",
+            )
+        fmt = request.query.get("format", "ndjson")
+        if fmt not in ("ndjson", "sse"):
+            raise bad_request("format", f"format must be 'ndjson' or 'sse', not {fmt!r}")
+        limit = _query_int(request, "limit")
+        per_turn = _query_flag(request, "per_turn", False)
+        if gw.export_streams >= gw.config.max_export_streams:
+            raise GatewayError(
+                429, f"{gw.export_streams} export streams are open (max_export_streams)", type="rate_limit_error"
+            )
+        gw.export_streams += 1
+        try:
+            content_type = "application/x-ndjson" if fmt == "ndjson" else "text/event-stream"
+            resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            finished = gw._finished(heartbeat_s=STREAM_HEARTBEAT_S, http=True)
+            async with contextlib.aclosing(finished):
+                await self._send_records(resp, finished, fmt, per_turn, limit)
+            await resp.write_eof()
+            return resp
+        finally:
+            gw.export_streams -= 1
+
+    async def _send_records(
+        self, resp: web.StreamResponse, finished: AsyncGenerator[Any, None], fmt: str, per_turn: bool, limit: int | None
+    ) -> None:
+        gw, sent = self.gw, 0
+        async for session in finished:
+            if session is None:
+                await resp.write(b"\n" if fmt == "ndjson" else b": keep-alive\n\n")
+                continue
+            record = _record(session, per_turn)
+            line = msgspec.json.encode(record)
+            try:
+                await resp.write(line + b"\n" if fmt == "ndjson" else b"data: " + line + b"\n\n")
+            except BaseException:
+                gw.store.requeue(session)
+                raise
+            gw._export(session, record if per_turn else None)
+            sent += 1
+            if limit is not None and sent >= limit:
+                return
 
     async def finish(self, request: web.Request) -> web.StreamResponse:
         self._admin(request)
@@ -193,13 +330,84 @@ def build_app(gateway: Gateway) -> web.Application:
     for prefix in ("", "/s/{session}"):
         app.router.add_post(prefix + "/v1/chat/completions", r.chat)
         app.router.add_post(prefix + "/v1/completions", r.completions)
+        app.router.add_post(prefix + "/v1/responses", r.responses)
+        app.router.add_post(prefix + "/v1/messages", r.messages)
         app.router.add_get(prefix + "/v1/models", r.models)
+        app.router.add_get(prefix + "/v1/models/{model}", r.model)
     app.router.add_get("/health", r.health)
+    app.router.add_get("/metrics", r.metrics)
     app.router.add_post("/v1/sessions", r.create_session)
     app.router.add_get("/v1/sessions/{session}", r.session_info)
+    app.router.add_get("/v1/sessions/{session}/trajectory", r.trajectory)
+    app.router.add_get("/v1/trajectories/stream", r.trajectory_stream)
     app.router.add_post("/v1/sessions/{session}/reward", r.reward)
     app.router.add_post("/v1/sessions/{session}/finish", r.finish)
     return app
+
+
+@contextlib.contextmanager
+def _fields_named(names: dict[str, str]) -> Any:
+    """Errors of the chat call an API was translated into name that API's field (``stop[0]`` ->
+    ``stop_sequences[0]``)."""
+    try:
+        yield
+    except GatewayError as exc:
+        param = exc.param or ""
+        head = param.split("[", 1)[0]
+        if head in names:
+            exc.param = names[head] + param[len(head) :]
+        raise
+
+
+async def _sse(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    return resp
+
+
+def _record(session: Any, per_turn: bool) -> SessionRecord:
+    from .records import session_record
+
+    return session_record(session, per_turn=per_turn, state="exported")
+
+
+def _query_flag(request: web.Request, name: str, default: bool) -> bool:
+    value = request.query.get(name)
+    if value is None:
+        return default
+    if value.lower() not in ("1", "0", "true", "false"):
+        raise bad_request(name, f"{name} must be true/false or 1/0, not {value!r}")
+    return value.lower() in ("1", "true")
+
+
+def _query_int(request: web.Request, name: str) -> int | None:
+    value = request.query.get(name)
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise bad_request(name, f"{name} must be an integer >= 1, not {value!r}")
+    return int(value)
+
+
+def _turn_rewards(items: Any) -> list[dict[str, Any]]:
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise bad_request("turn_rewards", "turn_rewards must be a list", "invalid_type")
+    out = []
+    for k, item in enumerate(items):
+        where = f"turn_rewards[{k}]"
+        if not isinstance(item, dict):
+            raise bad_request(where, "each turn reward is an object", "invalid_type")
+        value, turn, rid = item.get("reward"), item.get("turn"), item.get("response_id")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad_request(f"{where}.reward", f"reward must be a number, got {value!r}", "invalid_type")
+        if turn is not None and (isinstance(turn, bool) or not isinstance(turn, int)):
+            raise bad_request(f"{where}.turn", f"turn must be an integer, got {turn!r}", "invalid_type")
+        if rid is not None and not isinstance(rid, str):
+            raise bad_request(f"{where}.response_id", "response_id must be a string", "invalid_type")
+        out.append({"reward": value, "turn": turn, "response_id": rid})
+    return out
 
 
 # -- response shapes --------------------------------------------------------------------------------

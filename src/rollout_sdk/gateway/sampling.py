@@ -16,15 +16,21 @@ tokens kept are a prefix of what the engine sampled, so their logprobs are exact
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from ..errors import InvalidRequestError
 from ..protocol import SamplingParams
 from .errors import bad_request, unsupported
 
-__all__ = ["RequestOptions", "parse_options"]
+__all__ = ["RequestOptions", "SessionSampling", "parse_options"]
+
+#: OpenAI's range for ``temperature`` (the engines accept more; an agent sending 7 has a bug)
+MAX_TEMPERATURE = 2.0
 
 _SAMPLING_FLOATS = ("temperature", "top_p", "frequency_penalty", "presence_penalty", "min_p", "repetition_penalty")
 _COMMON = {
@@ -84,6 +90,8 @@ class RequestOptions:
     logprobs: bool
     stream: bool
     include_usage: bool
+    #: the session's limit on generated tokens (applied after fitting the default to the context)
+    max_tokens_cap: int | None = None
 
 
 def _number(body: dict[str, Any], name: str, kinds: tuple[type, ...]) -> Any:
@@ -179,6 +187,7 @@ def parse_options(
         v = _number(body, name, (int, float))
         if v is not None:
             values[name] = float(v)
+    _check_temperature(values.get("temperature"), "temperature")
     for name, key in (("top_k", "top_k"), ("min_tokens", "min_new_tokens"), ("seed", "seed")):
         v = _number(body, name, (int,))
         if v is not None:
@@ -208,3 +217,88 @@ def parse_options(
         stream=stream,
         include_usage=include_usage,
     )
+
+
+def _check_temperature(value: float | None, name: str) -> None:
+    if value is not None and not 0.0 <= value <= MAX_TEMPERATURE:
+        raise bad_request(name, f"{name} must be in [0, {MAX_TEMPERATURE:g}] (as in OpenAI's API), got {value!r}")
+
+
+_FIXED_FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionSampling:
+    """Sampling a trainer fixes for one session when it creates it (``POST /v1/sessions {"sampling": ...}``).
+
+    Every field given here **overrides** the agent's value for that field on every call of the session
+    (the agent's own temperature, seed ... are ignored for it: on-policy sampling is the trainer's
+    decision, not the agent framework's).  ``max_tokens`` is a **limit**: a call asking for more is
+    **clamped** to it (refusing would break agents that always send their own ``max_tokens``); a call
+    asking for less keeps its own.  ``seed`` seeds the session: turn ``t``, choice ``k`` gets
+    ``sample_seed(seed, member=k, turn=t)`` like every other API of the SDK.
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> SessionSampling | None:
+        """Check a JSON object (400 naming ``sampling.<field>``); None stays None."""
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise bad_request("sampling", "sampling must be an object", "invalid_type")
+        fields: dict[str, Any] = {}
+        for key, v in value.items():
+            where = f"sampling.{key}"
+            if key in _FIXED_FLOATS:
+                kinds: tuple[type, ...] = (int, float)
+            elif key in ("top_k", "seed", "max_tokens"):
+                kinds = (int,)
+            else:
+                raise unsupported(where, f"{key!r} cannot be fixed per session; fields: {sorted(_SESSION_FIELDS)}")
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, kinds):
+                raise bad_request(where, f"{where} must be a number, got {v!r}", "invalid_type")
+            fields[key] = v if kinds == (int,) else float(v)  # type: ignore[arg-type]
+        out = cls(**fields)
+        out.check()
+        return out
+
+    def check(self) -> None:
+        _check_temperature(self.temperature, "sampling.temperature")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise bad_request("sampling.max_tokens", f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
+        try:
+            self.fix(SamplingParams())
+        except InvalidRequestError as exc:
+            name = "sampling." + exc.field.removeprefix("sampling.")
+            raise bad_request(name, f"{name}={exc.value!r}: {exc.reason}") from None
+
+    def fix(self, sampling: SamplingParams) -> SamplingParams:
+        """``sampling`` with this session's fixed fields put in (validated by SamplingParams)."""
+        values = {f: getattr(self, f) for f in (*_FIXED_FLOATS, "top_k", "seed") if getattr(self, f) is not None}
+        if not values:
+            return sampling
+        return SamplingParams(**{**msgspec.structs.asdict(sampling), **values})
+
+    def apply(self, opts: RequestOptions) -> RequestOptions:
+        """A call's options under this session's sampling (fixed fields win, ``max_tokens`` clamped)."""
+        max_tokens = opts.max_tokens
+        if self.max_tokens is not None and max_tokens is not None:
+            max_tokens = min(max_tokens, self.max_tokens)
+        return dataclasses.replace(
+            opts, sampling=self.fix(opts.sampling), max_tokens=max_tokens, max_tokens_cap=self.max_tokens
+        )
+
+
+_SESSION_FIELDS = {*_FIXED_FLOATS, "top_k", "seed", "max_tokens"}

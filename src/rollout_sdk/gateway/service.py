@@ -10,7 +10,8 @@
     ◀────────────── context ids ────────────    more than a small render under the GIL; bench/gateway.py)
     n x client.generate (session affinity; an aborted generation — a trainer's pause — is continued
                          from its tokens, up to max_resumes times)
-    decode, stop strings, tool-call parser ─▶  (same rule)
+    decode, stop strings, reasoning split,
+    tool-call parser ───────────────────────▶  (same rule)
     record the turns (no await), answer
 
 The tokenizer is only ever called with its default truncation and padding, so the loop thread and the
@@ -34,7 +35,9 @@ import msgspec
 
 from .. import Continuation  # the package root re-exports it wherever the rollouts layer keeps it
 from ..agents import ChatTemplate, ParsedTurn, TemplateError, ToolCallParser, ToolCallRecord, Turn, get_parser
-from ..protocol import GenerateRequest, GenerateResult, SamplingParams
+from ..agents.parsers import ReasoningParser, get_reasoning_parser
+from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams
+from ..rollouts.seeds import sample_seed
 from .errors import GatewayError, bad_request, unsupported
 from .sampling import RequestOptions, parse_options
 from .sessions import Node, Session, extend_key, prefix_keys
@@ -57,6 +60,7 @@ class ServiceLimits:
     request_timeout_s: float | None
     template_strategy: str
     parser: str
+    reasoning_parser: str = "none"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +73,10 @@ class Choice:
     finish_reason: str
     #: (token text, logprob) per output token, when the request asked for logprobs
     logprobs: list[tuple[str, float]] | None
+    #: the reasoning the reasoning parser split off the model's text (None: none, or no parser)
+    reasoning: str | None = None
+    #: the stop string that ended the turn, if one did
+    matched_stop: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +99,8 @@ class _Decoded:
     content: str
     parsed: ParsedTurn | None
     token_texts: list[str] | None
+    reasoning: str | None
+    matched_stop: str | None
 
 
 class TurnService:
@@ -102,6 +112,7 @@ class TurnService:
         self.model = model
         self.limits = limits
         self._parser: ToolCallParser = get_parser(limits.parser)
+        self._reasoning: ReasoningParser = get_reasoning_parser(limits.reasoning_parser)
         self._templates: OrderedDict[str, ChatTemplate] = OrderedDict()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-tokenizer")
         self._eos = _eos_ids(tokenizer)
@@ -118,7 +129,7 @@ class TurnService:
 
     # -- shared pieces -----------------------------------------------------------------------------
 
-    def _options(self, body: dict[str, Any], *, chat: bool) -> RequestOptions:
+    def _options(self, session: Session, body: dict[str, Any], *, chat: bool) -> RequestOptions:
         model = body.get("model")
         if model is None:
             raise bad_request("model", "model is required", "missing_required_parameter")
@@ -129,7 +140,8 @@ class TurnService:
                 param="model",
                 code="model_not_found",
             )
-        return parse_options(body, chat=chat, max_n=self.limits.max_n, stop_token_ids=self._single_token_stops)
+        opts = parse_options(body, chat=chat, max_n=self.limits.max_n, stop_token_ids=self._single_token_stops)
+        return session.sampling.apply(opts) if session.sampling is not None else opts
 
     def _single_token_stops(self, stops: Sequence[str]) -> list[int]:
         out = []
@@ -164,15 +176,23 @@ class TurnService:
                 code="context_length_exceeded",
             )
         max_new = opts.max_tokens or min(self.limits.default_max_tokens, room)
+        if opts.max_tokens_cap is not None:  # the session's limit: clamped, never refused
+            max_new = min(max_new, opts.max_tokens_cap)
         sp = opts.sampling
         return msgspec.structs.replace(sp, max_new_tokens=max_new, min_new_tokens=min(sp.min_new_tokens, max_new))
 
-    async def _generate(self, session: Session, prompt: list[int], sampling: SamplingParams, k: int) -> GenerateResult:
-        if sampling.seed is not None and k:
-            sampling = msgspec.structs.replace(sampling, seed=(sampling.seed + k) % (2**63 - 1))
+    async def _generate(
+        self, session: Session, prompt: list[int], sampling: SamplingParams, k: int, turn: int
+    ) -> tuple[GenerateResult, list[Lifecycle]]:
+        # choice k of the turn at depth `turn`: the SDK's one seed function, as generate_many / ToolAgent
+        if sampling.seed is not None and (k or turn):
+            sampling = msgspec.structs.replace(sampling, seed=sample_seed(sampling.seed, member=k, turn=turn))
         cont = Continuation(GenerateRequest(input_ids=prompt, sampling=sampling, session_id=session.id))
+        lifecycles: list[Lifecycle] = []
         for _ in range(self.limits.max_resumes + 1):
             result = await self.client.generate(cont.next_request(), timeout=self.limits.request_timeout_s)
+            if result.lifecycle is not None:
+                lifecycles.append(result.lifecycle)
             cont.add(result)
             if cont.done:
                 break
@@ -180,18 +200,18 @@ class TurnService:
             raise GatewayError(
                 503, "the generation was aborted (engines paused or shutting down)", type="server_error", code="aborted"
             )
-        return cont.result()
+        return cont.result(), lifecycles
 
     async def _generate_n(
-        self, session: Session, prompt: list[int], sampling: SamplingParams, n: int
-    ) -> list[GenerateResult]:
+        self, session: Session, prompt: list[int], sampling: SamplingParams, n: int, turn: int
+    ) -> list[tuple[GenerateResult, list[Lifecycle]]]:
         session.in_flight += 1
         session.last_used = time.monotonic()
         try:
             if n == 1:
-                return [await self._generate(session, prompt, sampling, 0)]
+                return [await self._generate(session, prompt, sampling, 0, turn)]
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(self._generate(session, prompt, sampling, k)) for k in range(n)]
+                tasks = [tg.create_task(self._generate(session, prompt, sampling, k, turn)) for k in range(n)]
             return [t.result() for t in tasks]
         except BaseExceptionGroup as eg:
             from .._aio import first_exception
@@ -202,46 +222,53 @@ class TurnService:
             session.last_used = time.monotonic()
 
     async def _run_choices(
-        self, session: Session, prompt: list[int], opts: RequestOptions, parse: bool
-    ) -> tuple[list[GenerateResult], list[_Decoded], float]:
+        self, session: Session, prompt: list[int], opts: RequestOptions, parse: bool, turn: int, *, chat: bool
+    ) -> tuple[list[tuple[GenerateResult, list[Lifecycle]]], list[_Decoded], float]:
         """Generate the ``n`` choices of one call and decode them (off the loop when large); returns the
-        results, their decodings and the seconds generation took.  Refuses a session closed meanwhile."""
+        results with their engine calls' lifecycles, their decodings and the seconds generation took.
+        Refuses a session closed meanwhile."""
         sampling = self._fit(len(prompt), opts)
         t0 = time.perf_counter()
-        results = await self._generate_n(session, prompt, sampling, opts.n)
+        results = await self._generate_n(session, prompt, sampling, opts.n, turn)
         elapsed = time.perf_counter() - t0
         decoded = await self._cpu(
-            lambda: [self._decode(r, opts.stop, parse, opts.logprobs) for r in results],
-            4 * sum(len(r.output_ids) for r in results),
+            lambda: [self._decode(r, opts.stop, parse, opts.logprobs, chat) for r, _ in results],
+            4 * sum(len(r.output_ids) for r, _ in results),
         )
         session.check_open()
         return results, decoded, elapsed
 
-    def _decode(self, result: GenerateResult, stops: Sequence[str], parse: bool, logprobs: bool) -> _Decoded:
+    def _decode(
+        self, result: GenerateResult, stops: Sequence[str], parse: bool, logprobs: bool, chat: bool
+    ) -> _Decoded:
         """Runs on the tokenizer thread."""
         tok = self.tokenizer
         ids = list(result.output_ids)
         text = tok.decode(ids, skip_special_tokens=False)
         cut = len(ids)
+        matched: str | None = None
         body_ids = ids[:-1] if ids and result.finish_reason == "stop" and ids[-1] in self._eos else ids
         content = tok.decode(body_ids, skip_special_tokens=False) if len(body_ids) != len(ids) else text
         if stops:
             found = [(content.find(s), s) for s in stops if s in content]
             if found:
                 pos, stop = min(found)
+                matched = stop
                 cut = _first_covering(tok, ids, pos + len(stop))
                 ids = ids[:cut]
                 text = tok.decode(ids, skip_special_tokens=False)
                 content = content[:pos]
+        # the reasoning is split off the text the agent sees; the recorded tokens stay the model's, exact
+        reasoning, content = self._reasoning.split(content) if chat else (None, content)
         parsed = self._parser.parse(content) if parse else None
         texts = [tok.decode([t], skip_special_tokens=False) for t in ids] if logprobs else None
-        return _Decoded(ids, cut, text, content, parsed, texts)
+        return _Decoded(ids, cut, text, content, parsed, texts, reasoning, matched)
 
     def _outcome(
-        self, session: Session, opts: RequestOptions, prompt_len: int, choices: list[Choice], kind: str
+        self, session: Session, opts: RequestOptions, prompt_len: int, choices: list[Choice], rid: str
     ) -> Outcome:
         return Outcome(
-            id=f"{kind}-{uuid.uuid4().hex[:24]}",
+            id=rid,
             created=int(time.time()),
             model=self.model,
             session=session.id,
@@ -253,8 +280,9 @@ class TurnService:
 
     # -- chat --------------------------------------------------------------------------------------
 
-    async def chat(self, session: Session, body: dict[str, Any]) -> Outcome:
-        opts = self._options(body, chat=True)
+    async def chat(self, session: Session, body: dict[str, Any], *, id_prefix: str = "chatcmpl-") -> Outcome:
+        """One chat call (also what the Responses and Messages adapters translate their calls into)."""
+        opts = self._options(session, body, chat=True)
         tools = template_tools(body.get("tools"))
         parse = parse_tool_choice(body.get("tool_choice"), tools)
         messages = template_messages(body.get("messages"), max_messages=self.limits.max_messages)
@@ -278,9 +306,11 @@ class TurnService:
                 raise bad_request("messages", f"the chat template refused these messages: {exc}") from None
             raise
         prompt = (parent.ids() if parent is not None else []) + context
-        results, decoded, elapsed = await self._run_choices(session, prompt, opts, parse)
+        depth = 0 if parent is None else parent.depth + 1
+        results, decoded, elapsed = await self._run_choices(session, prompt, opts, parse, depth, chat=True)
+        rid = _response_id(id_prefix)
         choices = []
-        for k, (result, dec) in enumerate(zip(results, decoded, strict=True)):
+        for k, ((result, lifecycles), dec) in enumerate(zip(results, decoded, strict=True)):
             kept = _cut(result, dec.cut)
             call_ids = session.new_call_ids(len(dec.parsed.calls) if dec.parsed else 0)
             wire, tmpl, errors = assistant_reply(dec.parsed, dec.content, call_ids)
@@ -304,22 +334,35 @@ class TurnService:
                 key=extend_key(keys[-1], canonical(tmpl)),
                 messages=after,
                 turn=turn,
+                lifecycles=lifecycles,
+                response_id=rid,
             )
             session.add(node)
             session.template_rewrites = session.template_rewrites or rewrites
+            if dec.reasoning is not None:
+                wire["reasoning_content"] = dec.reasoning
             finish = (
                 "tool_calls" if wire.get("tool_calls") else ("length" if kept.finish_reason == "length" else "stop")
             )
             lps = list(zip(dec.token_texts, kept.logprobs or [], strict=False)) if dec.token_texts is not None else None
             choices.append(
-                Choice(index=k, node=node, message=wire, text=dec.content, finish_reason=finish, logprobs=lps)
+                Choice(
+                    index=k,
+                    node=node,
+                    message=wire,
+                    text=dec.content,
+                    finish_reason=finish,
+                    logprobs=lps,
+                    reasoning=dec.reasoning,
+                    matched_stop=dec.matched_stop,
+                )
             )
-        return self._outcome(session, opts, len(prompt), choices, "chatcmpl")
+        return self._outcome(session, opts, len(prompt), choices, rid)
 
     # -- text completions --------------------------------------------------------------------------
 
     async def complete(self, session: Session, body: dict[str, Any]) -> Outcome:
-        opts = self._options(body, chat=False)
+        opts = self._options(session, body, chat=False)
         prompt_in = body.get("prompt")
         if isinstance(prompt_in, list) and len(prompt_in) == 1 and isinstance(prompt_in[0], str | list):
             prompt_in = prompt_in[0]
@@ -351,10 +394,12 @@ class TurnService:
             raise unsupported("prompt", "prompt must be one string or one non-empty list of token ids (no batches)")
         if not context:
             raise bad_request("prompt", "the prompt adds nothing after the text already served")
-        results, decoded, elapsed = await self._run_choices(session, prompt, opts, False)
+        depth = 0 if parent is None else parent.depth + 1
+        results, decoded, elapsed = await self._run_choices(session, prompt, opts, False, depth, chat=False)
         prefix_text = prompt_in if isinstance(prompt_in, str) else ""
+        rid = _response_id("cmpl-")
         choices = []
-        for k, (result, dec) in enumerate(zip(results, decoded, strict=True)):
+        for k, ((result, lifecycles), dec) in enumerate(zip(results, decoded, strict=True)):
             kept = _cut(result, dec.cut)
             turn = Turn(
                 index=0,
@@ -373,6 +418,8 @@ class TurnService:
                 key=f"completion:{uuid.uuid4().hex}",
                 messages=[],
                 turn=turn,
+                lifecycles=lifecycles,
+                response_id=rid,
             )
             session.add(node)
             finish = "length" if kept.finish_reason == "length" else "stop"
@@ -380,7 +427,11 @@ class TurnService:
             choices.append(
                 Choice(index=k, node=node, message=None, text=dec.content, finish_reason=finish, logprobs=lps)
             )
-        return self._outcome(session, opts, len(prompt), choices, "cmpl")
+        return self._outcome(session, opts, len(prompt), choices, rid)
+
+
+def _response_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
 def _chars(messages: list[dict[str, Any]]) -> int:

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..agents import Trajectory, TrajectoryBuilder, Turn
-from ..protocol import GenerateResult
-from .errors import GatewayError
+from ..protocol import GenerateResult, Lifecycle
+from .errors import GatewayError, bad_request
+from .sampling import SessionSampling
 
 __all__ = ["Node", "Session", "SessionStore", "extend_key", "prefix_keys"]
 
@@ -68,10 +69,13 @@ class Node:
         "context_ids",
         "depth",
         "key",
+        "lifecycles",
         "messages",
         "num_ids",
         "parent",
+        "response_id",
         "result",
+        "reward",
         "text",
         "turn",
         "uid",
@@ -88,6 +92,8 @@ class Node:
         key: str,
         messages: list[dict[str, Any]],
         turn: Turn,
+        lifecycles: Sequence[Lifecycle] = (),
+        response_id: str = "",
     ) -> None:
         self.uid = uid
         self.parent = parent
@@ -99,6 +105,12 @@ class Node:
         #: the normalised conversation after this turn (chat); empty for completions
         self.messages = messages
         self.turn = turn
+        #: one per engine call this turn took (several when a paused generation was continued)
+        self.lifecycles = list(lifecycles)
+        #: the id the agent got for the call that served this turn (``chatcmpl-...``, ``resp_...``, ``msg_...``)
+        self.response_id = response_id
+        #: this turn's own reward (per-turn rewards), None if none was given
+        self.reward: float | None = None
         self.children = 0
         self.depth: int = 0 if parent is None else parent.depth + 1
         base = 0 if parent is None else parent.num_ids
@@ -140,9 +152,18 @@ class SessionStats:
 class Session:
     """One rollout's conversation tree.  Created by :class:`SessionStore`."""
 
-    def __init__(self, sid: str, *, max_turns: int, metadata: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        sid: str,
+        *,
+        max_turns: int,
+        metadata: dict[str, Any] | None = None,
+        sampling: SessionSampling | None = None,
+    ) -> None:
         self.id = sid
         self.metadata = dict(metadata or {})
+        #: the trainer's sampling for this session (fixed fields and limits the agent cannot exceed)
+        self.sampling = sampling
         self.max_turns = max_turns
         self.state = "open"
         self.reward: float | None = None
@@ -205,6 +226,29 @@ class Session:
             node.parent.children += 1
         self._by_key[node.key] = node
 
+    def response_node(self, response_id: str, choice: int = 0) -> Node:
+        """The turn served as choice ``choice`` of the call answered with ``response_id`` (400 if none)."""
+        found = [n for n in self.nodes if n.response_id == response_id]
+        if not 0 <= choice < len(found):
+            raise bad_request(
+                "response_id", f"session {self.id!r} served no response {response_id!r} (choice {choice})", "not_found"
+            )
+        return found[choice]
+
+    def set_turn_reward(self, value: float, *, turn: int | None = None, response_id: str | None = None) -> Node:
+        """Give one served turn its reward: by ``turn`` (its index in serving order) or by ``response_id``."""
+        if (turn is None) == (response_id is None):
+            raise bad_request("turn", "give a turn reward either a 'turn' index or a 'response_id'")
+        if turn is not None:
+            if not 0 <= turn < len(self.nodes):
+                raise bad_request("turn", f"session {self.id!r} has turns 0..{len(self.nodes) - 1}, not {turn}")
+            node = self.nodes[turn]
+        else:
+            assert response_id is not None
+            node = self.response_node(response_id)
+        node.reward = value
+        return node
+
     @property
     def num_turns(self) -> int:
         return len(self.nodes)
@@ -234,13 +278,17 @@ class Session:
             for depth, node in enumerate(path):
                 if depth:
                     builder.add_context(list(node.context_ids))
-                builder.turns.append(_copy_turn(node.turn, depth, len(node.context_ids) if depth else 0))
+                # like ToolAgent: a turn's context_tokens are the tokens added *after* it (its glue)
+                after = len(path[depth + 1].context_ids) if depth + 1 < len(path) else 0
+                builder.turns.append(_copy_turn(node.turn, depth, after, node.reward))
                 builder.add_model(node.result)
             traj = builder.build(
                 leaf.result.finish_reason,
                 messages=list(leaf.messages),
                 reward=self.reward,
                 template_rewrites=self.template_rewrites,
+                metadata=dict(self.metadata),
+                lifecycles=[lc for node in path for lc in node.lifecycles],
             )
             traj.metrics.update(
                 branch=float(k),
@@ -252,7 +300,7 @@ class Session:
         return out
 
 
-def _copy_turn(turn: Turn, index: int, context_tokens: int) -> Turn:
+def _copy_turn(turn: Turn, index: int, context_tokens: int, reward: float | None) -> Turn:
     return Turn(
         index=index,
         model_tokens=turn.model_tokens,
@@ -262,6 +310,7 @@ def _copy_turn(turn: Turn, index: int, context_tokens: int) -> Turn:
         context_tokens=context_tokens,
         tool_calls=list(turn.tool_calls),
         parse_errors=list(turn.parse_errors),
+        reward=reward,
     )
 
 
@@ -288,7 +337,9 @@ class SessionStore:
         # at most max_sessions sessions exist at once, so put_nowait on this queue cannot overflow
         self.finished: asyncio.Queue[Session] = asyncio.Queue(maxsize=max_sessions)
 
-    def create(self, sid: str | None = None, metadata: dict[str, Any] | None = None) -> Session:
+    def create(
+        self, sid: str | None = None, metadata: dict[str, Any] | None = None, sampling: SessionSampling | None = None
+    ) -> Session:
         sid = sid or secrets.token_urlsafe(18)
         if not _SESSION_ID.match(sid):
             raise GatewayError(
@@ -304,7 +355,7 @@ class SessionStore:
                 type="rate_limit_error",
                 code="too_many_sessions",
             )
-        session = Session(sid, max_turns=self.max_turns, metadata=metadata)
+        session = Session(sid, max_turns=self.max_turns, metadata=metadata, sampling=sampling)
         self.sessions[sid] = session
         return session
 
@@ -329,6 +380,11 @@ class SessionStore:
         session.finished.set()
         self.finished.put_nowait(session)
         return True
+
+    def requeue(self, session: Session) -> None:
+        """A consumer could not deliver a finished session: it goes back in the queue (it still counts in
+        ``sessions``, so the bounded queue has room for it)."""
+        self.finished.put_nowait(session)
 
     def taken(self, session: Session) -> None:
         """The trainer has the session's trajectories: forget it, keep refusing its id."""

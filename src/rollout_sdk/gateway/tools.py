@@ -44,7 +44,9 @@ def template_tools(tools: Any) -> list[dict[str, Any]] | None:
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise bad_request(f"{where}.function.parameters", "parameters must be a JSON schema object")
-        out.append({"type": "function", "function": dict(fn)})
+        # only what a template renders, in one order: client-side fields ("strict") never reach the prompt
+        rendered = {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
+        out.append({"type": "function", "function": rendered})
     return out
 
 

@@ -23,7 +23,11 @@ import msgspec
 from ..protocol import GenerateResult, Lifecycle, RoutedExperts
 from .segments import append_segments, result_segments
 
-__all__ = ["ToolCallRecord", "Trajectory", "TrajectoryBuilder", "Turn"]
+__all__ = ["TRAJECTORY_SCHEMA_VERSION", "ToolCallRecord", "Trajectory", "TrajectoryBuilder", "Turn"]
+
+#: bumped when a field of :class:`Trajectory` or :class:`Turn` changes meaning or goes away (new fields
+#: with defaults keep the version: old lines still load)
+TRAJECTORY_SCHEMA_VERSION = 1
 
 
 class ToolCallRecord(msgspec.Struct, kw_only=True):
@@ -46,6 +50,8 @@ class Turn(msgspec.Struct, kw_only=True):
     tool_calls: list[ToolCallRecord] = []
     parse_errors: list[str] = []
     tools_s: float = 0.0
+    #: a reward given to this turn (the gateway's per-turn rewards); None: none given
+    reward: float | None = None
 
 
 class Trajectory(msgspec.Struct, kw_only=True):
@@ -74,6 +80,9 @@ class Trajectory(msgspec.Struct, kw_only=True):
     lifecycles: list[Lifecycle] = []
     #: one per engine call, for requests with ``return_routed_experts`` (MoE routing replay)
     routed_experts: list[RoutedExperts] = []
+    #: the layout version of this struct in exports (JSONL lines, the gateway's trajectory records);
+    #: lines written before the field existed have the same layout and load as version 1
+    schema_version: int = TRAJECTORY_SCHEMA_VERSION
 
     @property
     def ids(self) -> list[int]:

@@ -22,7 +22,8 @@ class ServerConfig:
     port: int = 0
     #: the host clients should use; defaults to ``host`` (or this machine's IP when binding 0.0.0.0)
     advertise_host: str | None = None
-    #: stable name in stats and results; defaults to a random id
+    #: stable name in stats, results and metrics labels; defaults to ``dp<dp_rank>@<host>:<port>`` (the
+    #: rank and the bound address: the same after a restart on the same address)
     server_id: str | None = None
     #: seconds in-flight requests get to finish on stop() before they are aborted
     drain_timeout_s: float = 5.0

@@ -165,7 +165,10 @@ class EngineServer:
     ) -> None:
         self.engine = engine
         self.config = config or ServerConfig()
-        self.server_id = self.config.server_id or f"srv-{uuid.uuid4().hex[:8]}"
+        # a stable name (metrics series, a restarted server taking its slot): the configured id, else the rank
+        # and, once bound, the address (``dp0@host:port``: unique among standalone servers, and the same
+        # after a restart on the same address)
+        self.server_id = self.config.server_id or f"dp{self.config.dp_rank}"
         #: Prometheus metrics this server reports into while it serves (docs/observability.md)
         self.metrics = metrics
         #: this start of the server; clients treat a new incarnation at a known address as a new member
@@ -226,6 +229,8 @@ class EngineServer:
                     _transport.local_ip() if self.config.host in ("0.0.0.0", "*") else self.config.host
                 )
                 self.address = f"tcp://{host}:{self._endpoint.port}"
+                if not self.config.server_id:
+                    self.server_id = f"dp{self.config.dp_rank}@{host}:{self._endpoint.port}"
                 log.info(
                     "server %s serving %s on %s (authentication %s)",
                     self.server_id,
