@@ -1,0 +1,259 @@
+"""Vision-language requests on CPU: the tiny Qwen2.5-VL-shaped model, image marks expanded by the SDK,
+exact ids and spans, multimodal RoPE across decode steps, and parity with a transformers forward."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import pytest_asyncio
+import torch
+from PIL import Image
+
+from rollout_sdk.engines.cpu import CpuEngine, CpuEngineConfig
+from rollout_sdk.errors import InvalidRequestError
+from rollout_sdk.models.vision import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID, load_image_processor
+from rollout_sdk.protocol import (
+    MAX_IMAGES,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    decode_client_message,
+    decode_server_message,
+    encode,
+)
+
+ASYNC = pytest.mark.asyncio(loop_scope="module")
+
+MARK = [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]
+GREEDY = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
+
+
+def noise_png(w: int, h: int, seed: int) -> bytes:
+    g = torch.Generator().manual_seed(seed)
+    arr = (torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8).numpy()
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def reference_logprobs(model: object, result: GenerateResult, images: list[bytes], model_dir: Path) -> list[float]:
+    """What a trainer computes: one transformers forward of the same model over the result's ids and the
+    images' pixels (processed with the SDK's processor), fp32, in transformers' own multimodal path."""
+    proc = load_image_processor(model_dir)
+    assert proc is not None
+    pixels, grids = proc.process(images)
+    assert result.input_ids is not None
+    full = torch.tensor([result.input_ids + result.output_ids])
+    types = torch.zeros_like(full, dtype=torch.int)
+    for start, n in result.image_spans:
+        types[0, start : start + n] = 1
+    with torch.no_grad():
+        logits = model(  # type: ignore[operator]
+            input_ids=full, pixel_values=pixels, image_grid_thw=torch.tensor(grids), mm_token_type_ids=types
+        ).logits[0]
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    n = len(result.input_ids)
+    return [lp[n - 1 + i, t].item() for i, t in enumerate(result.output_ids)]
+
+
+@pytest.fixture(scope="module")
+def vl_model(sdk_home: Path) -> Path:
+    from rollout_sdk.models import ensure_tiny_vl_model
+
+    return ensure_tiny_vl_model(sdk_home)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def engine(vl_model: Path) -> AsyncIterator[CpuEngine]:
+    e = CpuEngine(CpuEngineConfig(model_path=str(vl_model), max_running=16))
+    await e.start()
+    yield e
+    await e.close()
+
+
+# -- the model and the expansion ---------------------------------------------------------------------
+
+
+def test_make_model_tiny_vl(vl_model: Path, sdk_home: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "rollout_sdk", "make-model", "tiny-vl", "--home", str(sdk_home)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    assert Path(out.stdout.strip()) == vl_model
+    for name in ("config.json", "model.safetensors", "preprocessor_config.json", "tokenizer.json"):
+        assert (vl_model / name).exists()
+    from transformers import AutoConfig, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(str(vl_model))
+    assert cfg.model_type == "qwen2_5_vl" and cfg.image_token_id == IMAGE_PAD_ID
+    assert cfg.vision_config.depth == 2 and cfg.vision_config.spatial_merge_size == 2
+    tok = AutoTokenizer.from_pretrained(str(vl_model))
+    assert tok.convert_tokens_to_ids(["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]) == MARK
+
+
+def test_expansion_ids_and_spans_are_exact(vl_model: Path) -> None:
+    proc = load_image_processor(vl_model)
+    assert proc is not None
+    big, small, wide = noise_png(56, 56, 1), noise_png(28, 28, 2), noise_png(56, 28, 3)
+    ids = [10, 11, *MARK, 12, *MARK, *MARK, 13]
+    v = proc.expand(ids, [big, small, wide])
+    # 56x56 -> 4x4 patches of 14 -> 4 tokens after the 2x2 merge; 28x28 -> 1; 56x28 (w x h) -> 2x4 -> 2
+    assert v.grid_thw == [(1, 4, 4), (1, 2, 2), (1, 2, 4)]
+    pad = IMAGE_PAD_ID
+    s, e = VISION_START_ID, VISION_END_ID
+    assert v.input_ids == [10, 11, s, pad, pad, pad, pad, e, 12, s, pad, e, s, pad, pad, e, 13]
+    assert v.spans == [(3, 4), (10, 1), (13, 2)]
+    assert v.pixel_values.shape == (16 + 4 + 8, 3 * 2 * 14 * 14)
+    # a multi-turn request resends expanded marks with their images: kept as they are
+    again = proc.expand([*v.input_ids, *MARK], [big, small, wide, small])
+    assert again.input_ids == [*v.input_ids, s, pad, e]
+    assert again.spans == [*v.spans, (len(v.input_ids) + 1, 1)]
+
+
+@pytest.mark.parametrize(
+    ("ids", "images", "field", "words"),
+    [
+        ([1, *MARK, *MARK], [b"png?", None], "images[0]", "not a readable image"),
+        ([1, *MARK], [None, None], "images", "marks 1 image"),
+        ([1, IMAGE_PAD_ID, 2], [], "input_ids[1]", "outside"),
+        ([1, VISION_START_ID, IMAGE_PAD_ID, IMAGE_PAD_ID, VISION_END_ID], [None], "images[0]", "must be 1"),
+    ],
+)
+def test_bad_images_are_typed_errors_naming_the_field(
+    vl_model: Path, ids: list[int], images: list[bytes | None], field: str, words: str
+) -> None:
+    proc = load_image_processor(vl_model)
+    assert proc is not None
+    good = noise_png(56, 56, 0)
+    with pytest.raises(InvalidRequestError) as info:
+        proc.expand(ids, [good if b is None else b for b in images])
+    assert info.value.field == field
+    assert words in info.value.reason
+
+
+def test_truncated_and_oversized_images_are_refused(vl_model: Path) -> None:
+    from rollout_sdk.models.vision import decode_image
+
+    good = noise_png(56, 56, 0)
+    with pytest.raises(InvalidRequestError) as info:
+        decode_image(good[: len(good) // 2], "images[3]")
+    assert info.value.field == "images[3]"
+    # a decompression bomb: a tiny file whose header claims 5000 x 5000 pixels (under Pillow's own bound, over ours)
+    buf = io.BytesIO()
+    Image.new("1", (5000, 5000)).save(buf, "PNG")
+    assert len(buf.getvalue()) < 100_000
+    with pytest.raises(InvalidRequestError, match="more than") as info:
+        decode_image(buf.getvalue(), "images[0]")
+    assert info.value.field == "images[0]"
+
+
+def test_images_on_the_wire_are_bounded_and_round_trip() -> None:
+    img = noise_png(28, 28, 0)
+    req = GenerateRequest(input_ids=[1, *MARK], images=[img])
+    back = decode_client_message(encode(req))
+    assert isinstance(back, GenerateRequest) and back.images == [img]
+    res = GenerateResult(
+        rid="r", output_ids=[1], finish_reason="stop", prompt_tokens=4, input_ids=[1, *MARK],
+        image_spans=[(2, 1)], image_grid_thw=[(1, 2, 2)],
+    )  # fmt: skip
+    assert decode_server_message(encode(res)) == res
+    # too many images: a typed error naming the field, from user code and from the wire
+    with pytest.raises(InvalidRequestError) as info:
+        GenerateRequest(input_ids=[1], images=[img] * (MAX_IMAGES + 1))
+    assert info.value.field == "images"
+    raw = msgspec.msgpack.encode({"type": "generate", "input_ids": [1], "images": [img] * (MAX_IMAGES + 1)})
+    with pytest.raises(InvalidRequestError) as info:
+        decode_client_message(raw)
+    assert info.value.field == "images"
+    with pytest.raises(InvalidRequestError) as info:
+        GenerateRequest(input_ids=[1], images=[img, b""])
+    assert info.value.field == "images[1]"
+
+
+# -- the CPU engine ----------------------------------------------------------------------------------
+
+
+def _prompt(vl_model: Path, n_images: int = 1) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(vl_model))
+    parts = [{"type": "image"}] * n_images + [{"type": "text", "text": "What is in the picture?"}]
+    out = tok.apply_chat_template([{"role": "user", "content": parts}], add_generation_prompt=True)
+    ids = out["input_ids"] if hasattr(out, "keys") else out
+    return list(ids)
+
+
+@ASYNC
+async def test_rollout_logprobs_match_a_transformers_forward(engine: CpuEngine, vl_model: Path) -> None:
+    """Trainer parity (fp32): the engine's logprobs (prefill with images, then decode steps with the rope
+    delta carried) against one transformers forward over the same ids and pixels."""
+    ids = _prompt(vl_model, 2)
+    images = [noise_png(56, 56, 11), noise_png(56, 28, 12)]
+    sampling = SamplingParams(max_new_tokens=8, seed=3, ignore_eos=True)
+    r = await engine.generate(GenerateRequest(input_ids=ids, images=images, rid="parity", sampling=sampling))
+    assert r.input_ids is not None and r.prompt_tokens == len(r.input_ids) == len(ids) - 2 + 4 + 2
+    assert [r.input_ids[s : s + n] for s, n in r.image_spans] == [[IMAGE_PAD_ID] * 4, [IMAGE_PAD_ID] * 2]
+    assert r.image_grid_thw == [(1, 4, 4), (1, 2, 4)]
+    ref = reference_logprobs(engine.model, r, images, vl_model)
+    assert r.logprobs is not None
+    diffs = [abs(a - b) for a, b in zip(r.logprobs, ref, strict=True)]
+    assert sum(diffs) / len(diffs) <= 1e-5, diffs
+    # scoring the same sequence gives the same logprobs for the output tokens
+    full = [*r.input_ids, *r.output_ids]
+    scored = await engine.generate(GenerateRequest(input_ids=full, images=images, rid="score", score_only=True))
+    assert scored.prompt_logprobs is not None and scored.input_ids == full
+    tail = scored.prompt_logprobs[len(r.input_ids) - 1 :]
+    assert max(abs(a - b) for a, b in zip(tail, ref, strict=True)) <= 1e-4
+
+
+@ASYNC
+async def test_two_images_give_different_logprobs(engine: CpuEngine, vl_model: Path) -> None:
+    """The model sees the image: the same text, two images, other logprobs (far beyond float noise)."""
+    ids = _prompt(vl_model)
+    a = await engine.generate(GenerateRequest(input_ids=ids, images=[noise_png(56, 56, 1)], rid="i1", sampling=GREEDY))
+    b = await engine.generate(GenerateRequest(input_ids=ids, images=[noise_png(56, 56, 2)], rid="i2", sampling=GREEDY))
+    same = await engine.generate(
+        GenerateRequest(input_ids=ids, images=[noise_png(56, 56, 1)], rid="i3", sampling=GREEDY)
+    )
+    assert a.logprobs is not None and b.logprobs is not None
+    assert same.logprobs == a.logprobs
+    assert a.input_ids == b.input_ids
+    assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=False)) > 1e-4
+
+
+@ASYNC
+async def test_image_and_text_rows_batched_equal_alone(engine: CpuEngine, vl_model: Path) -> None:
+    """Image rows and text rows share one batch (left-padded prefill, 3D and 1D positions side by side)
+    and decode exactly as alone."""
+    ids = _prompt(vl_model)
+    reqs = [
+        GenerateRequest(input_ids=ids, images=[noise_png(56, 56, 5)], rid="v0", sampling=GREEDY),
+        GenerateRequest(input_ids=[5, 6, 7, 8], rid="t0", sampling=GREEDY),
+        GenerateRequest(input_ids=[*ids, 9, 9], images=[noise_png(28, 56, 6)], rid="v1", sampling=GREEDY),
+    ]
+    alone = [await engine.generate(msgspec.structs.replace(q, rid=q.rid + "a")) for q in reqs]
+    together = await asyncio.gather(*(engine.generate(q) for q in reqs))
+    for x, y in zip(alone, together, strict=True):
+        assert x.output_ids == y.output_ids
+        assert x.logprobs is not None and y.logprobs is not None
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) <= 1e-5
+
+
+@ASYNC
+async def test_bad_image_fails_alone(engine: CpuEngine, vl_model: Path) -> None:
+    ids = _prompt(vl_model, 2)
+    bad = GenerateRequest(input_ids=ids, images=[noise_png(28, 28, 0), b"\x89PNG broken"], rid="bad")
+    good = GenerateRequest(input_ids=ids[:-3] + ids[-3:], images=[noise_png(28, 28, 0)] * 2, rid="ok", sampling=GREEDY)
+    results = await asyncio.gather(engine.generate(bad), engine.generate(good), return_exceptions=True)
+    assert isinstance(results[0], InvalidRequestError) and results[0].field == "images[1]"
+    assert isinstance(results[1], GenerateResult) and len(results[1].output_ids) == GREEDY.max_new_tokens
