@@ -16,6 +16,7 @@ import pytest_asyncio
 import torch
 from PIL import Image
 
+from rollout_sdk.agents import AgentConfig, RolloutContext, ToolAgent, ToolImage, ToolRegistry
 from rollout_sdk.engines.cpu import CpuEngine, CpuEngineConfig
 from rollout_sdk.errors import InvalidRequestError
 from rollout_sdk.models.vision import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID, load_image_processor
@@ -257,3 +258,94 @@ async def test_bad_image_fails_alone(engine: CpuEngine, vl_model: Path) -> None:
     results = await asyncio.gather(engine.generate(bad), engine.generate(good), return_exceptions=True)
     assert isinstance(results[0], InvalidRequestError) and results[0].field == "images[1]"
     assert isinstance(results[1], GenerateResult) and len(results[1].output_ids) == GREEDY.max_new_tokens
+
+
+# -- agents: a tool that returns a screenshot ----------------------------------------------------------
+
+
+class ScriptedFirstTurn:
+    """A Generator over the real engine whose first turn is scripted text (a tool call) scored by the
+    engine on the request's images (the engine expands them: real ids, spans and logprobs); later turns are
+    the engine's own generations."""
+
+    def __init__(self, engine: CpuEngine, first: list[int]) -> None:
+        self.engine = engine
+        self.first = first
+        self.requests: list[GenerateRequest] = []
+        self.weight_version = 0
+
+    async def generate(self, request: GenerateRequest, /, *, timeout: object = None) -> GenerateResult:
+        self.requests.append(request)
+        if len(self.requests) > 1:
+            return await self.engine.generate(request)
+        full = [*request.input_ids, *self.first]
+        scored = await self.engine.generate(
+            msgspec.structs.replace(request, input_ids=full, score_only=True, rid=request.rid + ".s")
+        )
+        assert scored.input_ids is not None and scored.prompt_logprobs is not None
+        n = len(scored.input_ids) - len(self.first)
+        return GenerateResult(
+            rid=request.rid, output_ids=list(self.first), finish_reason="stop", prompt_tokens=n,
+            logprobs=scored.prompt_logprobs[n - 1 :], input_ids=scored.input_ids[:n],
+            image_spans=scored.image_spans, image_grid_thw=scored.image_grid_thw,
+        )  # fmt: skip
+
+    def abort(self, rid: str) -> bool:
+        return False
+
+    def server_info(self) -> list[object]:
+        return []
+
+
+@ASYNC
+async def test_agent_with_a_screenshot_tool(engine: CpuEngine, vl_model: Path) -> None:
+    """Multi-turn: the prompt holds an image, the model calls a screenshot tool, the PNG it returns reaches
+    the model as image tokens inside the tool result (mask off), and the model's next turn is computed on
+    it: its logprobs equal a transformers forward over the trajectory's ids and both images."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(vl_model))
+    photo, shot = noise_png(56, 56, 21), noise_png(56, 28, 22)
+    registry = ToolRegistry()
+
+    @registry.register
+    async def screenshot(region: str) -> ToolImage:
+        "Take a screenshot of a region of the screen."
+        return ToolImage(shot, text=f"screenshot of {region}")
+
+    call = '<tool_call>\n{"name": "screenshot", "arguments": {"region": "top"}}\n</tool_call>'
+    first = [*tok.encode(call, add_special_tokens=False), tok.convert_tokens_to_ids("<|im_end|>")]
+    gen = ScriptedFirstTurn(engine, first)
+    cfg = AgentConfig(max_turns=2, max_new_tokens=5, max_context_tokens=4096, sampling=SamplingParams(seed=9))
+    agent = ToolAgent(tok, registry, cfg)
+    content = [{"type": "image", "image": photo}, {"type": "text", "text": "Hi"}]
+    sample = {"messages": [{"role": "user", "content": content}]}
+    traj = await agent.run(RolloutContext(gen), sample)  # type: ignore[arg-type]
+
+    assert [t.tool_calls[0].ok for t in traj.turns[:1]] == [True]
+    assert traj.images == [photo, shot]
+    assert gen.requests[1].images == [photo, shot]  # the second turn sends both images
+    ids = traj.ids
+    assert traj.image_grid_thw == [(1, 4, 4), (1, 2, 4)]
+    (p0, n0), (p1, n1) = traj.image_spans
+    assert (n0, n1) == (4, 2)
+    assert ids[p0 - 1 : p0 + n0 + 1] == [VISION_START_ID, *[IMAGE_PAD_ID] * 4, VISION_END_ID]
+    assert ids[p1 - 1 : p1 + n1 + 1] == [VISION_START_ID, *[IMAGE_PAD_ID] * 2, VISION_END_ID]
+    assert p0 + n0 < len(traj.prompt_ids) <= p1  # the photo in the prompt, the screenshot in the response
+    # the screenshot sits inside the tool result block, with the loss mask off
+    text = tok.decode(ids)
+    assert "<tool_response>\n<|vision_start|><|image_pad|><|image_pad|><|vision_end|>screenshot of top" in text
+    off = len(traj.prompt_ids)
+    assert len(traj.loss_mask) == len(traj.response_ids) == len(traj.logprobs)
+    assert traj.loss_mask[: len(first)] == [1] * len(first)
+    assert all(traj.loss_mask[i - off] == 0 for i in range(p1 - 1, p1 + n1 + 1))
+    # the model's second turn saw the screenshot: its logprobs are those of a forward over ids + both images
+    second = [i for i, m in enumerate(traj.loss_mask) if m][len(first) :]
+    assert second and second[0] > p1 - off
+    result = GenerateResult(
+        rid="t", output_ids=ids[off + second[0] :], finish_reason="stop", prompt_tokens=off + second[0],
+        input_ids=ids[: off + second[0]], image_spans=traj.image_spans,
+    )  # fmt: skip
+    ref = reference_logprobs(engine.model, result, traj.images, vl_model)
+    got = [traj.logprobs[i] for i in second]
+    assert max(abs(a - b) for a, b in zip(got, ref[: len(got)], strict=True)) <= 1e-5

@@ -19,7 +19,7 @@ from .parsers import (
     get_parser,
     register_parser,
 )
-from .tools import Tool, ToolArgumentError, ToolRegistry, ToolResult, tool
+from .tools import Tool, ToolArgumentError, ToolImage, ToolRegistry, ToolResult, tool
 
 __all__ = [
     "Agent",
@@ -39,6 +39,7 @@ __all__ = [
     "ToolCall",
     "ToolCallParser",
     "ToolCallRecord",
+    "ToolImage",
     "ToolRegistry",
     "ToolResult",
     "Trajectory",

@@ -91,7 +91,7 @@ class ToolAgent(Agent):
     async def run(self, ctx: RolloutContext, sample: Sample) -> Trajectory:
         cfg = self.config
         messages: list[dict[str, Any]] = [dict(m) for m in sample["messages"]]
-        builder = TrajectoryBuilder(self.chat.prompt_ids(messages), ctx.session_id)
+        builder = TrajectoryBuilder(self.chat.prompt_ids(messages), ctx.session_id, images=_images_in(messages))
         limit = cfg.max_context_tokens or _engine_context(ctx)
         rewrites = False
         finish = "max_turns"
@@ -102,7 +102,8 @@ class ToolAgent(Agent):
                 break
             t0 = time.perf_counter()
             try:
-                result = await ctx.generate(builder.ids, msgspec.structs.replace(cfg.sampling, max_new_tokens=room))
+                sampling = msgspec.structs.replace(cfg.sampling, max_new_tokens=room)
+                result = await ctx.generate(builder.ids, sampling, builder.images)
             except StalenessError:
                 finish = "stale"
                 break
@@ -148,7 +149,7 @@ class ToolAgent(Agent):
             if builder.response_len + len(glue) >= cfg.max_response_tokens or builder.num_ids + len(glue) >= limit:
                 finish = "budget"
                 break
-            builder.add_context(glue)
+            builder.add_context(glue, images=[img for o in outcomes for img in o.images])
             turn.context_tokens = len(glue)
             messages.extend(tool_msgs)
         drift = None
@@ -191,8 +192,21 @@ def _tool_messages(parsed: ParsedTurn, outcomes: Sequence[ToolResult]) -> list[d
             msgs.append({"role": "tool", "name": "error", "content": format_tool_error(item)})
         else:
             o = next(results)
-            msgs.append({"role": "tool", "name": o.name, "content": o.content})
+            content: Any = o.content
+            if o.images:  # a vision-language tool result: image marks, then the text (as Qwen2.5-VL renders)
+                content = [*({"type": "image"} for _ in o.images), {"type": "text", "text": o.content}]
+            msgs.append({"role": "tool", "name": o.name, "content": content})
     return msgs
+
+
+def _images_in(messages: Sequence[dict[str, Any]]) -> list[bytes]:
+    """The encoded images of ``{"type": "image", "image": <bytes>}`` content parts, in order."""
+    out: list[bytes] = []
+    for m in messages:
+        parts = m.get("content")
+        if isinstance(parts, list):
+            out.extend(p["image"] for p in parts if isinstance(p, dict) and isinstance(p.get("image"), bytes))
+    return out
 
 
 def _assistant_message(parsed: Any, body: str) -> dict[str, Any]:
