@@ -25,7 +25,7 @@ from ..protocol import SamplingParams
 from ..rollouts.context import RolloutContext
 from ..rollouts.group import Agent, Sample
 from ..rollouts.trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
-from .chat import ChatTemplate
+from .chat import ChatTemplate, message_images
 from .parsers import HermesParser, ParsedTurn, ParseError, ToolCallParser, format_tool_error
 from .tools import ToolRegistry, ToolResult
 
@@ -91,7 +91,7 @@ class ToolAgent(Agent):
     async def run(self, ctx: RolloutContext, sample: Sample) -> Trajectory:
         cfg = self.config
         messages: list[dict[str, Any]] = [dict(m) for m in sample["messages"]]
-        builder = TrajectoryBuilder(self.chat.prompt_ids(messages), ctx.session_id, images=_images_in(messages))
+        builder = TrajectoryBuilder(self.chat.prompt_ids(messages), ctx.session_id, images=message_images(messages))
         limit = cfg.max_context_tokens or _engine_context(ctx)
         rewrites = False
         finish = "max_turns"
@@ -197,16 +197,6 @@ def _tool_messages(parsed: ParsedTurn, outcomes: Sequence[ToolResult]) -> list[d
                 content = [*({"type": "image"} for _ in o.images), {"type": "text", "text": o.content}]
             msgs.append({"role": "tool", "name": o.name, "content": content})
     return msgs
-
-
-def _images_in(messages: Sequence[dict[str, Any]]) -> list[bytes]:
-    """The encoded images of ``{"type": "image", "image": <bytes>}`` content parts, in order."""
-    out: list[bytes] = []
-    for m in messages:
-        parts = m.get("content")
-        if isinstance(parts, list):
-            out.extend(p["image"] for p in parts if isinstance(p, dict) and isinstance(p.get("image"), bytes))
-    return out
 
 
 def _assistant_message(parsed: Any, body: str) -> dict[str, Any]:

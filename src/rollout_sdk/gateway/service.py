@@ -34,6 +34,7 @@ import msgspec
 
 from .. import Continuation  # the package root re-exports it wherever the rollouts layer keeps it
 from ..agents import ChatTemplate, ParsedTurn, TemplateError, ToolCallParser, ToolCallRecord, Turn, get_parser
+from ..agents.chat import message_images
 from ..protocol import GenerateRequest, GenerateResult, SamplingParams
 from .errors import GatewayError, bad_request, unsupported
 from .sampling import RequestOptions, parse_options
@@ -167,10 +168,13 @@ class TurnService:
         sp = opts.sampling
         return msgspec.structs.replace(sp, max_new_tokens=max_new, min_new_tokens=min(sp.min_new_tokens, max_new))
 
-    async def _generate(self, session: Session, prompt: list[int], sampling: SamplingParams, k: int) -> GenerateResult:
+    async def _generate(
+        self, session: Session, prompt: list[int], sampling: SamplingParams, k: int, images: list[bytes] | None = None
+    ) -> GenerateResult:
         if sampling.seed is not None and k:
             sampling = msgspec.structs.replace(sampling, seed=(sampling.seed + k) % (2**63 - 1))
-        cont = Continuation(GenerateRequest(input_ids=prompt, sampling=sampling, session_id=session.id))
+        req = GenerateRequest(input_ids=prompt, sampling=sampling, session_id=session.id, images=images or [])
+        cont = Continuation(req)
         for _ in range(self.limits.max_resumes + 1):
             result = await self.client.generate(cont.next_request(), timeout=self.limits.request_timeout_s)
             cont.add(result)
@@ -183,15 +187,15 @@ class TurnService:
         return cont.result()
 
     async def _generate_n(
-        self, session: Session, prompt: list[int], sampling: SamplingParams, n: int
+        self, session: Session, prompt: list[int], sampling: SamplingParams, n: int, images: list[bytes] | None = None
     ) -> list[GenerateResult]:
         session.in_flight += 1
         session.last_used = time.monotonic()
         try:
             if n == 1:
-                return [await self._generate(session, prompt, sampling, 0)]
+                return [await self._generate(session, prompt, sampling, 0, images)]
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(self._generate(session, prompt, sampling, k)) for k in range(n)]
+                tasks = [tg.create_task(self._generate(session, prompt, sampling, k, images)) for k in range(n)]
             return [t.result() for t in tasks]
         except BaseExceptionGroup as eg:
             from .._aio import first_exception
@@ -202,13 +206,13 @@ class TurnService:
             session.last_used = time.monotonic()
 
     async def _run_choices(
-        self, session: Session, prompt: list[int], opts: RequestOptions, parse: bool
+        self, session: Session, prompt: list[int], opts: RequestOptions, parse: bool, images: list[bytes] | None = None
     ) -> tuple[list[GenerateResult], list[_Decoded], float]:
         """Generate the ``n`` choices of one call and decode them (off the loop when large); returns the
         results, their decodings and the seconds generation took.  Refuses a session closed meanwhile."""
         sampling = self._fit(len(prompt), opts)
         t0 = time.perf_counter()
-        results = await self._generate_n(session, prompt, sampling, opts.n)
+        results = await self._generate_n(session, prompt, sampling, opts.n, images)
         elapsed = time.perf_counter() - t0
         decoded = await self._cpu(
             lambda: [self._decode(r, opts.stop, parse, opts.logprobs) for r in results],
@@ -278,10 +282,13 @@ class TurnService:
                 raise bad_request("messages", f"the chat template refused these messages: {exc}") from None
             raise
         prompt = (parent.ids() if parent is not None else []) + context
-        results, decoded, elapsed = await self._run_choices(session, prompt, opts, parse)
+        results, decoded, elapsed = await self._run_choices(session, prompt, opts, parse, message_images(messages))
         choices = []
+        base = len(prompt) - len(context)
         for k, (result, dec) in enumerate(zip(results, decoded, strict=True)):
             kept = _cut(result, dec.cut)
+            if result.input_ids is not None:  # images: record the context as the engine expanded it
+                context = result.input_ids[base:]
             call_ids = session.new_call_ids(len(dec.parsed.calls) if dec.parsed else 0)
             wire, tmpl, errors = assistant_reply(dec.parsed, dec.content, call_ids)
             calls = dec.parsed.calls if dec.parsed else []
