@@ -7,8 +7,11 @@ import asyncio
 import io
 import subprocess
 import sys
+import types
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import msgspec
 import pytest
@@ -349,3 +352,60 @@ async def test_agent_with_a_screenshot_tool(engine: CpuEngine, vl_model: Path) -
     ref = reference_logprobs(engine.model, result, traj.images, vl_model)
     got = [traj.logprobs[i] for i in second]
     assert max(abs(a - b) for a, b in zip(got, ref[: len(got)], strict=True)) <= 1e-5
+
+
+# -- the SGLang engine's translation (on CPU, against a stand-in for SGLang's tokenizer manager) --------
+
+
+class RecordingTokenizerManager:
+    """Keeps every GenerateReqInput; answers with ``n`` tokens."""
+
+    def __init__(self) -> None:
+        self.submitted: list[Any] = []
+
+    async def generate_request(self, obj: Any, _request: Any) -> Any:
+        self.submitted.append(obj)
+        n = obj.sampling_params["max_new_tokens"]
+        yield {
+            "output_ids": list(range(100, 100 + n)),
+            "meta_info": {"finish_reason": {"type": "length"}, "output_token_logprobs": [(-1.0, 0, None)] * n},
+        }
+
+
+@ASYNC
+async def test_sglang_request_carries_the_sdks_expansion(
+    vl_model: Path, engine: CpuEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SGLang engine sends the SDK's expanded ids and the processor's outputs as one ``processor_output``
+    image item (sglang 0.5.16's preprocessed path: ids taken as they are); the result reports the same ids,
+    spans and grids as the CPU engine's."""
+    for name in ("sglang", "sglang.srt", "sglang.srt.managers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    io_struct = types.ModuleType("sglang.srt.managers.io_struct")
+    io_struct.GenerateReqInput = lambda **kw: SimpleNamespace(**kw)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sglang.srt.managers.io_struct", io_struct)
+    from rollout_sdk.engines.sglang import SglangEngine, SglangEngineConfig
+    from rollout_sdk.protocol import EngineLimits
+
+    sgl = SglangEngine(SglangEngineConfig(model_path=str(vl_model)))
+    tm = RecordingTokenizerManager()
+    sgl._tm = tm
+    sgl._limits = EngineLimits(vocab_size=151936, max_context=4096, eos_token_ids=[151645])
+    ids = _prompt(vl_model, 2)
+    images = [noise_png(56, 56, 31), noise_png(28, 28, 32)]
+    req = GenerateRequest(input_ids=ids, images=images, rid="g", sampling=SamplingParams(max_new_tokens=3))
+    got = await sgl.generate(req)
+    cpu = await engine.generate(msgspec.structs.replace(req, rid="c"))
+    [obj] = tm.submitted
+    assert obj.input_ids == cpu.input_ids == got.input_ids
+    [item] = obj.image_data
+    assert item["format"] == "processor_output" and item["modality"] == "IMAGE"
+    assert item["image_grid_thw"].tolist() == [[1, 4, 4], [1, 2, 2]]
+    proc = load_image_processor(vl_model)
+    assert proc is not None
+    assert torch.equal(item["pixel_values"], proc.process(images)[0])
+    assert (got.image_spans, got.image_grid_thw) == (cpu.image_spans, cpu.image_grid_thw)
+    assert got.prompt_tokens == len(cpu.input_ids or [])
+    # a text request sends no image_data
+    await sgl.generate(GenerateRequest(input_ids=[1, 2], rid="t", sampling=SamplingParams(max_new_tokens=1)))
+    assert not hasattr(tm.submitted[-1], "image_data")

@@ -16,6 +16,7 @@ Everything here is blocking CPU work (decode, resize, normalise): engines call i
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ __all__ = [
     "VISION_START_ID",
     "ImageProcessor",
     "VisionInputs",
+    "cached_image_processor",
     "decode_image",
     "load_image_processor",
 ]
@@ -63,6 +65,14 @@ class VisionInputs:
     @property
     def num_image_tokens(self) -> int:
         return sum(n for _, n in self.spans)
+
+    def result_fields(self) -> dict[str, Any]:
+        """The GenerateResult fields that report this expansion."""
+        return {
+            "input_ids": list(self.input_ids),
+            "image_spans": list(self.spans),
+            "image_grid_thw": list(self.grid_thw),
+        }
 
 
 def decode_image(data: bytes, field: str, *, max_pixels: int = MAX_IMAGE_PIXELS) -> Any:
@@ -168,6 +178,12 @@ def find_marks(input_ids: list[int]) -> list[tuple[int, int]]:
         marks.append((i, j - i))
         i = j
     return marks
+
+
+@functools.lru_cache(maxsize=8)
+def cached_image_processor(model_path: str) -> ImageProcessor | None:
+    """:func:`load_image_processor`, once per model directory (blocking on first use)."""
+    return load_image_processor(model_path)
 
 
 def load_image_processor(model_path: str | Path) -> ImageProcessor | None:

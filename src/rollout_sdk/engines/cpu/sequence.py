@@ -141,12 +141,7 @@ class Sequence:
         return f"<Sequence {self.rid} prompt={n} out={m} done={self.done}>"
 
 
+
 def vision_fields(vision: Any) -> dict[str, Any]:
     """The result fields of a request with images (none for a text-only one)."""
-    if vision is None:
-        return {}
-    return {
-        "input_ids": list(vision.input_ids),
-        "image_spans": list(vision.spans),
-        "image_grid_thw": list(vision.grid_thw),
-    }
+    return {} if vision is None else dict(vision.result_fields())
