@@ -49,19 +49,12 @@ def noise_png(w: int, h: int, seed: int) -> bytes:
 
 def reference_logprobs(model: object, result: GenerateResult, images: list[bytes], model_dir: Path) -> list[float]:
     """What a trainer computes: one transformers forward of the same model over the result's ids and the
-    images' pixels (processed with the SDK's processor), fp32, in transformers' own multimodal path."""
+    images' pixels (the SDK's processor: ImageProcessor.model_inputs), fp32, transformers' multimodal path."""
     proc = load_image_processor(model_dir)
-    assert proc is not None
-    pixels, grids = proc.process(images)
-    assert result.input_ids is not None
-    full = torch.tensor([result.input_ids + result.output_ids])
-    types = torch.zeros_like(full, dtype=torch.int)
-    for start, n in result.image_spans:
-        types[0, start : start + n] = 1
+    assert proc is not None and result.input_ids is not None
+    inputs = proc.model_inputs(result.input_ids + result.output_ids, images, result.image_spans)
     with torch.no_grad():
-        logits = model(  # type: ignore[operator]
-            input_ids=full, pixel_values=pixels, image_grid_thw=torch.tensor(grids), mm_token_type_ids=types
-        ).logits[0]
+        logits = model(**inputs).logits[0]  # type: ignore[operator]
     lp = torch.log_softmax(logits.float(), dim=-1)
     n = len(result.input_ids)
     return [lp[n - 1 + i, t].item() for i, t in enumerate(result.output_ids)]
@@ -409,3 +402,20 @@ async def test_sglang_request_carries_the_sdks_expansion(
     # a text request sends no image_data
     await sgl.generate(GenerateRequest(input_ids=[1, 2], rid="t", sampling=SamplingParams(max_new_tokens=1)))
     assert not hasattr(tm.submitted[-1], "image_data")
+
+
+def test_the_vl_trainer_example_runs_a_step_on_policy(sdk_home: Path, vl_model: Path) -> None:
+    """examples/vl_trainer.py: generate with images, trainer logprobs on the same ids and pixels (gap at
+    float noise), a step, the weights pushed, a second step on the new weights still on policy."""
+    import os
+    import re
+
+    example = Path(__file__).parent.parent / "examples" / "vl_trainer.py"
+    env = {**os.environ, "ROLLOUT_SDK_HOME": str(sdk_home)}
+    out = subprocess.run(
+        [sys.executable, str(example), "--steps", "2", "--prompts", "1", "--group", "2", "--max-new-tokens", "4"],
+        capture_output=True, text=True, env=env, timeout=280, check=True,
+    )  # fmt: skip
+    gaps = [float(g) for g in re.findall(r"logprob gap (\S+)", out.stdout)]
+    assert len(gaps) == 2 and max(gaps) <= 1e-4, out.stdout
+    assert "image grid [(1, 4, 4)]" in out.stdout

@@ -127,6 +127,28 @@ class ImageProcessor:
             grids.append(tuple(int(v) for v in out["image_grid_thw"][0].tolist()))
         return torch.cat(pixels, dim=0), grids  # type: ignore[return-value]
 
+    def model_inputs(self, ids: list[int], images: list[bytes], spans: list[tuple[int, int]]) -> dict[str, Any]:
+        """What a trainer feeds transformers' ``Qwen2_5_VLForConditionalGeneration`` for ``ids`` (a result's
+        ``input_ids`` + ``output_ids``, or a trajectory's ``ids``) with its ``images`` and ``image_spans``:
+        ``input_ids`` [1, L], ``pixel_values``, ``image_grid_thw`` and ``mm_token_type_ids`` (1 on the
+        image spans), the very pixels and grids the engine used.  The model computes the M-RoPE positions
+        from these (``get_rope_index``)."""
+        import torch
+
+        pixels, grids = self.process(images)
+        if len(spans) != len(grids) or any(n != self.tokens_for(g) for (_, n), g in zip(spans, grids, strict=False)):
+            raise ValueError(f"spans {spans} do not fit the images' grids {grids}")
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        types = torch.zeros_like(input_ids, dtype=torch.int)
+        for start, n in spans:
+            types[0, start : start + n] = 1
+        return {
+            "input_ids": input_ids,
+            "pixel_values": pixels,
+            "image_grid_thw": torch.tensor(grids, dtype=torch.long),
+            "mm_token_type_ids": types,
+        }
+
     def expand(self, input_ids: list[int], images: list[bytes]) -> VisionInputs:
         """Process ``images`` and expand their marks in ``input_ids`` (see the module docstring)."""
         marks = find_marks(input_ids)
