@@ -17,6 +17,8 @@ import msgspec
 import pytest
 import pytest_asyncio
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from rollout_sdk.agents import AgentConfig, RolloutContext, ToolAgent, ToolImage, ToolRegistry
@@ -247,6 +249,30 @@ async def test_image_and_text_rows_batched_equal_alone(engine: CpuEngine, vl_mod
 
 
 @ASYNC
+async def test_a_retracted_image_row_continues_exactly(engine: CpuEngine, vl_model: Path) -> None:
+    """pause('retract') drops the row's KV; it re-prefills prompt + tokens so far with its images (positions
+    recomputed: the rope delta is the same) and continues token for token as if never interrupted."""
+    ids = _prompt(vl_model)
+    sp = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True, presence_penalty=2.0)
+    img = [noise_png(56, 28, 41)]
+    want = await engine.generate(GenerateRequest(input_ids=ids, images=img, rid="w", sampling=sp))
+    task = asyncio.create_task(engine.generate(GenerateRequest(input_ids=ids, images=img, rid="x", sampling=sp)))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120
+    while not (engine._scheduler.seqs.get("x") and len(engine._scheduler.seqs["x"].out) >= 3):
+        assert loop.time() < deadline and not task.done()
+        await asyncio.sleep(0.001)
+    await engine.pause("retract")
+    held = len(engine._scheduler.seqs["x"].out)
+    await engine.resume()
+    got = await task
+    assert 3 <= held < sp.max_new_tokens
+    assert got.output_ids == want.output_ids and got.input_ids == want.input_ids
+    assert got.logprobs is not None and want.logprobs is not None
+    assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True)) <= 1e-5
+
+
+@ASYNC
 async def test_bad_image_fails_alone(engine: CpuEngine, vl_model: Path) -> None:
     ids = _prompt(vl_model, 2)
     bad = GenerateRequest(input_ids=ids, images=[noise_png(28, 28, 0), b"\x89PNG broken"], rid="bad")
@@ -419,3 +445,55 @@ def test_the_vl_trainer_example_runs_a_step_on_policy(sdk_home: Path, vl_model: 
     gaps = [float(g) for g in re.findall(r"logprob gap (\S+)", out.stdout)]
     assert len(gaps) == 2 and max(gaps) <= 1e-4, out.stdout
     assert "image grid [(1, 4, 4)]" in out.stdout
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["text", "mark"]), st.integers(1, 5)), min_size=1, max_size=8),
+    st.integers(1, 4),
+)
+@settings(max_examples=60, deadline=None)
+def test_builder_adopts_an_expansion_keeping_mask_and_logprobs_aligned(
+    layout: list[tuple[str, int]], model_len: int
+) -> None:
+    """A trajectory with image marks in its prompt and in added context adopts the engine's expansion: the
+    model's tokens and logprobs stay where they were, every added token is context (mask 0)."""
+    from rollout_sdk.rollouts.trajectory import TrajectoryBuilder
+
+    def render(parts: list[tuple[str, int]], expanded: bool) -> list[int]:
+        out: list[int] = []
+        for kind, n in parts:
+            out += (
+                [7] * n
+                if kind == "text"
+                else [VISION_START_ID, *[IMAGE_PAD_ID] * (n if expanded else 1), VISION_END_ID]
+            )
+        return out
+
+    half = len(layout) // 2
+    prompt, context = layout[:half] or [("text", 1)], layout[half:]
+    b = TrajectoryBuilder(render(prompt, False), "t")
+    model = list(range(100, 100 + model_len))
+    first = GenerateResult(
+        rid="a", output_ids=model, finish_reason="stop", prompt_tokens=0, logprobs=[-1.0] * model_len
+    )
+    b.add_model(first)  # a text-only result: nothing adopted
+    b.add_context(render(context, False))
+    exp = render(prompt, True) + model + render(context, True)
+    spans, pos = [], 0
+    for kind, n in [*prompt, ("model", model_len), *context]:
+        if kind == "mark":
+            spans.append((pos + 1, n))
+            pos += n + 2
+        else:
+            pos += n
+    second = GenerateResult(
+        rid="b", output_ids=[5], finish_reason="stop", prompt_tokens=len(exp), logprobs=[-2.0],
+        input_ids=exp, image_spans=spans, image_grid_thw=[(1, 2, 2 * n) for _, n in spans],
+    )  # fmt: skip
+    b.add_model(second)
+    assert b.ids == [*exp, 5]
+    assert b.prompt_ids == render(prompt, True)
+    assert len(b.response_ids) == len(b.loss_mask) == len(b.logprobs)
+    kept = [(t, lp) for t, m, lp in zip(b.response_ids, b.loss_mask, b.logprobs, strict=True) if m]
+    assert kept == [*((t, -1.0) for t in model), (5, -2.0)]
+    assert b.image_spans == spans

@@ -115,9 +115,9 @@ class ImageProcessor:
 
         if not images:
             return None, []
-        pil = [decode_image(b, f"{field}[{i}]") for i, b in enumerate(images)]
         pixels, grids = [], []
-        for i, img in enumerate(pil):
+        for i, data in enumerate(images):  # one decoded image alive at a time (each up to MAX_IMAGE_PIXELS)
+            img = decode_image(data, f"{field}[{i}]")
             try:
                 out = self.processor(images=[img], return_tensors="pt")
             except Exception as exc:  # a shape the processor refuses (e.g. a 1x4000 strip)
