@@ -14,20 +14,9 @@ What is measured
 from __future__ import annotations
 
 import asyncio
-import io
 import time
 
 import torch
-
-
-def noise_png(w: int, h: int, seed: int) -> bytes:
-    from PIL import Image
-
-    g = torch.Generator().manual_seed(seed)
-    arr = (torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8).numpy()
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "PNG")
-    return buf.getvalue()
 
 
 async def main() -> None:
@@ -35,6 +24,7 @@ async def main() -> None:
 
     from rollout_sdk.engines.cpu import CpuEngine, CpuEngineConfig
     from rollout_sdk.models import ensure_tiny_vl_model
+    from rollout_sdk.models.tiny_vl import noise_png
     from rollout_sdk.models.vision import load_image_processor
     from rollout_sdk.protocol import GenerateRequest, SamplingParams
 

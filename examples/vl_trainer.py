@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import time
 
 import msgspec
@@ -24,6 +23,7 @@ import torch
 
 from rollout_sdk import CpuEngineConfig, GenerateRequest, GenerateResult, RolloutClient, SamplingParams
 from rollout_sdk.models import ensure_tiny_vl_model
+from rollout_sdk.models.tiny_vl import noise_png
 from rollout_sdk.models.vision import ImageProcessor, load_image_processor
 
 
@@ -38,14 +38,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def noise_png(seed: int, w: int = 56, h: int = 56) -> bytes:
-    from PIL import Image
-
-    g = torch.Generator().manual_seed(seed)
-    arr = (torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8).numpy()
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "PNG")
-    return buf.getvalue()
 
 
 def reward(ids: list[int]) -> float:
@@ -74,7 +66,7 @@ async def train(args: argparse.Namespace) -> None:
         policy = await asyncio.to_thread(AutoModelForImageTextToText.from_pretrained, model_dir, dtype=torch.float32)
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
         await client.init_weight_sync(backend="gloo")
-        images = [[noise_png(i)] for i in range(args.prompts)]
+        images = [[noise_png(56, 56, i)] for i in range(args.prompts)]
         question = [{"type": "image"}, {"type": "text", "text": "What do you see?"}]
         messages = [{"role": "user", "content": question}]
         prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))

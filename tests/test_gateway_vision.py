@@ -5,27 +5,17 @@ remote URL is a 400 (nothing is fetched)."""
 from __future__ import annotations
 
 import base64
-import io
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-import torch
-from PIL import Image
 
 from rollout_sdk import CpuEngineConfig, RolloutClient
 from rollout_sdk.gateway import Gateway
+from rollout_sdk.models.tiny_vl import noise_png
 from rollout_sdk.models.vision import IMAGE_PAD_ID
 from rollout_sdk.protocol import GenerateRequest, GenerateResult
-
-
-def noise_png(w: int, h: int, seed: int) -> bytes:
-    g = torch.Generator().manual_seed(seed)
-    arr = (torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8).numpy()
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "PNG")
-    return buf.getvalue()
 
 
 def part(png: bytes) -> dict[str, Any]:

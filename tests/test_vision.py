@@ -24,6 +24,7 @@ from PIL import Image
 from rollout_sdk.agents import AgentConfig, RolloutContext, ToolAgent, ToolImage, ToolRegistry
 from rollout_sdk.engines.cpu import CpuEngine, CpuEngineConfig
 from rollout_sdk.errors import InvalidRequestError
+from rollout_sdk.models.tiny_vl import noise_png
 from rollout_sdk.models.vision import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID, load_image_processor
 from rollout_sdk.protocol import (
     MAX_IMAGES,
@@ -41,12 +42,6 @@ MARK = [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
 
 
-def noise_png(w: int, h: int, seed: int) -> bytes:
-    g = torch.Generator().manual_seed(seed)
-    arr = (torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8).numpy()
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "PNG")
-    return buf.getvalue()
 
 
 def reference_logprobs(model: object, result: GenerateResult, images: list[bytes], model_dir: Path) -> list[float]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import io
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import pytest
 import pytest_asyncio
 
 from rollout_sdk import EngineServer, RolloutClient, SamplingParams, ServerConfig
+from rollout_sdk.models.tiny_vl import noise_png
 from rollout_sdk.models.vision import IMAGE_PAD_ID, load_image_processor
 from rollout_sdk.protocol import GenerateRequest, GenerateResult
 
@@ -40,15 +40,6 @@ pytestmark = [
 MARK = [151652, IMAGE_PAD_ID, 151653]
 
 
-def noise_png(w: int, h: int, seed: int) -> bytes:
-    import torch
-    from PIL import Image
-
-    g = torch.Generator().manual_seed(seed)
-    arr = (torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8).numpy()
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from typing import Any
 from ._cache import build_once, default_home
 from .tiny import GENERATION_CONFIG, write_tokenizer
 
-__all__ = ["TINY_VL_CONFIG", "TINY_VL_PREPROCESSOR", "VL_CHAT_TEMPLATE", "ensure_tiny_vl_model"]
+__all__ = ["TINY_VL_CONFIG", "TINY_VL_PREPROCESSOR", "VL_CHAT_TEMPLATE", "ensure_tiny_vl_model", "noise_png"]
 
 #: bump when the recipe changes, so an old cached directory is not reused
 _RECIPE = "v1"
@@ -170,3 +170,18 @@ def _write_model(out: Path, seed: int) -> None:
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(TINY_VL_CONFIG, indent=2))
     (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
+
+
+def noise_png(width: int, height: int, seed: int) -> bytes:
+    """A PNG of uniform RGB noise from a fixed seed: a test image whose every pixel differs between seeds
+    (examples, tests and benchmarks of vision-language rollouts)."""
+    import io
+
+    import torch
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    arr = (torch.rand(height, width, 3, generator=g) * 255).to(torch.uint8).numpy()
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
