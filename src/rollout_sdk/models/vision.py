@@ -210,13 +210,17 @@ def cached_image_processor(model_path: str) -> ImageProcessor | None:
 
 def load_image_processor(model_path: str | Path) -> ImageProcessor | None:
     """The image processor of the model at ``model_path``, or None for a text-only model (no
-    ``preprocessor_config.json``).  Uses transformers' Pillow backend (no torchvision needed)."""
+    ``preprocessor_config.json``).
+
+    Always transformers' Pillow backend (``Qwen2VLImageProcessorPil``), never the torchvision one that
+    ``AutoImageProcessor`` picks where torchvision is installed: their resizing may differ in the last bits,
+    and the rollout machine and the trainer's must produce the very same pixels."""
     cfg_path = Path(model_path, "preprocessor_config.json")
     if not cfg_path.exists():
         return None
-    from transformers import AutoImageProcessor
-
     cfg = json.loads(cfg_path.read_text())
     if "Qwen2VL" not in str(cfg.get("image_processor_type", "")):
         return None
-    return ImageProcessor(AutoImageProcessor.from_pretrained(str(model_path)))  # type: ignore[no-untyped-call]
+    from transformers import Qwen2VLImageProcessorPil
+
+    return ImageProcessor(Qwen2VLImageProcessorPil.from_pretrained(str(model_path)))
