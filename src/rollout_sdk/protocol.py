@@ -221,12 +221,6 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
     def __post_init__(self) -> None:
         if not self.input_ids:
             raise _bad("input_ids", self.input_ids, "must hold at least one token id")
-        if len(self.images) > MAX_IMAGES:
-            raise _bad("images", f"<{len(self.images)} images>", f"at most {MAX_IMAGES} images per request")
-        for i, img in enumerate(self.images):
-            if not isinstance(img, bytes) or not 0 < len(img) <= MAX_IMAGE_BYTES:
-                size = len(img) if isinstance(img, bytes) else type(img).__name__
-                raise _bad(f"images[{i}]", f"<{size} bytes>", f"must be an encoded image of 1..{MAX_IMAGE_BYTES} bytes")
         try:
             lowest = min(self.input_ids)
         except TypeError:
@@ -235,6 +229,12 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
         if lowest < 0:
             i = next(i for i, t in enumerate(self.input_ids) if t < 0)
             raise _bad(f"input_ids[{i}]", self.input_ids[i], "token ids must be >= 0")
+        if len(self.images) > MAX_IMAGES:
+            raise _bad("images", f"<{len(self.images)} images>", f"at most {MAX_IMAGES} images per request")
+        for i, img in enumerate(self.images):
+            if not isinstance(img, bytes) or not 0 < len(img) <= MAX_IMAGE_BYTES:
+                size = len(img) if isinstance(img, bytes) else type(img).__name__
+                raise _bad(f"images[{i}]", f"<{size} bytes>", f"must be an encoded image of 1..{MAX_IMAGE_BYTES} bytes")
 
 
 class Timings(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -4,7 +4,8 @@ Concurrency::
 
     event loop thread                                   worker thread (one: owns the ModelRunner)
     ─────────────────                                   ─────────────────────────────────────────
-    generate(req) ── adds a Sequence to the Scheduler, wakes the step loop, awaits its future
+    generate(req) ── (images: decoded, processed and their marks expanded in a thread, models.vision)
+                     adds a Sequence to the Scheduler, wakes the step loop, awaits its future
     abort(rid)    ── resolves the future now (tokens so far), marks it done; the worker drops the row
     step loop     ── waits on: work to do (wake event) and not paused
                      Scheduler.schedule(): new seqs (≤ max_running rows, ≤ max_prefill_tokens)
@@ -19,6 +20,10 @@ Modules: :mod:`.scheduler` (waiting queue, admission), :mod:`.sequence` (one req
 (running rows and the KV-cache surgery), :mod:`.model_runner` (model, step, sampling, weights).
 (bench/cpu_batching.py measures this loop against transformers' own continuous-batching manager;
 docs/design.md says why this one is kept.)
+
+Vision-language models (Qwen2.5-VL, docs/multimodal.md): a request's images are expanded before it is
+queued; its prefill runs the vision tower and scatters the image features into its embeddings, with
+multimodal RoPE positions per row (``ModelRunner._mrope_positions``); image rows and text rows share batches.
 
 Sampling honours every SamplingParams field.  A request's randomness comes from its own generator (seeded
 by ``seed`` when given), one uniform draw per token turned into a token by inverse-CDF, so a seeded

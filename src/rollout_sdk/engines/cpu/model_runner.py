@@ -4,6 +4,12 @@ Every method runs on the engine's one worker thread (never on the event loop), s
 and its KV cache have a single owner.  A step decodes one token for every running row, prefills the newly
 admitted rows and merges them into the batch (:mod:`.batch`), then turns the last position of each row
 into logits in cache-sized chunks and samples (:mod:`.._sampling`).
+
+A Qwen2.5-VL model runs as its language model fed embeddings: a prefilled row with images gets its image
+spans replaced by the vision tower's features and its M-RoPE positions from transformers' ``get_rope_index``
+(per row, never the model's cached ``rope_deltas``, which belong to whatever batch ran last); its next
+position is past its last one (text index + rope delta), so decode steps carry the delta in
+``Batch.next_pos`` and pass plain ``[B, 1]`` positions, which the model spreads over the three axes.
 """
 
 from __future__ import annotations
@@ -204,9 +210,11 @@ class ModelRunner:
 
         ids, mask, pos = prefill_inputs(admit)
         cache = DynamicCache(config=self.model.config)
+        x = ids
         if self._vl is not None:
             pos = self._mrope_positions(ids, pos, admit)  # [3, B, T]; text rows: three equal rows
-        last = self._forward_last(ids, mask, pos, cache, admit)
+            x = self._embed(ids, admit)  # the rows' images scattered in
+        last = self._forward_last(x, mask, pos, cache)
         toks, lps, bad = self._head_and_sample(last, admit)
         # the next token's position: past the last one (a text token: its three rope positions are equal;
         # with images that is the text index plus the row's rope delta, carried on in every decode step)
@@ -253,16 +261,14 @@ class ModelRunner:
                 embeds[b, off + start : off + start + n] = f.to(embeds.dtype)
         return embeds
 
-    def _forward_last(
-        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any, rows: Seq[Sequence] | None = None
-    ) -> torch.Tensor:
+    def _forward_last(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         """Run the model over ``ids`` (extending ``cache`` in place); return each row's last hidden state,
-        or its logits when the model could not be split into body and head.  ``rows``: the sequences being
-        prefilled (their images are fed in); None in a decode step."""
+        or its logits when the model could not be split into body and head.  A VL model is fed embeddings:
+        ``ids`` may already be those (a prefill, its images scattered in by :meth:`_embed`)."""
         kw = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, self._cache_kw: cache, "use_cache": True}
         if self._vl is not None:
             del kw["input_ids"]
-            kw["inputs_embeds"] = self._embed(ids, rows)
+            kw["inputs_embeds"] = ids if ids.is_floating_point() else self._embed(ids, None)
         if self._body is not None:
             hidden: torch.Tensor = self._body(**kw).last_hidden_state[:, -1, :]
             return hidden
