@@ -81,3 +81,35 @@ async def test_image_url_parts_reach_the_model_and_are_recorded_exactly(vl_model
     assert [traj.ids[a : a + n] for a, n in traj.image_spans] == [[IMAGE_PAD_ID] * 4, [IMAGE_PAD_ID] * 2]
     model = [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m]
     assert model == res1.output_ids + res2.output_ids
+
+
+def test_tool_results_may_hold_images_and_keys_compare_image_digests() -> None:
+    from rollout_sdk.gateway.errors import GatewayError
+    from rollout_sdk.gateway.tools import canonical, template_messages
+
+    png = noise_png(28, 28, 3)
+    msgs = [
+        {"role": "user", "content": "take a screenshot"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c", "function": {"name": "shot", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": [part(png), {"type": "text", "text": "done"}]},
+    ]
+    out = template_messages(msgs, max_messages=8)
+    assert out[2]["content"] == [{"type": "image", "image": png}, {"type": "text", "text": "done"}]
+    again = template_messages(msgs, max_messages=8)
+    other = template_messages([*msgs[:2], {**msgs[2], "content": [part(noise_png(28, 28, 4))]}], max_messages=8)
+    assert canonical(out[2]) == canonical(again[2]) != canonical(other[2])
+    assert "sha256:" in canonical(out[2])
+    # an assistant message's image part is not accepted (the model writes text)
+    bad = [msgs[0], {"role": "assistant", "content": [part(png)]}]
+    with pytest.raises(GatewayError) as info:
+        template_messages(bad, max_messages=8)
+    assert info.value.status == 400
+    for url in ("data:image/png;base64,@@@", "file:///etc/passwd", "data:text/plain;base64,aGk="):
+        msg = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+        with pytest.raises(GatewayError) as info:
+            template_messages(msg, max_messages=8)
+        assert info.value.status == 400 and info.value.param == "messages[0].content[0].image_url.url"
