@@ -65,6 +65,7 @@ async def vl_client(vl_dir: Path) -> AsyncIterator[RolloutClient]:
         cuda_graph_max_bs=16,
         random_seed=0,
         dtype="bfloat16",
+        extra={"mm_attention_backend": "sdpa"},  # the tiny vision tower's 16-wide heads: the plainest kernel
     )
     async with (
         EngineServer(SglangEngine(cfg), ServerConfig()) as server,
@@ -147,7 +148,13 @@ def test_sglang_own_expansion_has_the_same_image_tokens(vl_dir: Path) -> None:
     proc = load_image_processor(vl_dir)
     assert proc is not None
     ours = proc.expand(ids, images)
-    engine = sgl.Engine(model_path=str(vl_dir), attention_backend="triton", mem_fraction_static=0.3, random_seed=0)
+    engine = sgl.Engine(
+        model_path=str(vl_dir),
+        attention_backend="triton",
+        mm_attention_backend="sdpa",
+        mem_fraction_static=0.3,
+        random_seed=0,
+    )
     try:
         out = engine.generate(
             input_ids=ids, image_data=images, sampling_params={"max_new_tokens": 1}, return_logprob=True,

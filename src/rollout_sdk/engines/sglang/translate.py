@@ -61,9 +61,9 @@ def prompt_inputs(req: GenerateRequest, parts: Parts, vision: Any) -> dict[str, 
     ``input_ids`` and the processor's outputs as one item of format ``processor_output`` (``pixel_values``,
     ``image_grid_thw``).  With ``input_ids`` given and every image preprocessed, SGLang's ``load_mm_data``
     takes its fast path (no decode of the ids to text, no re-tokenization); the image offsets are the
-    ``<|image_pad|>`` runs of the ids and the M-RoPE positions are computed from them
-    (``QwenVLImageProcessor._compute_image_only_mrope_positions_from_offsets``).  Never suspends (the engine
-    submits right after its gate).  ``parts`` keeps the expansion for the result's fields.
+    ``<|image_pad|>`` runs of the ids, and the M-RoPE positions come from the ids and the grids
+    (``MRotaryEmbedding.get_rope_index`` for Qwen2.5-VL).  Never suspends (the engine submits right after
+    its gate).  ``parts`` keeps the expansion for the result's fields.
     """
     if vision is None:
         return {"input_ids": [*req.input_ids, *parts.ids]}
