@@ -3,7 +3,7 @@
   rollout-sdk demo            tool-using agent rollouts on the CPU engine (the trained tool model)
   rollout-sdk demo --rl       GRPO on CPU: the tool model learns to delegate, success printed per step
   rollout-sdk serve           one engine server (cpu, sglang or fake) until Ctrl-C / SIGTERM
-  rollout-sdk make-model      build a local model (tiny, tool, tool-undertrained); print its directory
+  rollout-sdk make-model      build a local model (tiny, tiny-vl, tool, tool-undertrained); print its directory
   rollout-sdk gateway         an OpenAI-compatible API in front of the engines (docs/gateway.md)
   rollout-sdk secret          write a new job secret to a file (mode 0600)
   rollout-sdk credentials     write one role's client keys (from the job secret) to a file (mode 0600)
@@ -92,9 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument(
         "which",
         nargs="?",
-        choices=["tiny", "tool", "tool-undertrained"],
+        choices=["tiny", "tiny-vl", "tool", "tool-undertrained"],
         default="tiny",
-        help="tiny: random weights (seconds); tool: trained on CPU for the calculator task (minutes, once)",
+        help="tiny: random weights (seconds); tiny-vl: a Qwen2.5-VL-shaped one (seconds); "
+        "tool: trained on CPU for the calculator task (minutes, once)",
     )
     m.add_argument("--home", default=None, help="cache root (default $ROLLOUT_SDK_HOME or ~/.cache/rollout_sdk)")
     _add_key_commands(sub)
@@ -186,6 +187,10 @@ def _command(args: argparse.Namespace) -> int:
 
         if args.which == "tiny":
             print(ensure_tiny_model(args.home))
+        elif args.which == "tiny-vl":
+            from .models import ensure_tiny_vl_model
+
+            print(ensure_tiny_vl_model(args.home))
         else:
             print(ensure_tool_model(args.home, stage="trained" if args.which == "tool" else "undertrained"))
         return 0

@@ -23,7 +23,7 @@ import array
 import math
 import re
 import sys
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -33,6 +33,8 @@ __all__ = [
     "DEFAULT_MAX_CONTROL_BYTES",
     "DEFAULT_MAX_GENERATE_BYTES",
     "GREEDY_TEMPERATURE",
+    "MAX_IMAGES",
+    "MAX_IMAGE_BYTES",
     "MAX_TIMEOUT_S",
     "PENALTY_RANGE",
     "Abort",
@@ -91,6 +93,9 @@ PENALTY_RANGE = (1e-6, 1e6)
 DEFAULT_MAX_GENERATE_BYTES = 8 << 20
 #: default limit on one encoded control message, Ping or Abort (1 MiB: ~12k tensor metas in an update)
 DEFAULT_MAX_CONTROL_BYTES = 1 << 20
+#: images one request may carry (GenerateRequest.images), and the largest encoded image file
+MAX_IMAGES = 16
+MAX_IMAGE_BYTES = 4 << 20
 #: the longest timeout any message may carry (seconds); nothing in the protocol waits without a bound
 MAX_TIMEOUT_S = 3600.0
 
@@ -206,6 +211,12 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
     #: MoE models: return the experts each token was routed to (``GenerateResult.routed_experts``); engines
     #: that cannot refuse it with UnsupportedOperationError
     return_routed_experts: bool = False
+    #: vision-language models: encoded image files (PNG, JPEG, WebP, ...), one per image mark of the prompt
+    #: (``<|vision_start|><|image_pad|><|vision_end|>``), in order; the engine expands each mark into the
+    #: image's tokens (docs/multimodal.md).  At most MAX_IMAGES, each at most MAX_IMAGE_BYTES.
+    images: Annotated[
+        list[Annotated[bytes, msgspec.Meta(max_length=MAX_IMAGE_BYTES)]], msgspec.Meta(max_length=MAX_IMAGES)
+    ] = []
 
     def __post_init__(self) -> None:
         if not self.input_ids:
@@ -218,6 +229,12 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
         if lowest < 0:
             i = next(i for i, t in enumerate(self.input_ids) if t < 0)
             raise _bad(f"input_ids[{i}]", self.input_ids[i], "token ids must be >= 0")
+        if len(self.images) > MAX_IMAGES:
+            raise _bad("images", f"<{len(self.images)} images>", f"at most {MAX_IMAGES} images per request")
+        for i, img in enumerate(self.images):
+            if not isinstance(img, bytes) or not 0 < len(img) <= MAX_IMAGE_BYTES:
+                size = len(img) if isinstance(img, bytes) else type(img).__name__
+                raise _bad(f"images[{i}]", f"<{size} bytes>", f"must be an encoded image of 1..{MAX_IMAGE_BYTES} bytes")
 
 
 class Timings(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -336,6 +353,14 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     lifecycle: Lifecycle | None = None
     #: the server process that ran it (a restarted server has a new one; see ServerInfo.incarnation)
     incarnation: str = ""
+    #: requests with ``images``: the prompt as the model saw it, every image mark expanded into the image's
+    #: ``<|image_pad|>`` tokens (``prompt_tokens`` counts these); None for a text-only request
+    input_ids: list[int] | None = None
+    #: requests with ``images``: ``(start, length)`` of each image's pad tokens in ``input_ids``
+    image_spans: list[tuple[int, int]] = []
+    #: requests with ``images``: each image's patch grid ``(t, h, w)`` (the processor's ``image_grid_thw``);
+    #: the image takes ``t * h * w / merge_size**2`` tokens
+    image_grid_thw: list[tuple[int, int, int]] = []
 
     @property
     def num_output_tokens(self) -> int:

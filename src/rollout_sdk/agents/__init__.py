@@ -29,7 +29,7 @@ from .parsers import (
     register_parser,
     register_reasoning_parser,
 )
-from .tools import Tool, ToolArgumentError, ToolRegistry, ToolResult, tool
+from .tools import Tool, ToolArgumentError, ToolImage, ToolRegistry, ToolResult, tool
 
 __all__ = [
     "Agent",
@@ -55,6 +55,7 @@ __all__ = [
     "ToolCall",
     "ToolCallParser",
     "ToolCallRecord",
+    "ToolImage",
     "ToolRegistry",
     "ToolResult",
     "Trajectory",

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import ConfigError, RolloutError
 
-__all__ = ["ChatTemplate", "DriftReport", "TemplateError"]
+__all__ = ["ChatTemplate", "DriftReport", "TemplateError", "message_images"]
 
 Message = dict[str, Any]
 _MARK = "\u2063rollout-sdk-content\u2063"
@@ -229,3 +229,14 @@ def _function(call: Any) -> dict[str, Any]:
 
 def _first_diff(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def message_images(messages: Sequence[Message]) -> list[bytes]:
+    """The encoded images of ``messages``' ``{"type": "image", "image": <bytes>}`` content parts, in order:
+    the images a vision-language request sends with the rendered prompt (one per image mark)."""
+    out: list[bytes] = []
+    for m in messages:
+        parts = m.get("content")
+        if isinstance(parts, list):
+            out.extend(p["image"] for p in parts if isinstance(p, dict) and isinstance(p.get("image"), bytes))
+    return out

@@ -25,7 +25,7 @@ from ..protocol import SamplingParams
 from ..rollouts.context import RolloutContext
 from ..rollouts.group import Agent, Sample
 from ..rollouts.trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
-from .chat import ChatTemplate
+from .chat import ChatTemplate, message_images
 from .parsers import (
     ParsedTurn,
     ParseError,
@@ -109,7 +109,7 @@ class ToolAgent(Agent):
     async def run(self, ctx: RolloutContext, sample: Sample) -> Trajectory:
         cfg = self.config
         messages: list[dict[str, Any]] = [dict(m) for m in sample["messages"]]
-        builder = TrajectoryBuilder(self.chat.prompt_ids(messages), ctx.session_id)
+        builder = TrajectoryBuilder(self.chat.prompt_ids(messages), ctx.session_id, images=message_images(messages))
         limit = cfg.max_context_tokens or _engine_context(ctx)
         rewrites = False
         finish = "max_turns"
@@ -120,7 +120,8 @@ class ToolAgent(Agent):
                 break
             t0 = time.perf_counter()
             try:
-                result = await ctx.generate(builder.ids, msgspec.structs.replace(cfg.sampling, max_new_tokens=room))
+                sampling = msgspec.structs.replace(cfg.sampling, max_new_tokens=room)
+                result = await ctx.generate(builder.ids, sampling, builder.images)
             except StalenessError:
                 finish = "stale"
                 break
@@ -168,7 +169,7 @@ class ToolAgent(Agent):
             if builder.response_len + len(glue) >= cfg.max_response_tokens or builder.num_ids + len(glue) >= limit:
                 finish = "budget"
                 break
-            builder.add_context(glue)
+            builder.add_context(glue, images=[img for o in outcomes for img in o.images])
             turn.context_tokens = len(glue)
             messages.extend(tool_msgs)
         drift = None
@@ -211,7 +212,10 @@ def _tool_messages(parsed: ParsedTurn, outcomes: Sequence[ToolResult], call_form
             msgs.append({"role": "tool", "name": "error", "content": format_tool_error(item, call_format)})
         else:
             o = next(results)
-            msgs.append({"role": "tool", "name": o.name, "content": o.content, "tool_call_id": item.id})
+            content: Any = o.content
+            if o.images:  # a vision-language tool result: image marks, then the text (as Qwen2.5-VL renders)
+                content = [*({"type": "image"} for _ in o.images), {"type": "text", "text": o.content}]
+            msgs.append({"role": "tool", "name": o.name, "content": content, "tool_call_id": item.id})
     return msgs
 
 

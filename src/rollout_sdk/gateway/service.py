@@ -35,6 +35,7 @@ import msgspec
 
 from .. import Continuation  # the package root re-exports it wherever the rollouts layer keeps it
 from ..agents import ChatTemplate, ParsedTurn, TemplateError, ToolCallParser, ToolCallRecord, Turn, get_parser
+from ..agents.chat import message_images
 from ..agents.parsers import ReasoningParser, get_reasoning_parser
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams
 from ..rollouts.seeds import sample_seed
@@ -182,12 +183,19 @@ class TurnService:
         return msgspec.structs.replace(sp, max_new_tokens=max_new, min_new_tokens=min(sp.min_new_tokens, max_new))
 
     async def _generate(
-        self, session: Session, prompt: list[int], sampling: SamplingParams, k: int, turn: int
+        self,
+        session: Session,
+        prompt: list[int],
+        sampling: SamplingParams,
+        k: int,
+        turn: int,
+        images: list[bytes] | None = None,
     ) -> tuple[GenerateResult, list[Lifecycle]]:
         # choice k of the turn at depth `turn`: the SDK's one seed function, as generate_many / ToolAgent
         if sampling.seed is not None and (k or turn):
             sampling = msgspec.structs.replace(sampling, seed=sample_seed(sampling.seed, member=k, turn=turn))
-        cont = Continuation(GenerateRequest(input_ids=prompt, sampling=sampling, session_id=session.id))
+        req = GenerateRequest(input_ids=prompt, sampling=sampling, session_id=session.id, images=images or [])
+        cont = Continuation(req)
         lifecycles: list[Lifecycle] = []
         for _ in range(self.limits.max_resumes + 1):
             result = await self.client.generate(cont.next_request(), timeout=self.limits.request_timeout_s)
@@ -203,15 +211,21 @@ class TurnService:
         return cont.result(), lifecycles
 
     async def _generate_n(
-        self, session: Session, prompt: list[int], sampling: SamplingParams, n: int, turn: int
+        self,
+        session: Session,
+        prompt: list[int],
+        sampling: SamplingParams,
+        n: int,
+        turn: int,
+        images: list[bytes] | None = None,
     ) -> list[tuple[GenerateResult, list[Lifecycle]]]:
         session.in_flight += 1
         session.last_used = time.monotonic()
         try:
             if n == 1:
-                return [await self._generate(session, prompt, sampling, 0, turn)]
+                return [await self._generate(session, prompt, sampling, 0, turn, images)]
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(self._generate(session, prompt, sampling, k, turn)) for k in range(n)]
+                tasks = [tg.create_task(self._generate(session, prompt, sampling, k, turn, images)) for k in range(n)]
             return [t.result() for t in tasks]
         except BaseExceptionGroup as eg:
             from .._aio import first_exception
@@ -222,14 +236,22 @@ class TurnService:
             session.last_used = time.monotonic()
 
     async def _run_choices(
-        self, session: Session, prompt: list[int], opts: RequestOptions, parse: bool, turn: int, *, chat: bool
+        self,
+        session: Session,
+        prompt: list[int],
+        opts: RequestOptions,
+        parse: bool,
+        turn: int,
+        images: list[bytes] | None = None,
+        *,
+        chat: bool,
     ) -> tuple[list[tuple[GenerateResult, list[Lifecycle]]], list[_Decoded], float]:
         """Generate the ``n`` choices of one call and decode them (off the loop when large); returns the
         results with their engine calls' lifecycles, their decodings and the seconds generation took.
         Refuses a session closed meanwhile."""
         sampling = self._fit(len(prompt), opts)
         t0 = time.perf_counter()
-        results = await self._generate_n(session, prompt, sampling, opts.n, turn)
+        results = await self._generate_n(session, prompt, sampling, opts.n, turn, images)
         elapsed = time.perf_counter() - t0
         decoded = await self._cpu(
             lambda: [self._decode(r, opts.stop, parse, opts.logprobs, chat) for r, _ in results],
@@ -307,11 +329,16 @@ class TurnService:
             raise
         prompt = (parent.ids() if parent is not None else []) + context
         depth = 0 if parent is None else parent.depth + 1
-        results, decoded, elapsed = await self._run_choices(session, prompt, opts, parse, depth, chat=True)
+        results, decoded, elapsed = await self._run_choices(
+            session, prompt, opts, parse, depth, message_images(messages), chat=True
+        )
         rid = _response_id(id_prefix)
         choices = []
+        base = len(prompt) - len(context)
         for k, ((result, lifecycles), dec) in enumerate(zip(results, decoded, strict=True)):
             kept = _cut(result, dec.cut)
+            if result.input_ids is not None:  # images: record the context as the engine expanded it
+                context = result.input_ids[base:]
             call_ids = session.new_call_ids(len(dec.parsed.calls) if dec.parsed else 0)
             wire, tmpl, errors = assistant_reply(dec.parsed, dec.content, call_ids)
             calls = dec.parsed.calls if dec.parsed else []

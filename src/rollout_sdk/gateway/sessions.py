@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..agents import Trajectory, TrajectoryBuilder, Turn
+from ..agents.chat import message_images
 from ..protocol import GenerateResult, Lifecycle
 from .errors import GatewayError, bad_request
 from .sampling import SessionSampling
@@ -274,7 +275,7 @@ class Session:
         for k, leaf in enumerate(leaves):
             path = leaf.path()
             traj_id = self.id if len(leaves) == 1 else f"{self.id}.b{k}"
-            builder = TrajectoryBuilder(list(path[0].context_ids), traj_id)
+            builder = TrajectoryBuilder(list(path[0].context_ids), traj_id, images=message_images(leaf.messages))
             for depth, node in enumerate(path):
                 if depth:
                     builder.add_context(list(node.context_ids))

@@ -1,8 +1,9 @@
 """OpenAI messages and tools in, OpenAI ``tool_calls`` out: the mapping between the chat API and the template.
 
 Requests are normalised into the messages a chat template renders (:func:`template_messages`):
-``developer`` becomes ``system``, text content parts are joined, and tool-call ``arguments`` — JSON
-*strings* in OpenAI's format — are decoded into objects (a template given strings would encode them
+``developer`` becomes ``system``, text content parts are joined (user and tool messages may hold OpenAI
+``image_url`` parts with data URLs: the content is then a list of text and image parts), and tool-call
+``arguments`` — JSON *strings* in OpenAI's format — are decoded into objects (a template given strings would encode them
 twice).  The normalised form is also what the session matches re-sent history against
 (:func:`canonical`), so a client that re-serialises arguments with other whitespace still matches.
 
@@ -14,11 +15,15 @@ wrote) and its parse error is recorded on the turn for the trainer.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from ..agents import ParsedTurn
+from ..protocol import MAX_IMAGE_BYTES
 from .errors import bad_request, unsupported
 
 __all__ = ["assistant_reply", "canonical", "parse_tool_choice", "template_messages", "template_tools"]
@@ -60,12 +65,48 @@ def parse_tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> bool:
     raise unsupported("tool_choice", f"tool_choice {value!r}: only 'auto' and 'none' can be honoured")
 
 
-def _text(content: Any, where: str) -> str:
+def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An OpenAI ``image_url`` part holding a data URL, as the template's ``{"type": "image", "image": bytes}``.
+    Nothing is fetched: any other URL is refused."""
+    spec = part.get("image_url")
+    if not isinstance(spec, dict | str):
+        raise bad_request(where, "an image_url part needs an 'image_url' with a data URL (data:image/png;base64,...)")
+    url = spec.get("url") if isinstance(spec, dict) else spec
+    if not isinstance(url, str):
+        raise bad_request(f"{where}.image_url.url", "an image_url part needs a string 'url'")
+    head, sep, data = url.partition(",")
+    if not (url.startswith("data:image/") and sep and head.endswith(";base64")):
+        raise bad_request(
+            f"{where}.image_url.url",
+            f"only data URLs (data:image/png;base64,...) are accepted; nothing is fetched: {url[:64]!r}",
+        )
+    if len(data) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+        raise bad_request(f"{where}.image_url.url", f"the image is larger than {MAX_IMAGE_BYTES} bytes")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(f"{where}.image_url.url", "the data URL is not valid base64") from None
+    if not raw:
+        raise bad_request(f"{where}.image_url.url", "the data URL holds no image")
+    return {"type": "image", "image": raw}
+
+
+def _text(content: Any, where: str, *, images: bool = False) -> Any:
+    """A message's content as the template renders it: a string, or (``images``: user and tool messages
+    with ``image_url`` parts) a list of text and image parts."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
+        if images and any(isinstance(p, dict) and p.get("type") == "image_url" for p in content):
+            out: list[dict[str, Any]] = []
+            for i, part in enumerate(content):
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    out.append(_image(part, f"{where}[{i}]"))
+                else:
+                    out.append({"type": "text", "text": _text([part], f"{where}[{i}]")})
+            return out
         parts = []
         for i, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") not in ("text", "input_text", "output_text"):
@@ -134,7 +175,8 @@ def template_messages(messages: Any, *, max_messages: int) -> list[dict[str, Any
             raise bad_request(
                 f"{where}.role", f"role {m.get('role')!r} is not one of system, developer, user, assistant, tool"
             )
-        msg: dict[str, Any] = {"role": role, "content": _text(m.get("content"), f"{where}.content")}
+        content = _text(m.get("content"), f"{where}.content", images=role in ("user", "tool"))
+        msg: dict[str, Any] = {"role": role, "content": content}
         if role == "assistant" and m.get("tool_calls"):
             msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
         if role == "tool":
@@ -148,7 +190,14 @@ def template_messages(messages: Any, *, max_messages: int) -> list[dict[str, Any
 
 def canonical(message: dict[str, Any]) -> str:
     """One normalised message as text: equal for equal renderings, whatever the client's JSON spelling."""
-    return json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_digest)
+
+
+def _digest(value: Any) -> str:
+    """An image's bytes in a canonical message: their digest (equal images, equal keys)."""
+    if isinstance(value, bytes):
+        return "sha256:" + hashlib.sha256(value).hexdigest()
+    raise TypeError(f"{type(value).__name__} in a message")
 
 
 def assistant_reply(

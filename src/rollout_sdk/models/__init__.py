@@ -1,6 +1,7 @@
 """Models and tokenizers made locally (never downloaded).
 
 * :func:`ensure_tiny_model`: the embedded default, random weights from a fixed seed (seconds to build).
+* :func:`ensure_tiny_vl_model`: a tiny Qwen2.5-VL-shaped vision-language model, the same way (:mod:`.tiny_vl`).
   (The tool model, the same architecture trained on a task, is :func:`rollout_sdk.tasks.ensure_tool_model`.)
 """
 
@@ -11,8 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from .tiny import ensure_tiny_model
+from .tiny_vl import ensure_tiny_vl_model
 
-__all__ = ["ensure_tiny_model", "load_tokenizer", "quiet_weight_loading"]
+__all__ = ["ensure_tiny_model", "ensure_tiny_vl_model", "load_tokenizer", "quiet_weight_loading"]
 
 
 def load_tokenizer(path: str | None = None, *, home: str | None = None) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 
 import msgspec
 
@@ -86,8 +87,11 @@ class RolloutContext:
     def parked(self) -> bool:
         return not self._gate.is_set()
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
-        """One model turn.  Refuses (StalenessError) to extend a trajectory past its staleness bound."""
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, images: Sequence[bytes] = ()
+    ) -> GenerateResult:
+        """One model turn.  Refuses (StalenessError) to extend a trajectory past its staleness bound.
+        ``images``: the images ``input_ids`` marks, in order (vision-language models)."""
         self._calls += 1
         if sampling.seed is not None:
             seed = sample_seed(sampling.seed, member=self.member, turn=self._calls - 1)
@@ -98,6 +102,7 @@ class RolloutContext:
             session_id=self.session_id,
             rid=f"{self.session_id}.{self._calls}",
             return_routed_experts=self.return_routed_experts,
+            images=list(images),
         )
         cont = Continuation(req)
         segment = 0

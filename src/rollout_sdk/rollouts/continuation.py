@@ -21,6 +21,8 @@ versions behind ``current_version``: the bound the client enforces when admittin
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from ..errors import StalenessError
@@ -44,6 +46,7 @@ class Continuation:
         self.matched_stop: int | None = None
         self.total_s = 0.0
         self._last: GenerateResult | None = None
+        self._first: GenerateResult | None = None  # its prompt expansion (requests with images)
 
     @property
     def done(self) -> bool:
@@ -100,21 +103,31 @@ class Continuation:
                 self.finish_reason = "length"
         self.matched_stop = result.matched_stop
         self._last = result
+        if self._first is None:
+            self._first = result
 
     def result(self) -> GenerateResult:
         """The whole generation as one result, its tokens tagged by the weights that made them."""
         if self._last is None:
             raise ValueError("no segment recorded yet")
-        last = self._last
+        last, first = self._last, self._first or self._last
+        vision: dict[str, Any] = {}
+        if first.input_ids is not None:
+            vision = {
+                "input_ids": first.input_ids,
+                "image_spans": first.image_spans,
+                "image_grid_thw": first.image_grid_thw,
+            }
         return GenerateResult(
             rid=self.request.rid or last.rid,
             output_ids=list(self.output_ids),
             finish_reason=self.finish_reason or last.finish_reason,  # type: ignore[arg-type]
-            prompt_tokens=len(self.request.input_ids),
+            prompt_tokens=len(first.input_ids) if first.input_ids is not None else len(self.request.input_ids),
             weight_version=last.weight_version,
             logprobs=list(self.logprobs) if self.request.return_logprobs else None,
             matched_stop=self.matched_stop,
             version_segments=list(self.segments),
             timings=Timings(total_s=self.total_s),
             server_id=last.server_id,
+            **vision,
         )

@@ -12,10 +12,17 @@ the engine's logprobs; tokens the loop added carry 0.  ``weight_versions`` lists
 the model tokens, in order: a trajectory that spans a weight update says which tokens came from which
 weights.  :class:`TrajectoryBuilder` is the one place that appends, so custom agent loops get the same
 bookkeeping.
+
+Vision-language rollouts: the images the model saw are kept in order (``images``); a prompt or a tool
+result marks each one once (``<|vision_start|><|image_pad|><|vision_end|>``) and the first engine call that
+sees the mark expands it (``GenerateResult.input_ids``).  The builder then adopts the engine's ids: the
+tokens an expansion adds are context (mask 0, logprob 0), and ``image_spans`` / ``image_grid_thw`` locate
+every expanded image in :attr:`Trajectory.ids` (docs/multimodal.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -83,6 +90,11 @@ class Trajectory(msgspec.Struct, kw_only=True):
     #: the layout version of this struct in exports (JSONL lines, the gateway's trajectory records);
     #: lines written before the field existed have the same layout and load as version 1
     schema_version: int = TRAJECTORY_SCHEMA_VERSION
+    #: vision-language rollouts: the encoded image files, in the order of their marks in ``ids``
+    images: list[bytes] = []
+    #: ``(start, length)`` in ``ids`` of each image the engine expanded, and its patch grid ``(t, h, w)``
+    image_spans: list[tuple[int, int]] = []
+    image_grid_thw: list[tuple[int, int, int]] = []
 
     @property
     def ids(self) -> list[int]:
@@ -100,9 +112,13 @@ class Trajectory(msgspec.Struct, kw_only=True):
 class TrajectoryBuilder:
     """Appends model output and loop context, keeping ids, mask, logprobs and versions aligned."""
 
-    def __init__(self, prompt_ids: list[int], traj_id: str) -> None:
+    def __init__(self, prompt_ids: list[int], traj_id: str, images: Sequence[bytes] = ()) -> None:
         self.id = traj_id
         self.prompt_ids = list(prompt_ids)
+        #: every image marked in ``ids`` so far, in order (send them with the next generate call)
+        self.images = list(images)
+        self.image_spans: list[tuple[int, int]] = []
+        self.image_grid_thw: list[tuple[int, int, int]] = []
         self.response_ids: list[int] = []
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
@@ -123,7 +139,10 @@ class TrajectoryBuilder:
         return len(self.response_ids)
 
     def add_model(self, result: GenerateResult) -> None:
-        """Append the engine's output tokens exactly as returned (mask 1, the engine's logprobs)."""
+        """Append the engine's output tokens exactly as returned (mask 1, the engine's logprobs).  A result
+        of a request with images first replaces the context with the engine's expanded ids."""
+        if result.input_ids is not None:
+            self._adopt_expansion(result)
         ids = result.output_ids
         self.response_ids.extend(ids)
         self.loss_mask.extend([1] * len(ids))
@@ -133,11 +152,43 @@ class TrajectoryBuilder:
         self.logprobs.extend(lps)
         append_segments(self.versions, result_segments(result))
 
-    def add_context(self, ids: list[int]) -> None:
-        """Append tokens the loop added (tool results, template glue): mask 0, logprob 0."""
+    def add_context(self, ids: list[int], images: Sequence[bytes] = ()) -> None:
+        """Append tokens the loop added (tool results, template glue): mask 0, logprob 0.  ``images``: the
+        images ``ids`` marks, in order (e.g. a screenshot a tool returned)."""
         self.response_ids.extend(ids)
         self.loss_mask.extend([0] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
+        self.images.extend(images)
+
+    def _adopt_expansion(self, result: GenerateResult) -> None:
+        """Replace ``ids`` (which the request carried) with ``result.input_ids``, the same tokens with every
+        image mark expanded; the tokens an expansion adds take the mask and logprob (0) of the mark's pad."""
+        exp, cur = result.input_ids or [], self.ids
+        src: list[int] = []  # for every expanded token, the position in cur it comes from
+        i = j = 0
+        for start, n in result.image_spans:
+            gap = start - j
+            pad = exp[start] if start < len(exp) else -1
+            run = 0
+            while i + gap + run < len(cur) and cur[i + gap + run] == pad:
+                run += 1
+            if gap < 0 or cur[i : i + gap] != exp[j:start] or run not in (1, n):
+                raise ValueError(f"the engine's expanded ids do not extend this trajectory's ids near {start}")
+            src.extend(range(i, i + gap))
+            src.extend([i + gap] * n)
+            i, j = i + gap + run, start + n
+        if cur[i:] != exp[j:]:
+            raise ValueError("the engine's expanded ids do not end as this trajectory's ids")
+        src.extend(range(i, len(cur)))
+        n_prompt = len(self.prompt_ids)
+        mask, lps = self.loss_mask, self.logprobs
+        self.prompt_ids = [t for t, k in zip(exp, src, strict=True) if k < n_prompt]
+        resp = [(t, k - n_prompt) for t, k in zip(exp, src, strict=True) if k >= n_prompt]
+        self.response_ids = [t for t, _ in resp]
+        self.loss_mask = [mask[k] for _, k in resp]
+        self.logprobs = [lps[k] for _, k in resp]
+        self.image_spans = list(result.image_spans)
+        self.image_grid_thw = list(result.image_grid_thw)
 
     def build(self, finish_reason: str, **fields: Any) -> Trajectory:
         calls = sum(len(t.tool_calls) for t in self.turns)
@@ -163,5 +214,8 @@ class TrajectoryBuilder:
             turns=self.turns,
             weight_versions=list(self.versions),
             metrics=metrics,
+            images=self.images,
+            image_spans=self.image_spans,
+            image_grid_thw=self.image_grid_thw,
             **fields,
         )

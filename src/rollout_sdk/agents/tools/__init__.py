@@ -2,6 +2,6 @@
 and the registry that runs the calls (:mod:`.registry`: ``ToolRegistry``, ``ToolResult``)."""
 
 from .definition import Tool, ToolArgumentError, tool
-from .registry import TOOL_ERROR_KINDS, ToolRegistry, ToolResult
+from .registry import TOOL_ERROR_KINDS, ToolImage, ToolRegistry, ToolResult
 
-__all__ = ["TOOL_ERROR_KINDS", "Tool", "ToolArgumentError", "ToolRegistry", "ToolResult", "tool"]
+__all__ = ["TOOL_ERROR_KINDS", "Tool", "ToolArgumentError", "ToolImage", "ToolRegistry", "ToolResult", "tool"]

@@ -46,6 +46,17 @@ class ToolResult(msgspec.Struct):
     ok: bool
     error_kind: str | None = None
     latency_s: float = 0.0
+    #: encoded image files the tool returned (:class:`ToolImage`): they reach a vision-language model as
+    #: image tokens inside the tool's result, after ``content``'s text
+    images: list[bytes] = []
+
+
+class ToolImage(msgspec.Struct, frozen=True):
+    """What a tool returns to show the model an image (a screenshot, a chart): an encoded image file
+    (PNG, JPEG, ...) and optional text.  A tool may also return a list of these and strings."""
+
+    data: bytes
+    text: str = ""
 
 
 class _TimedOut(Exception):
@@ -130,6 +141,9 @@ class ToolRegistry:
         except asyncio.CancelledError:
             self._count_cancelled(registered.name)
             raise
+        if isinstance(content, tuple):  # the tool returned images
+            text, images = content
+            return msgspec.structs.replace(self._finish(call, registered, text, kind, started), images=images)
         return self._finish(call, registered, content, kind, started)
 
     def stats(self) -> dict[str, Any]:
@@ -184,8 +198,9 @@ class ToolRegistry:
             counts.cancelled += 1
 
 
-async def _run(registered: Tool, kwargs: Mapping[str, Any]) -> tuple[str, str | None]:
-    """Run the tool under its timeout: ``(content, error_kind)``; re-raises only real cancellation."""
+async def _run(registered: Tool, kwargs: Mapping[str, Any]) -> tuple[str | tuple[str, list[bytes]], str | None]:
+    """Run the tool under its timeout: ``(content, error_kind)``, content ``(text, images)`` when it returned
+    images; re-raises only real cancellation."""
     try:
         value = await _call_with_timeout(registered, kwargs)
     except _TimedOut:
@@ -196,6 +211,9 @@ async def _run(registered: Tool, kwargs: Mapping[str, Any]) -> tuple[str, str | 
         return _failure_message(registered, exc), "raised"
     except Exception as exc:
         return _failure_message(registered, exc), "raised"
+    images = _images_of(value)
+    if images is not None:
+        return images, None
     try:
         return _encode_result(value), None
     except Exception as exc:
@@ -226,6 +244,15 @@ def _failure_message(registered: Tool, exc: BaseException) -> str:
     detail = str(exc)
     reason = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
     return f"tool {registered.name!r} failed: {reason}"
+
+
+def _images_of(value: Any) -> tuple[str, list[bytes]] | None:
+    """``(text, images)`` of a ToolImage, or of a list of ToolImages and strings; None for anything else."""
+    parts = value if isinstance(value, list) else [value]
+    if not any(isinstance(p, ToolImage) for p in parts) or not all(isinstance(p, ToolImage | str) for p in parts):
+        return None
+    texts = [p.text if isinstance(p, ToolImage) else p for p in parts]
+    return "".join(texts), [p.data for p in parts if isinstance(p, ToolImage)]
 
 
 def _encode_result(value: Any) -> str:

@@ -4,7 +4,8 @@ Concurrency::
 
     event loop thread                                   worker thread (one: owns the ModelRunner)
     ─────────────────                                   ─────────────────────────────────────────
-    generate(req) ── adds a Sequence to the Scheduler, wakes the step loop, awaits its future
+    generate(req) ── (images: decoded, processed and their marks expanded in a thread, models.vision)
+                     adds a Sequence to the Scheduler, wakes the step loop, awaits its future
     abort(rid)    ── resolves the future now (tokens so far), marks it done; the worker drops the row
     step loop     ── waits on: work to do (wake event) and not paused
                      Scheduler.schedule(): new seqs (≤ max_running rows, ≤ max_prefill_tokens)
@@ -19,6 +20,10 @@ Modules: :mod:`.scheduler` (waiting queue, admission), :mod:`.sequence` (one req
 (running rows and the KV-cache surgery), :mod:`.model_runner` (model, step, sampling, weights).
 (bench/cpu_batching.py measures this loop against transformers' own continuous-batching manager;
 docs/design.md says why this one is kept.)
+
+Vision-language models (Qwen2.5-VL, docs/multimodal.md): a request's images are expanded before it is
+queued; its prefill runs the vision tower and scatters the image features into its embeddings, with
+multimodal RoPE positions per row (``ModelRunner._mrope_positions``); image rows and text rows share batches.
 
 Sampling honours every SamplingParams field.  A request's randomness comes from its own generator (seeded
 by ``seed`` when given), one uniform draw per token turned into a token by inverse-CDF, so a seeded
@@ -46,6 +51,7 @@ from ...errors import (
     RequestFailedError,
     WeightUpdateError,
 )
+from ...models.vision import IMAGE_PAD_ID, VisionInputs
 from ...protocol import (
     EngineLimits,
     FinishReason,
@@ -60,7 +66,7 @@ from ..base import Engine, EngineLoad, NamedTensors
 from .config import CpuEngineConfig
 from .model_runner import ModelRunner, StepOutput
 from .scheduler import Scheduler
-from .sequence import Sequence
+from .sequence import Sequence, vision_fields
 
 __all__ = ["CpuEngine"]
 
@@ -147,32 +153,64 @@ class CpuEngine(Engine):
             return await self._score(req)
         if req.rid in self._scheduler.seqs:
             raise InvalidRequestError("rid", req.rid, "a request with this rid is already in flight")
+        vision = await self._expand_images(req)
+        if req.rid in self._scheduler.seqs:  # checked again: the expansion awaited
+            raise InvalidRequestError("rid", req.rid, "a request with this rid is already in flight")
         fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
         seed = req.sampling.seed
         rng = random.Random(seed if seed is not None else self._rng.getrandbits(63))
         limits = self.limits
-        seq = Sequence(req, limits.eos_token_ids, limits.max_context, rng, fut)
+        seq = Sequence(req, limits.eos_token_ids, limits.max_context, rng, fut, vision)
         self._scheduler.add(seq)
         self._wake.set()
         return await fut
+
+    async def _expand_images(self, req: GenerateRequest) -> VisionInputs | None:
+        """A request to a vision-language model: its images decoded and processed, its marks expanded (in
+        a thread: decoding and resizing are blocking), the context checked on the expanded prompt."""
+        processor = self._runner.vision
+        if processor is None:
+            if req.images:
+                raise InvalidRequestError(
+                    "images", f"<{len(req.images)} images>", f"model {self.model_name!r} takes no images"
+                )
+            return None
+        if not req.images and IMAGE_PAD_ID not in req.input_ids:
+            return None
+        vision: VisionInputs = await asyncio.to_thread(processor.expand, req.input_ids, list(req.images))
+        n, ctx = len(vision.input_ids), self.limits.max_context
+        if n > ctx or (not req.score_only and n + req.sampling.max_new_tokens > ctx):
+            raise InvalidRequestError(
+                "images",
+                f"<{len(req.images)} images: {n} prompt tokens>",
+                f"the expanded prompt exceeds the context ({ctx})",
+            )
+        return vision
 
     async def _score(self, req: GenerateRequest) -> GenerateResult:
         """Prompt logprobs: one forward over the prompt on the worker, between two decode steps (so on one
         set of weights), after a pause has been lifted."""
         t0 = time.perf_counter()
+        vision = await self._expand_images(req)
+        seq = None
+        if vision is not None:
+            fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
+            seq = Sequence(req, (), self.limits.max_context, random.Random(0), fut, vision)
+        prompt = req.input_ids if vision is None else vision.input_ids
         await self._resumed.wait()
         if "weights" in self._released:
             raise EngineBusyError("weights are released; resume_memory(['weights']) first")
         queued = time.perf_counter() - t0
-        logprobs, version = await self._in_worker(self._runner.score_prompt, req.input_ids)
+        logprobs, version = await self._in_worker(self._runner.score_prompt, prompt, seq)
         return GenerateResult(
             rid=req.rid,
             output_ids=[],
             finish_reason="stop",
-            prompt_tokens=len(req.input_ids),
+            prompt_tokens=len(prompt),
             weight_version=version,
             prompt_logprobs=logprobs,
             timings=Timings(queue_s=queued, total_s=time.perf_counter() - t0),
+            **vision_fields(vision),
         )
 
     def abort(self, rid: str) -> None:

@@ -4,6 +4,12 @@ Every method runs on the engine's one worker thread (never on the event loop), s
 and its KV cache have a single owner.  A step decodes one token for every running row, prefills the newly
 admitted rows and merges them into the batch (:mod:`.batch`), then turns the last position of each row
 into logits in cache-sized chunks and samples (:mod:`.._sampling`).
+
+A Qwen2.5-VL model runs as its language model fed embeddings: a prefilled row with images gets its image
+spans replaced by the vision tower's features and its M-RoPE positions from transformers' ``get_rope_index``
+(per row, never the model's cached ``rope_deltas``, which belong to whatever batch ran last); its next
+position is past its last one (text index + rope delta), so decode steps carry the delta in
+``Batch.next_pos`` and pass plain ``[B, 1]`` positions, which the model spreads over the three axes.
 """
 
 from __future__ import annotations
@@ -56,6 +62,10 @@ class ModelRunner:
         self._head: Callable[[Any], Any] = _identity
         self._cache_kw = "past_key_values"
         self._offload_dir: tempfile.TemporaryDirectory[str] | None = None
+        #: a vision-language model (Qwen2.5-VL): its inner model (vision tower, language model, rope index)
+        self._vl: Any = None
+        #: its image processor (models.vision.ImageProcessor); None for a text-only model
+        self.vision: Any = None
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -74,9 +84,16 @@ class ModelRunner:
             raise FileNotFoundError(f"{path!r} is not a model directory (no config.json)")
         dtype = getattr(torch, self.config.dtype)
         from ...models import quiet_weight_loading
+        from ...models.vision import load_image_processor
 
+        self.vision = load_image_processor(path)
+        auto: Any = AutoModelForCausalLM
+        if self.vision is not None:
+            from transformers import AutoModelForImageTextToText
+
+            auto = AutoModelForImageTextToText
         with quiet_weight_loading():  # no "Loading weights" bar in servers, ranks and examples
-            model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+            model: Any = auto.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
         model.eval()
         model.requires_grad_(False)
         cfg = model.config
@@ -88,7 +105,7 @@ class ModelRunner:
             pass
         eos = eos or _as_list(getattr(cfg, "eos_token_id", None))
         vocab = int(model.get_output_embeddings().weight.shape[0])
-        ctx = self.config.max_context or int(getattr(cfg, "max_position_embeddings", 2048))
+        ctx = self.config.max_context or int(getattr(cfg.get_text_config(), "max_position_embeddings", 2048))
         body = getattr(model, model.base_model_prefix, None)
         head = model.get_output_embeddings()
         # Split body and head only where the head is a plain projection of the last hidden state.
@@ -99,6 +116,9 @@ class ModelRunner:
             self._body, self._head = body, head
         else:
             self._body, self._head = None, _identity
+        if self.vision is not None:
+            self._vl = model.model
+            self._body = self._vl.language_model  # fed embeddings (images scattered in) and 3D positions
         params = inspect.signature((self._body or model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.model = model
@@ -190,15 +210,65 @@ class ModelRunner:
 
         ids, mask, pos = prefill_inputs(admit)
         cache = DynamicCache(config=self.model.config)
-        last = self._forward_last(ids, mask, pos, cache)
+        x = ids
+        if self._vl is not None:
+            pos = self._mrope_positions(ids, pos, admit)  # [3, B, T]; text rows: three equal rows
+            x = self._embed(ids, admit)  # the rows' images scattered in
+        last = self._forward_last(x, mask, pos, cache)
         toks, lps, bad = self._head_and_sample(last, admit)
-        self.batch.admit(admit, cache, mask, pos[:, -1] + 1, toks)
+        # the next token's position: past the last one (a text token: its three rope positions are equal;
+        # with images that is the text index plus the row's rope delta, carried on in every decode step)
+        nxt = (pos[0] if pos.dim() == 3 else pos)[:, -1] + 1
+        self.batch.admit(admit, cache, mask, nxt, toks)
         return toks, lps, bad
+
+    def _mrope_positions(self, ids: torch.Tensor, pos: torch.Tensor, rows: Seq[Sequence]) -> torch.Tensor:
+        """Qwen2.5-VL's multimodal RoPE positions ``[3, B, T]`` of left-padded ``ids``: transformers'
+        ``get_rope_index`` for each row with images (its image spans as the token types), the plain
+        positions on all three axes for the others."""
+        import torch
+
+        pos3 = pos[None].expand(3, -1, -1).clone()
+        width = ids.shape[1]
+        for b, s in enumerate(rows):
+            v = s.vision
+            if v is None:
+                continue
+            off = width - s.num_tokens
+            row = ids[b : b + 1, off:]
+            types = torch.zeros_like(row, dtype=torch.int)
+            for start, n in v.spans:
+                types[0, start : start + n] = 1
+            grid = torch.tensor(v.grid_thw, dtype=torch.long)
+            p3, _ = self._vl.get_rope_index(row, types, image_grid_thw=grid)
+            pos3[:, b, off:] = p3[:, 0]
+        return pos3
+
+    def _embed(self, ids: torch.Tensor, rows: Seq[Sequence] | None) -> torch.Tensor:
+        """Token embeddings of left-padded ``ids``, each image's span replaced by its vision-tower features."""
+        import torch
+
+        embeds: torch.Tensor = self._body.embed_tokens(ids)
+        width = ids.shape[1]
+        for b, s in enumerate(rows or ()):
+            v = s.vision
+            if v is None:
+                continue
+            off = width - s.num_tokens
+            grid = torch.tensor(v.grid_thw, dtype=torch.long)
+            feats = self._vl.get_image_features(v.pixel_values.to(embeds.dtype), grid).pooler_output
+            for (start, n), f in zip(v.spans, feats, strict=True):
+                embeds[b, off + start : off + start + n] = f.to(embeds.dtype)
+        return embeds
 
     def _forward_last(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         """Run the model over ``ids`` (extending ``cache`` in place); return each row's last hidden state,
-        or its logits when the model could not be split into body and head."""
+        or its logits when the model could not be split into body and head.  A VL model is fed embeddings:
+        ``ids`` may already be those (a prefill, its images scattered in by :meth:`_embed`)."""
         kw = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, self._cache_kw: cache, "use_cache": True}
+        if self._vl is not None:
+            del kw["input_ids"]
+            kw["inputs_embeds"] = ids if ids.is_floating_point() else self._embed(ids, None)
         if self._body is not None:
             hidden: torch.Tensor = self._body(**kw).last_hidden_state[:, -1, :]
             return hidden
@@ -249,14 +319,21 @@ class ModelRunner:
 
     # -- weights and memory ------------------------------------------------------------------------
 
-    def score_prompt(self, input_ids: list[int]) -> tuple[list[float], int]:
+    def score_prompt(self, input_ids: list[int], seq: Sequence | None = None) -> tuple[list[float], int]:
         """Logprob of each prompt token given the ones before it (one forward, no KV cache kept), and the
-        weight version it ran on.  The head runs ``_HEAD_CHUNK`` positions at a time: never [n, vocab]."""
+        weight version it ran on.  The head runs ``_HEAD_CHUNK`` positions at a time: never [n, vocab].
+        ``seq``: a request with images (its expanded prompt is ``input_ids``)."""
         import torch
 
         ids = torch.tensor([input_ids], dtype=torch.long)
         with torch.inference_mode():
-            if self._body is not None:
+            if self._vl is not None:
+                rows = [seq] if seq is not None else []
+                pos = self._mrope_positions(ids, torch.arange(ids.shape[1])[None], rows)
+                embeds = self._embed(ids, rows)
+                hidden = self._body(inputs_embeds=embeds, position_ids=pos, use_cache=False).last_hidden_state[0]
+                head = self._head
+            elif self._body is not None:
                 hidden = self._body(input_ids=ids, use_cache=False).last_hidden_state[0]
                 head = self._head
             else:

@@ -11,11 +11,12 @@ import asyncio
 import random
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from ...protocol import FinishReason, GenerateRequest, GenerateResult, SamplingParams, Timings
 from ...rollouts.segments import append_segments
 
-__all__ = ["Sequence"]
+__all__ = ["Sequence", "vision_fields"]
 
 
 class Sequence:
@@ -34,6 +35,7 @@ class Sequence:
         "stop_ids",
         "t0",
         "t_first",
+        "vision",
     )
 
     def __init__(
@@ -43,10 +45,13 @@ class Sequence:
         max_context: int,
         rng: random.Random,
         future: asyncio.Future[GenerateResult],
+        vision: Any = None,
     ) -> None:
         sp = req.sampling
         self.req = req
-        self.prompt = req.input_ids
+        #: a request with images: its VisionInputs (models.vision); the prompt is then the expanded ids
+        self.vision = vision
+        self.prompt = req.input_ids if vision is None else vision.input_ids
         self.out: list[int] = []
         self.logprobs: list[float] = []
         self.segments: list[tuple[int, int]] = []  # (weight_version, num_tokens) runs over ``out``
@@ -128,8 +133,15 @@ class Sequence:
             matched_stop=matched,
             version_segments=list(self.segments),
             timings=Timings(queue_s=first - self.t0, ttft_s=first - self.t0, total_s=now - self.t0),
+            **vision_fields(self.vision),
         )
 
     def __repr__(self) -> str:
         n, m = self.num_prompt_tokens, self.num_completion_tokens
         return f"<Sequence {self.rid} prompt={n} out={m} done={self.done}>"
+
+
+
+def vision_fields(vision: Any) -> dict[str, Any]:
+    """The result fields of a request with images (none for a text-only one)."""
+    return {} if vision is None else dict(vision.result_fields())

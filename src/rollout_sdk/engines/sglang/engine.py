@@ -52,7 +52,7 @@ from ..base import Engine, EngineLoad
 from . import radix_patch
 from .config import SglangEngineConfig
 from .control import Control, Flight
-from .translate import Parts, load_from_snapshot, sampling_params, score_result
+from .translate import Parts, expand_images, load_from_snapshot, prompt_inputs, sampling_params, score_result
 
 __all__ = ["SglangEngine"]
 
@@ -312,6 +312,7 @@ class SglangEngine(Engine):
         if req.score_only:
             return await self._score(req)
         base = sampling_params(req.sampling, self.config)
+        vision = await expand_images(req, self.config)  # images: the SDK's expansion (translate.py), before the flight
         if req.sampling.seed is not None and not self.config.deterministic and not self._warned_seed:
             self._warned_seed = True
             log.warning("per-request seeds are ignored by SGLang unless deterministic=True")
@@ -334,7 +335,7 @@ class SglangEngine(Engine):
                 version = self._weight_version
                 obj = GenerateReqInput(
                     rid=flight.sid,
-                    input_ids=[*req.input_ids, *parts.ids],
+                    **prompt_inputs(req, parts, vision),  # input_ids (+ image_data: images)
                     sampling_params=sp,
                     return_logprob=req.return_logprobs,
                     return_routed_experts=req.return_routed_experts,

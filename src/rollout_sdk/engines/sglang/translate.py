@@ -1,8 +1,10 @@
-"""What crosses between our structs and SGLang's: sampling parameters in, the parts of a request joined
-into one GenerateResult out, and SGLang's load snapshot read as an EngineLoad."""
+"""What crosses between our structs and SGLang's: sampling parameters in, a request's ids (and images)
+in, the parts of a request joined into one GenerateResult out, and SGLang's load snapshot read as an
+EngineLoad."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from typing import Any
@@ -13,7 +15,7 @@ from ...rollouts.segments import append_segments
 from ..base import EngineLoad
 from .config import SglangEngineConfig
 
-__all__ = ["Parts", "load_from_snapshot", "sampling_params"]
+__all__ = ["Parts", "expand_images", "load_from_snapshot", "prompt_inputs", "sampling_params"]
 
 
 def sampling_params(sp: SamplingParams, config: SglangEngineConfig) -> dict[str, Any]:
@@ -42,10 +44,56 @@ def sampling_params(sp: SamplingParams, config: SglangEngineConfig) -> dict[str,
     return out
 
 
+async def expand_images(req: GenerateRequest, config: SglangEngineConfig) -> Any:
+    """A request with images: its expansion (:class:`rollout_sdk.models.vision.VisionInputs`, the same code as
+    the CPU engine's), made in a thread (decoding and resizing are blocking); None for a text request."""
+    if not req.images:
+        return None
+    processor = await asyncio.to_thread(_image_processor, config.model_path)
+    return await asyncio.to_thread(processor.expand, req.input_ids, list(req.images))
+
+
+def prompt_inputs(req: GenerateRequest, parts: Parts, vision: Any) -> dict[str, Any]:
+    """``GenerateReqInput`` fields (sglang 0.5.16) for the prompt of one part: ``input_ids`` (the prompt and
+    the tokens earlier parts made), and for a request with images ``image_data``.
+
+    Images are expanded by the SDK (:func:`expand_images`), never by SGLang: the expanded ids go in
+    ``input_ids`` and the processor's outputs as one item of format ``processor_output`` (``pixel_values``,
+    ``image_grid_thw``).  With ``input_ids`` given and every image preprocessed, SGLang's ``load_mm_data``
+    takes its fast path (no decode of the ids to text, no re-tokenization); the image offsets are the
+    ``<|image_pad|>`` runs of the ids, and the M-RoPE positions come from the ids and the grids
+    (``MRotaryEmbedding.get_rope_index`` for Qwen2.5-VL).  Never suspends (the engine submits right after
+    its gate).  ``parts`` keeps the expansion for the result's fields.
+    """
+    if vision is None:
+        return {"input_ids": [*req.input_ids, *parts.ids]}
+    import torch
+
+    parts.vision = vision
+    item = {
+        "format": "processor_output",
+        "modality": "IMAGE",
+        "pixel_values": vision.pixel_values,
+        "image_grid_thw": torch.tensor(vision.grid_thw, dtype=torch.long),
+    }
+    return {"input_ids": [*vision.input_ids, *parts.ids], "image_data": [item]}
+
+
+def _image_processor(model_path: str) -> Any:
+    from ...models.vision import cached_image_processor
+
+    processor = cached_image_processor(model_path)
+    if processor is None:
+        raise InvalidRequestError("images", "<images>", f"model {model_path!r} takes no images (no image processor)")
+    return processor
+
+
 class Parts:
     """The parts of one request, joined: ids, logprobs and (version, tokens) segments."""
 
     def __init__(self, logprobs: bool) -> None:
+        #: a request with images: its expansion (models.vision.VisionInputs), made by the first part
+        self.vision: Any = None
         self.ids: list[int] = []
         self.logprobs: list[float] | None = [] if logprobs else None
         self.segments: list[tuple[int, int]] = []
@@ -94,7 +142,7 @@ class Parts:
             rid=req.rid,
             output_ids=self.ids,
             finish_reason=kind,  # type: ignore[arg-type]
-            prompt_tokens=len(req.input_ids),
+            prompt_tokens=len(req.input_ids) if self.vision is None else len(self.vision.input_ids),
             weight_version=self.segments[-1][0] if self.segments else weight_version,
             logprobs=self.logprobs,
             matched_stop=self.matched,
@@ -105,6 +153,7 @@ class Parts:
                 ttft_s=0.0,
                 total_s=self.e2e_s if self.count == 1 and self.e2e_s else total,
             ),
+            **(self.vision.result_fields() if self.vision is not None else {}),
         )
 
 
@@ -123,6 +172,10 @@ def _routed(arr: Any) -> RoutedExperts | None:
 def score_result(req: GenerateRequest, out: dict[str, Any], version: int, total_s: float) -> GenerateResult:
     """A score request's result from SGLang's ``input_token_logprobs`` (the first entry, without context,
     is dropped)."""
+    if req.images:  # the score path sends no image_data (yet): its logprobs would not have seen the images
+        raise InvalidRequestError(
+            "images", f"<{len(req.images)} images>", "score_only with images needs the CPU engine (for now)"
+        )
     meta = out.get("meta_info", {})
     entries = list(meta.get("input_token_logprobs") or [])
     if len(entries) == len(req.input_ids):

@@ -1,0 +1,114 @@
+"""A minimal GRPO-style trainer on a vision-language model: images in, exact ids out, trainer logprobs on the
+same ids and pixels, an optimizer step, the new weights pushed to the engine.
+
+Runs on CPU with the tiny Qwen2.5-VL-shaped model (``rollout-sdk make-model tiny-vl``, built on first use).
+Every prompt is a chat message with an image (random noise, seeded) and a question; the reward of a sample
+is the fraction of its tokens with an even id (a deliberately trivial task, as in custom_trainer.py).
+
+    python examples/vl_trainer.py --steps 2
+
+Each step prints the mean reward and the largest gap between the engine's logprobs and the trainer's own
+(computed by transformers from the result's ``input_ids`` + ``output_ids``, the same images processed by
+the SDK's processor, and the result's ``image_spans``: the same numbers on the same weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import msgspec
+import torch
+
+from rollout_sdk import CpuEngineConfig, GenerateRequest, GenerateResult, RolloutClient, SamplingParams
+from rollout_sdk.models import ensure_tiny_vl_model
+from rollout_sdk.models.tiny_vl import noise_png
+from rollout_sdk.models.vision import ImageProcessor, load_image_processor
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-2)
+    args, _ = p.parse_known_args(argv)
+    return args
+
+
+
+
+def reward(ids: list[int]) -> float:
+    return sum(1 for t in ids if t % 2 == 0) / max(1, len(ids))
+
+
+def response_logprobs(
+    policy: torch.nn.Module, proc: ImageProcessor, r: GenerateResult, images: list[bytes]
+) -> torch.Tensor:
+    """The trainer's logprobs of ``r.output_ids``: one forward over the result's expanded ids and the pixels."""
+    assert r.input_ids is not None
+    inputs = proc.model_inputs(r.input_ids + r.output_ids, images, r.image_spans)
+    n = len(r.input_ids)
+    logits = policy(**inputs).logits[0, n - 1 : -1].float()
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(r.output_ids)[:, None]).squeeze(1)
+
+
+async def train(args: argparse.Namespace) -> None:
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    model_dir = str(await asyncio.to_thread(ensure_tiny_vl_model))
+    tok = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_dir)
+    proc = await asyncio.to_thread(load_image_processor, model_dir)
+    assert proc is not None
+    async with RolloutClient(engine=CpuEngineConfig(model_path=model_dir)) as client:
+        policy = await asyncio.to_thread(AutoModelForImageTextToText.from_pretrained, model_dir, dtype=torch.float32)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
+        await client.init_weight_sync(backend="gloo")
+        images = [[noise_png(56, 56, i)] for i in range(args.prompts)]
+        question = [{"type": "image"}, {"type": "text", "text": "What do you see?"}]
+        messages = [{"role": "user", "content": question}]
+        prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+        sampling = SamplingParams(max_new_tokens=args.max_new_tokens, top_k=8, ignore_eos=True)
+        for step in range(args.steps):
+            t0 = time.perf_counter()
+            requests = [
+                GenerateRequest(
+                    input_ids=prompt, images=imgs, sampling=msgspec.structs.replace(sampling, seed=1000 * step + i)
+                )
+                for i, imgs in enumerate(images)
+            ]
+            groups = await client.generate_many(requests, n=args.group).collect()
+            t_gen = time.perf_counter() - t0
+            loss_terms, rewards, gaps = [], [], []
+            for g in groups:
+                rs = torch.tensor([reward(r.output_ids) for r in g.results])
+                adv = (rs - rs.mean()) / (rs.std() + 1e-6)
+                rewards.extend(rs.tolist())
+                for a, r in zip(adv, g.results, strict=True):
+                    lp = response_logprobs(policy, proc, r, list(g.request.images))
+                    gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
+                    loss_terms.append(-(a * lp).mean())
+            loss = torch.stack(loss_terms).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            named = [(n, p.detach()) for n, p in policy.named_parameters()]
+            sync = await client.update_weights(named, version=step + 1)
+            r0 = groups[0].results[0]
+            print(
+                f"step {step}: reward {sum(rewards) / len(rewards):.3f}  engine/trainer logprob gap {max(gaps):.1e}  "
+                f"loss {loss.item():+.4f}  generate {t_gen:.2f}s  weight sync {sync['seconds']:.2f}s  "
+                f"prompt {len(prompt)} -> {r0.prompt_tokens} tokens (image grid {r0.image_grid_thw})",
+                flush=True,
+            )
+
+
+def main() -> int:
+    asyncio.run(train(_args()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
