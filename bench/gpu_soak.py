@@ -427,6 +427,16 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
                 row.update(mon.window(t0m, t1m))
                 return row
 
+            async def checkpoint_stacks(label: str) -> None:
+                """Close the pass's sampling window and write what is kept so far: a call cut at its time
+                limit still brings back the stacks of the passes it finished."""
+                if not (stacks_root and a.stacks_json):
+                    return
+                _stacks.set_window(stacks_root, f"{label}-after")
+                await asyncio.sleep(0.6)  # every sampler polls the window file every 0.25 s
+                res["summary"] = summary(res, a.slow)
+                res["stacks_kept"] = keep_stacks(res, stacks_root, a.stacks_json)
+
             # warm-up: each mode once on a small workload (not counted)
             works["warm"] = make_workload("warm", shape=a.shape, max_running=0, vocab=vocab, quick=a.quick)
             await one_pass("raw", "warm", "warm-raw")
@@ -449,6 +459,7 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
                     row = {"error": f"{type(exc).__name__}: {exc}"}
                 row.update(i=k, step=0, workload=w, mode=mode, label=label)
                 res["passes"].append(row)
+                await checkpoint_stacks(label)
                 k += 1
                 log(f"{label:18s} {row.get('s', '-'):>8} s {row.get('tok_s', '-'):>10} tok/s gpu {row.get('gpu_util')}% "
                     f"fix={row.get('patched')} stalls={row.get('stalls')} ok={row.get('ok')}")
@@ -468,6 +479,7 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
                             row = {"error": f"{type(exc).__name__}: {exc}"}
                         row.update(i=k, step=step, workload=w, mode=mode, label=label)
                         res["passes"].append(row)
+                        await checkpoint_stacks(label)
                         k += 1
                         log(
                             f"{label:18s} {row.get('s', '-'):>8} s {row.get('tok_s', '-'):>10} tok/s "

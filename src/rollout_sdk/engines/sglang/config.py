@@ -52,7 +52,7 @@ class SglangEngineConfig:
     freeze_gc: bool = True
     #: replace the radix cache's eviction, which rebuilds a heap of every cached leaf on each call, by an
     #: incremental one (engines/sglang/radix_patch.py): with tens of thousands of cached requests the old one
-    #: made every decode step O(leaves) and long passes several times slower (docs/benchmarks.md section 18)
+    #: made every decode step O(leaves) and long passes several times slower (docs/benchmarks.md section 20)
     incremental_eviction: bool = True
     #: any other ServerArgs field, passed through unchanged
     extra: dict[str, Any] = field(default_factory=dict)
