@@ -226,10 +226,10 @@ async def test_a_reasoning_parser_splits_think_blocks_in_every_api_and_keeps_the
         oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
         chat = await oa.chat.completions.create(model=gw.model_name, messages=[{"role": "user", "content": "a"}])
         msg = chat.choices[0].message
-        assert msg.content == "Five." and msg.model_extra["reasoning_content"] == "\n2 and 3 make 5.\n"  # type: ignore[index]
+        assert msg.content == "Five." and msg.model_extra["reasoning_content"] == "2 and 3 make 5."  # type: ignore[index]
         resp = await oa.responses.create(model=gw.model_name, input="b")
         assert [o.type for o in resp.output] == ["reasoning", "message"] and resp.output_text == "Five."
-        assert resp.output[0].content[0].text == "\n2 and 3 make 5.\n"  # type: ignore[union-attr,index]
+        assert resp.output[0].content[0].text == "2 and 3 make 5."  # type: ignore[union-attr,index]
         await oa.close()
         ac = anthropic.AsyncAnthropic(base_url=s.base_url.removesuffix("/v1"), api_key="x", max_retries=0)
         m = await ac.messages.create(model=gw.model_name, max_tokens=32, messages=[{"role": "user", "content": "c"}])
