@@ -266,7 +266,7 @@ class _RankJob:
         finally:
             if keeper is not None:
                 await cancel_and_wait(keeper)
-            if not self._shutdown_published():
+            if not await asyncio.to_thread(self._shutdown_published):  # store calls block: off the loop
                 reason = f"rank {layout.rank}: {self._stop_reason or 'stopped'}"
                 await asyncio.to_thread(self._set, self.keys.shutdown, reason.encode())
             if self.server is not None:
