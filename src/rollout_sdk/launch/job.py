@@ -152,7 +152,7 @@ def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ..cli import run_async
+    from ..cli import THREADS_GRACE_S, run_async
 
     layout, secret = preflight(cfg)
     engines = engines or EngineConfigs()
@@ -169,7 +169,8 @@ def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None 
         store_address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         store = connect_store(store_address)
         rank_job = _RankJob(layout, cfg, engines, store, store_address, mesh, secret, store_secret=store_secret)
-        return int(run_async(rank_job.run(main)))
+        # a thread stuck in a collective does not hold the rank past its bound (torchrun SIGKILLs at 30 s)
+        return int(run_async(rank_job.run(main), threads_grace_s=THREADS_GRACE_S))
     finally:
         if key_file is not None and layout.local_rank == 0:
             key_file.unlink(missing_ok=True)
