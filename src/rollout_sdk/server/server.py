@@ -124,6 +124,11 @@ log = logging.getLogger("rollout_sdk.server")
 _HANDLE_BUDGET_S = 0.001
 
 
+#: the share of the loop's time spent reading the rids of large frames refused ``busy`` (~9 ns an id: 18 ms
+#: for a 2M-id frame); beyond it (a flood) they are refused without their rid.  Burst: one maximum frame.
+_PEEK_SHARE = 0.1
+_PEEK_BURST_S = 0.025
+
 #: what a generate-only credential may send; everything else needs the control role
 _GENERATE_ROLE_MESSAGES = (GenerateRequest, Abort, Ping, GetInfo)
 
@@ -199,6 +204,8 @@ class EngineServer:
         self._controls: set[asyncio.Task[None]] = set()
         self._decoder = DecodeWorker(self.config.max_offloaded_decodes)
         self._ints = IntTable()  # shared ints for the ids of requests decoded off the loop
+        self._peek_credit = _PEEK_BURST_S  # seconds of rid reading the loop may still spend (_peek_rid)
+        self._peek_at = time.perf_counter()
         self._stop_deadline: float | None = None
 
     # -- running -----------------------------------------------------------------------------------
@@ -427,7 +434,20 @@ class EngineServer:
             f"server {self.server_id} is busy: a large request of this client (or {self.config.max_offloaded_decodes} "
             "of all clients) waits to be decoded"
         )
-        self._reply(ident, error_reply(exc, rid=peek_rid(payload)))
+        self._reply(ident, error_reply(exc, rid=self._peek_rid(payload)))
+
+    def _peek_rid(self, payload: bytes) -> str | None:
+        """The frame's rid, while reading rids takes at most ``_PEEK_SHARE`` of the loop (else None: under a
+        flood of large frames the loop keeps up, and the flood's busy replies name no request)."""
+        now = time.perf_counter()
+        credit = min(_PEEK_BURST_S, self._peek_credit + (now - self._peek_at) * _PEEK_SHARE)
+        self._peek_at = now
+        if credit <= 0.0:
+            self._peek_credit = credit
+            return None
+        rid = peek_rid(payload)
+        self._peek_credit = credit - (time.perf_counter() - now)
+        return rid
 
     def _handle(self, ident: bytes, payload: bytes, role: str | None = None) -> None:
         self._peers.heard(ident, self._now)
