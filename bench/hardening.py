@@ -11,8 +11,8 @@ Each part prints a table and the whole run is saved to ``bench/results/hardening
   ids), ``control 1 MiB`` (an UpdateWeightsDistributed of ~12k tensor metas, decoded on the loop);
 * ``memory``: the server's RSS (and peak) after 16 maximum-size requests (2M ids each), answered one after
   another, and the decode worker's RSS;
-* ``heartbeat``: Ping round trips from a second client, idle and while one peer floods maximum-size frames
-  as fast as its socket takes them (never reading its replies);
+* ``heartbeat``: Ping round trips from a second client, idle and while one peer (a process of its own)
+  floods maximum-size frames as fast as its socket takes them (never reading its replies);
 * ``sigterm``: SIGTERM to exit, with a control call stuck in a worker thread (the fake engine's
   ``hang_init_weight_group``), for ``rollout-sdk serve``, a torchrun rank, and the embedded default;
 * ``fairshare``: a real client's 512 concurrent requests (4 new tokens each), alone and after 3,000
@@ -242,27 +242,18 @@ async def _heartbeat(procs: ServerProcs, tmp: Path) -> list[dict[str, Any]]:
                 "max_ms": max(idle) * 1e3,
             }
         )
-        flooder = Peer(address, sndhwm=2)  # the flood goes at the socket's pace, not into this process's memory
-        frames = [_max_prompt(f"fl{i}") for i in range(8)]
-        stop = asyncio.Event()
-        sent = [0]
-
-        async def flood() -> None:
-            i = 0
-            while not stop.is_set():
-                await flooder.sock.send(frames[i % len(frames)], copy=False)
-                sent[0] += 1
-                i += 1
-                await asyncio.sleep(0)  # a send that did not wait never yields: let the pinging client run
-
-        task = asyncio.create_task(flood())
+        # the flooder is a process of its own (as an attacker would be), so it does not share this loop
+        flooder = subprocess.Popen([sys.executable, __file__, "--flood", address], stdout=subprocess.PIPE, text=True)
+        assert flooder.stdout is not None
+        assert flooder.stdout.readline().startswith("FLOODING")
         await asyncio.sleep(1.0)
         flooded = []
         for i in range(200):
             flooded.append(await client.ping_rtt(1000 + i))
             await asyncio.sleep(0.01)
-        stop.set()
-        await task
+        flooder.send_signal(signal.SIGTERM)
+        tail = (await asyncio.to_thread(flooder.communicate, None, 60))[0].split()
+        sent = [int(tail[-1]) if tail else 0]
         rows.append(
             {
                 "phase": "one peer floods max frames",
@@ -274,10 +265,25 @@ async def _heartbeat(procs: ServerProcs, tmp: Path) -> list[dict[str, Any]]:
             }
         )
         client.close()
-        flooder.close()
     finally:
         procs.stop([proc])
     return rows
+
+
+async def _flood(address: str) -> None:
+    """Send maximum-size frames as fast as the socket takes them, never reading replies, until SIGTERM."""
+    peer = Peer(address, sndhwm=2)  # the flood goes at the socket's pace, not into this process's memory
+    frames = [_max_prompt(f"fl{i}") for i in range(8)]
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print("FLOODING", flush=True)
+    sent = 0
+    while not stop.is_set():
+        await peer.sock.send(frames[sent % len(frames)], copy=False)
+        sent += 1
+        await asyncio.sleep(0)  # a send that did not wait never yields: let the signal handler run
+    print("SENT", sent, flush=True)
+    peer.close()
 
 
 def _sigterm_one(name: str, argv: list[str], ready: str, then: Any, env: dict[str, str]) -> dict[str, Any]:
@@ -510,6 +516,7 @@ def _print(out: dict[str, Any]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--flood", default="", help=argparse.SUPPRESS)
     p.add_argument("--samples", default="")
     p.add_argument("--parts", default=",".join(PARTS))
     p.add_argument("--identities", type=int, default=3000)
@@ -518,6 +525,9 @@ def main() -> None:
     )
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "hardening.json"))
     args = p.parse_args()
+    if args.flood:
+        asyncio.run(_flood(args.flood))
+        return
     if args.serve:
         import uvloop
 

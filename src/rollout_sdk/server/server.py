@@ -202,6 +202,7 @@ class EngineServer:
         self._now = 0.0  # loop time of the batch being handled
         self._busy = 0  # requests answered busy
         self._controls: set[asyncio.Task[None]] = set()
+        self._offloaded: set[asyncio.Task[None]] = set()  # large frames being decoded off the loop
         self._decoder = DecodeWorker(self.config.max_offloaded_decodes)
         self._ints = IntTable()  # shared ints for the ids of requests decoded off the loop
         self._peek_credit = _PEEK_BURST_S  # seconds of rid reading the loop may still spend (_peek_rid)
@@ -609,7 +610,9 @@ class EngineServer:
             self._refuse_busy_frame(ident, payload)
             return
         assert self._tg is not None
-        self._tg.create_task(self._run_offloaded(ident, payload, role))
+        task = self._tg.create_task(self._run_offloaded(ident, payload, role))
+        self._offloaded.add(task)  # cancelled at shutdown: a decode must not hold the server's exit
+        task.add_done_callback(self._offloaded.discard)
 
     async def _run_offloaded(self, ident: bytes, payload: bytes, role: str | None) -> None:
         """Decode a large GenerateRequest in the worker process; turn its ids into ints a chunk at a time."""
@@ -733,6 +736,8 @@ class EngineServer:
         controls = list(self._controls)
         for ctask in controls:  # they answer ServerShuttingDownError
             ctask.cancel()
+        for otask in list(self._offloaded):  # not accepted yet: dropped (a client resends on reconnect)
+            otask.cancel()
         tasks = [f.task for f in self._flights.values() if f.task is not None]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=min(self.config.drain_timeout_s, self._time_left(reserve)))
