@@ -14,17 +14,20 @@ import msgspec
 import pytest
 
 from rollout_sdk import (
+    EngineServer,
     GenerateRequest,
     InvalidRequestError,
     PoisonRequestError,
     RolloutClient,
     SamplingParams,
+    ServerConfig,
 )
 from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
 from rollout_sdk.protocol import (
     MAX_INPUT_IDS,
     MAX_STOP_TOKEN_IDS,
     MAX_TENSORS,
+    Abort,
     ErrorReply,
     GenerateResult,
     Pong,
@@ -161,9 +164,11 @@ async def test_a_peer_flooding_large_frames_gets_busy_and_ping_and_abort_are_ser
             # another peer is served while the flooder's frame still waits for the worker
             pong = await other.ping()
             assert isinstance(pong, Pong)
-            await other.send(GenerateRequest(input_ids=[5, 6], rid="small", sampling=SamplingParams(max_new_tokens=1)))
-            small = await other.recv()
-            assert isinstance(small, GenerateResult) and small.rid == "small"
+            await other.send(Abort(rid="nothing-of-mine"))  # an Abort is handled too (nothing to abort)
+            async with RolloutClient(servers=[server.address]) as client:  # a normal client is served
+                small = await asyncio.wait_for(client.generate([5, 6], sampling=SamplingParams(max_new_tokens=1)), 60)
+            assert small.finish_reason == "length"
+            assert isinstance(await other.ping(), Pong)  # after the Abort, in order
             # a second peer's large frame still gets the other decode slot; a third's gets busy (2 slots)
             await other.send(big[1])
             await third.send(big[2])
@@ -175,6 +180,23 @@ async def test_a_peer_flooding_large_frames_gets_busy_and_ping_and_abort_are_ser
             assert isinstance(first, GenerateResult) and first.rid == "f0"
             second = await other.recv()
             assert isinstance(second, GenerateResult) and second.rid == "f1"
+
+
+async def test_a_decode_that_never_finishes_does_not_hold_the_servers_shutdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    entered = asyncio.Event()
+
+    async def stuck_decode(self: DecodeWorker, payload: bytes, limits: Any) -> Any:
+        entered.set()
+        await asyncio.Event().wait()  # the worker never answers
+
+    monkeypatch.setattr(DecodeWorker, "decode", stuck_decode)
+    server = EngineServer(FakeEngine(), ServerConfig(offload_decode_bytes=10_000))
+    async with server:
+        with raw_client(server.address) as raw:
+            await raw.send(GenerateRequest(input_ids=[1000] * 6_000, rid="stuck"))
+            await asyncio.wait_for(entered.wait(), 60)
+    # left the block: aclose() returned, the decode's task cancelled instead of waited for
+    assert server._offloaded == set()
 
 
 # -- 5. fair share that throwaway identities do not dilute ---------------------------------------------------
