@@ -278,14 +278,14 @@ async def test_admission_cap_and_fair_share_answer_busy_on_the_wire() -> None:
     gate = asyncio.Event()
     async with serving(FakeEngine(gate=gate), max_requests=8) as server:
         with raw_client(server.address) as flooder, raw_client(server.address) as polite:
-            await polite.ping()  # two clients heard from: each one's fair share is 8 // 2 = 4
-            await flooder.ping()
+            await polite.send(_req(0, rid="p0"))  # two clients with requests: each one's share is 8 // 2 = 4
+            await until(lambda: server.stats().in_flight == 1, "the polite client's first request is admitted")
             for i in range(20):
                 await flooder.send(_req(i, rid=f"f{i}"))
             busy = [await flooder.recv() for _ in range(16)]
             assert all(isinstance(b, ErrorReply) and b.code == "busy" for b in busy)
             assert sorted(int(b.rid[1:]) for b in busy) == list(range(4, 20))
-            for i in range(4):
+            for i in range(1, 4):
                 await polite.send(_req(i, rid=f"p{i}"))
             await until(lambda: server.stats().in_flight == 8, "the polite client's share is admitted")
             await polite.send(_req(9, rid="p9"))  # over the cap now

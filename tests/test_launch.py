@@ -431,3 +431,67 @@ def test_forged_shutdown_key_is_ignored_and_keyless_clients_are_refused(tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_job_without_a_secret_acts_on_no_store_record_from_the_network(sdk_home, tag) -> None:
+    """Issue 25 item 1: torchrun's store listens on every interface; a job without a secret seals its store
+    values with a key of its own (a 0600 file only this user reads), so a forged shutdown is ignored and a
+    forged server record fails discovery for a client holding that key."""
+    import stat as stat_mod
+
+    import msgspec
+    import torch.distributed as dist
+
+    from rollout_sdk.launch.discovery import ServerRecord
+
+    proc, store = _start_service(sdk_home, tag, "--tp", "2", "--engine", "fake")
+    try:
+        assert proc.stdout is not None
+        host, port = store.rsplit(":", 1)
+        attacker = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False)
+        attacker.set("rollout_sdk/a0/shutdown", b"evil: stop the job")
+        seen: list[str] = []
+        while not any("ignored a shutdown key" in ln for ln in seen):
+            seen.append(proc.stdout.readline())
+            assert seen[-1], "".join(seen[-40:])
+        assert not any("stopping" in ln for ln in seen), "".join(seen[-40:])
+        keys = [p for d in _key_dirs() if d.exists() for p in d.glob("job-*.key") if _owned_by_tag(p, proc.pid)]
+        assert len(keys) == 1, keys
+        key = keys[0]
+        assert stat_mod.S_IMODE(key.stat().st_mode) == 0o600
+        env = dict(_env(sdk_home, tag), ROLLOUT_SDK_JOB_KEY_FILE=str(key))
+        keyed = subprocess.run(
+            [sys.executable, "-c", _client_code(), store], capture_output=True, text=True, timeout=90, env=env
+        )
+        assert "SERVED length" in keyed.stdout, keyed.stdout + keyed.stderr[-2000:]
+        # a forged member registered from elsewhere: the job's key does not seal it, discovery refuses it
+        forged = ServerRecord(
+            address="tcp://10.9.9.9:1", dp_rank=1, tp_size=2, global_rank=2, node_rank=0, pid=1, backend="f", model="x"
+        )
+        attacker.set("rollout_sdk/a0/server/1", msgspec.msgpack.encode(forged))
+        refused = subprocess.run(
+            [sys.executable, "-c", _client_code(), store], capture_output=True, text=True, timeout=90, env=env
+        )
+        assert "not signed with this job's secret" in refused.stderr, refused.stderr[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        log = _drain(proc)
+        assert _wait_gone(tag, 15) == []
+        stops = [ln for ln in log.splitlines() if "stopping:" in ln]
+        assert len(stops) == 4 and not any("evil" in ln for ln in stops), log[-3000:]
+        assert not key.exists()  # removed when the job ends
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _key_dirs() -> list[Path]:
+    import tempfile
+
+    bases = [os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()]
+    return [Path(b) / f"rollout_sdk-{os.getuid()}" for b in bases]
+
+
+def _owned_by_tag(path: Path, torchrun_pid: int) -> bool:
+    """The key file of the job whose torchrun agent is ``torchrun_pid`` (its name starts with the agent's pid)."""
+    return path.name.startswith(f"job-{torchrun_pid}-")

@@ -339,3 +339,21 @@ async def test_gc_freeze_uses_sglangs_call_and_a_failure_is_not_fatal(engine, ca
     r = await eng.generate(req("after", 5))
     assert exact(r, 5)
     assert SglangEngineConfig(model_path="/m").freeze_gc is True
+
+
+async def test_a_callers_cancellation_stays_cancellation_after_the_engine_died(engine) -> None:
+    """Issue 25 item 7: once the engine is dead, a caller that cancels its request still gets
+    CancelledError (not EngineDeadError); a request cancelled by the death itself gets EngineDeadError."""
+    eng, tm = engine
+    mine = asyncio.ensure_future(eng.generate(req("c1", 10_000)))
+    other = asyncio.ensure_future(eng.generate(req("c2", 10_000)))
+    while len(tm.running) < 2:
+        await asyncio.sleep(STEP_S)
+    eng._mark_dead(EngineDeadError("a child died in a test"))  # dead, its flights not cancelled yet
+    mine.cancel()  # the caller's own cancellation
+    with pytest.raises(asyncio.CancelledError):
+        await mine
+    assert mine.cancelled()
+    eng._on_child_death("in a test")  # the death cancels what is left: that is the engine's failure
+    with pytest.raises(EngineDeadError):
+        await asyncio.wait_for(other, 60)

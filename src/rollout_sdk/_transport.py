@@ -53,6 +53,8 @@ __all__ = [
 log = logging.getLogger("rollout_sdk.transport")
 
 _HWM = 1_000_000
+#: a receive batch ends once it holds this many bytes (a Ping waits behind at most ~2 maximum-size frames)
+_BATCH_BYTES = 8 << 20
 # plain ints: zmq's flag enums make `events & POLLIN` measurably slower on the hot path
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
@@ -169,18 +171,21 @@ class RouterEndpoint:
         self.host = host
         self._ready = _Readiness(self._sock)
 
-    async def recv_batch(self, max_n: int = 256) -> list[list[bytes]]:
-        """Wait for at least one message; return those ready, at most ``max_n``.
+    async def recv_batch(self, max_n: int = 256, max_bytes: int = _BATCH_BYTES) -> list[list[bytes]]:
+        """Wait for at least one message; return those ready, at most ``max_n`` (and about ``max_bytes``).
 
         The bound keeps peers fair: libzmq's ROUTER takes messages from its peers in turn, so a peer's
         Ping is read within ``max_n`` messages even while another peer floods (draining everything ready
-        into one batch would put it behind the whole flood)."""
+        into one batch would put it behind the whole flood), and within a couple of maximum-size frames
+        when the flood is of those."""
         out: list[list[bytes]] = []
         recv = self._sock.recv_multipart
+        size = 0
         while True:
             try:
                 out.append(recv(_NOBLOCK))
-                if len(out) >= max_n:
+                size += len(out[-1][-1])
+                if len(out) >= max_n or size >= max_bytes:
                     self._ready.recheck()
                     return out
             except zmq.Again:
@@ -189,10 +194,14 @@ class RouterEndpoint:
                     return out
                 await self._ready.wait()
 
-    async def recv_batch_with_roles(self, max_n: int = 256) -> list[tuple[list[bytes], str | None]]:
-        """Like :meth:`recv_batch` (at most ``max_n``), with each message's ZAP User-Id (its role)."""
+    async def recv_batch_with_roles(
+        self, max_n: int = 256, max_bytes: int = _BATCH_BYTES
+    ) -> list[tuple[list[bytes], str | None]]:
+        """Like :meth:`recv_batch` (at most ``max_n``, about ``max_bytes``), with each message's ZAP User-Id
+        (its role)."""
         out: list[tuple[list[bytes], str | None]] = []
         recv = self._sock.recv_multipart
+        size = 0
         while True:
             try:
                 frames = recv(_NOBLOCK, copy=False)
@@ -207,7 +216,8 @@ class RouterEndpoint:
             except zmq.ZMQError:  # no User-Id (cannot happen behind our ZAP handler): a role that may do nothing
                 role = ""
             out.append(([f.bytes for f in frames], role))
-            if len(out) >= max_n:
+            size += len(out[-1][0][-1])
+            if len(out) >= max_n or size >= max_bytes:
                 self._ready.recheck()
                 return out
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
@@ -35,16 +38,89 @@ from .rl_demo import GrpoConfig, run_grpo
 from .scheduler import SchedulerConfig
 from .server import ServerConfig
 
-__all__ = ["main", "run_async"]
+__all__ = ["THREADS_GRACE_S", "leave_if_threads_hang", "main", "run_async"]
+
+#: seconds worker threads get after a server stopped before the process leaves without them
+THREADS_GRACE_S = 0.5
 
 
-def run_async(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coro`` on uvloop where available (installed per call, not at import)."""
+def run_async(coro: Coroutine[Any, Any, Any], *, threads_grace_s: float | None = None) -> Any:
+    """Run ``coro`` on uvloop where available (installed per call, not at import).
+
+    With ``threads_grace_s`` (the ``serve`` command, a torchrun rank) the exit is bounded: worker threads
+    get that long after ``coro`` ends, and a thread that cannot be joined is abandoned by leaving the
+    process (:func:`leave_if_threads_hang`), not waited for as asyncio and the interpreter would."""
+    if threads_grace_s is not None:
+        coro = _bounded_exit(coro, threads_grace_s)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+async def _bounded_exit(coro: Coroutine[Any, Any, Any], grace_s: float) -> Any:
+    # a default executor of our own, so that its idle threads can be told to leave at the end
+    executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="rollout-sdk")
+    asyncio.get_running_loop().set_default_executor(executor)
+    code = 1
+    try:
+        result = await coro
+        code = result if isinstance(result, int) else 0
+        return result
+    finally:
+        await leave_if_threads_hang(executor, grace_s=grace_s, code=code)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _live_threads() -> list[threading.Thread]:
+    main = threading.main_thread()
+    return [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+
+
+async def leave_if_threads_hang(
+    executor: concurrent.futures.ThreadPoolExecutor, *, grace_s: float, code: int = 0
+) -> None:
+    """Keep the shutdown bound when a thread (a collective stuck in ``to_thread``) cannot be stopped.
+
+    Python cannot stop a thread, and both asyncio (``shutdown_default_executor``: on Python 3.11 it joins
+    the thread even when cancelled) and the interpreter's exit (it joins every non-daemon thread) would
+    wait for it without a limit.  So: idle workers are told to leave; the others get ``grace_s``; if one is
+    still running then, the process leaves with ``os._exit(code)`` after flushing its logs and streams.
+    The last resort, and the only one: whatever that thread was doing is abandoned (docs/reliability.md).
+    """
+    executor.shutdown(wait=False)
+    loop = asyncio.get_running_loop()
+    joined: asyncio.Future[None] = loop.create_future()
+
+    def join_all() -> None:  # in a daemon thread: it is abandoned too when a thread never ends
+        for thread in _live_threads():
+            thread.join()
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(_resolve, joined)
+
+    threading.Thread(target=join_all, name="rollout-sdk-join", daemon=True).start()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(joined, grace_s)
+    stuck = _live_threads()
+    if not stuck:
+        return
+    import os
+
+    logging.getLogger("rollout_sdk.server").warning(
+        "%d worker thread(s) still running %.1fs after shutdown (%s): exiting without them",
+        len(stuck),
+        grace_s,
+        ", ".join(t.name for t in stuck[:4]),
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -169,7 +245,7 @@ def _command(args: argparse.Namespace) -> int:
         except ConfigError as exc:  # e.g. --host 0.0.0.0 without a secret: one line saying how to fix it
             print(f"rollout-sdk: {exc}", file=sys.stderr)
             return 2
-        return int(run_async(_serve(args, config)))
+        return int(run_async(_serve(args, config), threads_grace_s=THREADS_GRACE_S))
     if args.command == "gateway":
         from .gateway import cli as gateway_cli
 
@@ -268,24 +344,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
     finally:
         if endpoint is not None:
             await endpoint.aclose()
-    await _exit_if_threads_hang(loop, grace_s=1.0)
     return 0
-
-
-async def _exit_if_threads_hang(loop: asyncio.AbstractEventLoop, *, grace_s: float) -> None:
-    """Keep the shutdown bound when a thread (a collective stuck in ``to_thread``) cannot be stopped:
-    asyncio would wait for it without a limit at exit, so give it ``grace_s`` and then leave anyway."""
-    try:
-        await asyncio.wait_for(loop.shutdown_default_executor(), grace_s)
-    except TimeoutError:
-        import logging
-        import os
-
-        logging.getLogger("rollout_sdk.server").warning("a worker thread is stuck; exiting without it")
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 
 if __name__ == "__main__":  # pragma: no cover

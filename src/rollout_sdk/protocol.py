@@ -35,6 +35,9 @@ __all__ = [
     "GREEDY_TEMPERATURE",
     "MAX_IMAGES",
     "MAX_IMAGE_BYTES",
+    "MAX_INPUT_IDS",
+    "MAX_STOP_TOKEN_IDS",
+    "MAX_TENSORS",
     "MAX_TIMEOUT_S",
     "PENALTY_RANGE",
     "Abort",
@@ -80,6 +83,7 @@ __all__ = [
 FinishReason = Literal["stop", "length", "abort"]
 PauseMode = Literal["abort", "retract", "in_place"]
 MemoryTag = Literal["weights", "kv_cache"]
+_Tags = Annotated[list[MemoryTag], msgspec.Meta(max_length=8)]
 
 _MAX_SEED = 2**63 - 1
 #: temperatures below this are greedy in every engine: dividing a float32 logit by less overflows (SGLang's
@@ -98,6 +102,20 @@ MAX_IMAGES = 16
 MAX_IMAGE_BYTES = 4 << 20
 #: the longest timeout any message may carry (seconds); nothing in the protocol waits without a bound
 MAX_TIMEOUT_S = 3600.0
+#: the most token ids one prompt may hold (2M: beyond every model's context); checked by msgspec while it
+#: decodes, before a list is built, like every bound on a list below
+MAX_INPUT_IDS = 1 << 21
+#: the most stop token ids one request may name
+MAX_STOP_TOKEN_IDS = 4096
+#: the most tensors (and buckets, and IPC handles) one weight update may describe
+MAX_TENSORS = 1 << 16
+#: the most dimensions of one tensor in an update
+_MAX_DIMS = 16
+
+# list types with their bounds (msgspec refuses a longer list while decoding: a typed error naming the field)
+_InputIds = Annotated[list[int], msgspec.Meta(max_length=MAX_INPUT_IDS)]
+_StopIds = Annotated[list[int], msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)]
+_Shape = Annotated[list[int], msgspec.Meta(max_length=_MAX_DIMS)]
 
 # a tagged struct encodes as a map whose first key is "type": fixmap header, "type", then the tag
 _GENERATE_PREFIX = b"\xa4type\xa8generate"
@@ -155,7 +173,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    stop_token_ids: list[int] = []
+    stop_token_ids: _StopIds = []
     ignore_eos: bool = False
     seed: int | None = None
 
@@ -178,9 +196,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             raise _bad("sampling.frequency_penalty", self.frequency_penalty, "must be in [-2, 2]")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise _bad("sampling.presence_penalty", self.presence_penalty, "must be in [-2, 2]")
-        for i, tok in enumerate(self.stop_token_ids):
-            if tok < 0:
-                raise _bad(f"sampling.stop_token_ids[{i}]", tok, "must be >= 0")
+        stops = self.stop_token_ids
+        if len(stops) > MAX_STOP_TOKEN_IDS:  # built in user code (a decoded one is checked by msgspec)
+            raise _bad("sampling.stop_token_ids", f"<{len(stops)} ids>", f"must hold at most {MAX_STOP_TOKEN_IDS} ids")
+        if stops and min(stops) < 0:
+            i = next(i for i, t in enumerate(stops) if t < 0)
+            raise _bad(f"sampling.stop_token_ids[{i}]", stops[i], "must be >= 0")
         if self.seed is not None and not 0 <= self.seed <= _MAX_SEED:
             raise _bad("sampling.seed", self.seed, f"must be in [0, {_MAX_SEED}]")
 
@@ -200,7 +221,7 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
     server (prefix cache).
     """
 
-    input_ids: list[int]
+    input_ids: _InputIds
     sampling: SamplingParams = _DEFAULT_SAMPLING
     rid: str = ""
     session_id: str | None = None
@@ -221,6 +242,8 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
     def __post_init__(self) -> None:
         if not self.input_ids:
             raise _bad("input_ids", self.input_ids, "must hold at least one token id")
+        if len(self.input_ids) > MAX_INPUT_IDS:  # built in user code (a decoded one is checked by msgspec)
+            raise _bad("input_ids", f"<{len(self.input_ids)} ids>", f"must hold at most {MAX_INPUT_IDS} ids")
         try:
             lowest = min(self.input_ids)
         except TypeError:
@@ -489,13 +512,13 @@ class ReleaseMemory(msgspec.Struct, tag="release_memory", frozen=True):
     With ``wait`` the server waits for in-flight requests to finish instead of refusing."""
 
     call_id: str
-    tags: list[MemoryTag] | None = None
+    tags: _Tags | None = None
     wait: bool = False
 
 
 class ResumeMemory(msgspec.Struct, tag="resume_memory", frozen=True):
     call_id: str
-    tags: list[MemoryTag] | None = None
+    tags: _Tags | None = None
 
 
 class SetWeightVersion(msgspec.Struct, tag="set_weight_version", frozen=True):
@@ -523,7 +546,12 @@ class InitWeightGroup(msgspec.Struct, tag="init_weight_group", frozen=True, kw_o
 class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
     name: str
     dtype: str
-    shape: list[int]
+    shape: _Shape
+
+
+_Buckets = Annotated[
+    list[Annotated[list[TensorMeta], msgspec.Meta(max_length=MAX_TENSORS)]], msgspec.Meta(max_length=MAX_TENSORS)
+]
 
 
 class UpdateWeightsDistributed(msgspec.Struct, tag="update_weights_dist", frozen=True, kw_only=True):
@@ -532,7 +560,7 @@ class UpdateWeightsDistributed(msgspec.Struct, tag="update_weights_dist", frozen
 
     call_id: str
     group_name: str
-    buckets: list[list[TensorMeta]]
+    buckets: _Buckets
     version: int | None = None
     flush_cache: bool = True
 
@@ -541,8 +569,8 @@ class UpdateWeightsFromIpc(msgspec.Struct, tag="update_weights_ipc", frozen=True
     """Colocated update: CUDA IPC handles of flattened buckets on the engine's GPU, no host copy."""
 
     call_id: str
-    handles: list[bytes]
-    buckets: list[list[TensorMeta]]
+    handles: Annotated[list[bytes], msgspec.Meta(max_length=MAX_TENSORS)]
+    buckets: _Buckets
     version: int | None = None
     flush_cache: bool = True
 
@@ -649,7 +677,10 @@ def decode_client_message(data: bytes) -> ClientMessage:
                 _attach_ids(err_p, raw)
                 raise err_p from exc
             reason = str(exc).split(" - at ")[0]
-            err = InvalidRequestError(path or "?", _lookup(raw, path), reason)
+            value = _lookup(raw, path)
+            if isinstance(value, list) and "length" in reason:  # a list over its bound: say how long
+                value = f"<{len(value)} items>"
+            err = InvalidRequestError(path or "?", value, reason)
         _attach_ids(err, raw)
         raise err from exc
     except msgspec.DecodeError as exc:

@@ -17,9 +17,12 @@ Concurrency (everything on the client's event loop; no thread, no lock)::
       │                        unblocked by: the reply, the server being marked dead (socket dropped,
       │                                      heartbeat missed, engine dead), or cancellation
       │                        on cancel / timeout: Abort(rid) goes to the server, the slot is freed
-      │                        on server death: retried on another server while retries remain, at
-      │                                      most once for a death while serving it (a second death:
-      │                                      PoisonRequestError, never retried)
+      │                        on server death: a *suspect* from then on, retried on another server
+      │                                      (a fresh budget: the death uses none of ``retries``, unless
+      │                                      retries=0), at most one suspect in flight per server; a
+      │                                      suspect whose server dies too is PoisonRequestError, never
+      │                                      retried (so a poison request kills at most 2 engines, and
+      │                                      an innocent never shares a server with it as a suspect)
       │                        on busy: the server is held for a back-off; acquire again (waits, or
       │                                 goes elsewhere); no retry is used up
       └─ release() ......... frees the slot, wakes the first waiter
@@ -130,6 +133,7 @@ class Scheduler:
         self.on_result: Callable[[GenerateResult], None] | None = None
         self.poisoned = 0
         self._rids: set[str] = set()  # rids in flight in this client
+        self._suspects_on: set[ServerConnection] = set()  # servers running a suspect (at most one each)
         self.sessions_moved = 0
         self.prefix_tokens_lost = 0
 
@@ -167,9 +171,13 @@ class Scheduler:
 
     # -- slots -------------------------------------------------------------------------------------
 
-    async def acquire(self, req: GenerateRequest, exclude: Sequence[ServerConnection] = ()) -> ServerConnection:
+    async def acquire(
+        self, req: GenerateRequest, exclude: Sequence[ServerConnection] = (), *, suspect: bool = False
+    ) -> ServerConnection:
+        """A slot on a live server; a ``suspect`` (in flight at a server's death) only on a server that runs
+        no other suspect: a second death then names the one request that was at both."""
         if not self._waiters:
-            conn = self._try_take(req, exclude)
+            conn = self._try_take(req, exclude, suspect)
             if conn is not None:
                 return conn
         if len(self._waiters) >= self.config.max_waiting:
@@ -189,24 +197,30 @@ class Scheduler:
                     if not self.live_servers():
                         raise NoServersError(self._no_servers_message())
                     continue
-                conn = self._try_take(req, exclude)
+                conn = self._try_take(req, exclude, suspect)
                 if conn is not None:
                     return conn
         finally:
             self._waiters.remove(waiter)
             self._wake_next()
 
-    def _try_take(self, req: GenerateRequest, exclude: Sequence[ServerConnection]) -> ServerConnection | None:
+    def _try_take(
+        self, req: GenerateRequest, exclude: Sequence[ServerConnection], suspect: bool = False
+    ) -> ServerConnection | None:
         live = [s for s in self.servers if s.accepting]
         if not live:
             raise NoServersError(self._no_servers_message())
         free = [s for s in live if s.in_flight < s.window.limit and not s.held]
+        if suspect:
+            free = [s for s in free if s not in self._suspects_on]
         if exclude:
             preferred = [s for s in free if s not in exclude]
             free = preferred or free
         if not free:
             return None
         conn = self._place(req, free)
+        if suspect:
+            self._suspects_on.add(conn)
         conn.in_flight += 1
         conn.outstanding_tokens += len(req.input_ids) + req.sampling.max_new_tokens
         return conn
@@ -233,7 +247,9 @@ class Scheduler:
             sessions.popitem(last=False)
         return chosen
 
-    def release(self, conn: ServerConnection, req: GenerateRequest) -> None:
+    def release(self, conn: ServerConnection, req: GenerateRequest, *, suspect: bool = False) -> None:
+        if suspect:
+            self._suspects_on.discard(conn)
         conn.in_flight -= 1
         if conn.in_flight == 0:
             conn.notify_idle()
@@ -273,13 +289,15 @@ class Scheduler:
             self._rids.discard(rid)
 
     async def _run(self, req: GenerateRequest, payload: bytes, retries: int) -> GenerateResult:
-        attempt = 0
+        attempt = 0  # retries so far
+        used = 0  # of them, those that count against ``retries`` (a death while serving it does not)
         deaths = 0  # servers that died while serving this request
         exclude: tuple[ServerConnection, ...] = ()
         queued_at = time.time()
         failed_over_from: list[str] = []
         while True:
-            conn = await self.acquire(req, exclude)
+            suspect = deaths > 0
+            conn = await self.acquire(req, exclude, suspect=suspect)
             dispatched_at = time.time()
             t0 = time.perf_counter()
             sent = False
@@ -307,8 +325,10 @@ class Scheduler:
                                 f"request {req.rid}: server {conn.server_id} died while serving it, and so did "
                                 f"the server it ran on before; not retried again ({exc})"
                             ) from exc
-                if attempt >= retries:
+                if used >= retries:
                     raise
+                if not (sent and isinstance(exc, _DEATHS)):  # a death's retry is bounded by the rule above
+                    used += 1
                 attempt += 1
                 conn.failed_over += 1
                 self.retried += 1
@@ -322,7 +342,7 @@ class Scheduler:
                 conn.errors += 1
                 raise
             finally:
-                self.release(conn, req)
+                self.release(conn, req, suspect=suspect)
             dt = time.perf_counter() - t0
             conn.latencies.append(dt)
             self.latencies.append(dt)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ from ..errors import (
     InvalidRequestError,
     WeightUpdateError,
 )
-from ..protocol import EngineLimits, GenerateRequest, GenerateResult, PauseMode, Timings
+from ..protocol import EngineLimits, GenerateRequest, GenerateResult, InitWeightGroup, PauseMode, Timings
 from ..rollouts.segments import append_segments
 from .base import Engine, EngineLoad, NamedTensors
 
@@ -56,6 +58,9 @@ class FakeEngineConfig:
     fail_start: str | None = None
     #: fault injection: the engine dies (kill()) once it has accepted this many requests
     die_after_requests: int | None = None
+    #: fault injection: init_weight_group blocks a worker thread for good (a collective whose peers never
+    #: come), for the tests of a bounded shutdown (issue 25)
+    hang_init_weight_group: bool = False
     #: named weights and their sizes, for update_weights checks
     weight_shapes: dict[str, tuple[int, ...]] = field(default_factory=lambda: {"w": (4,)})
 
@@ -307,6 +312,12 @@ class FakeEngine(Engine):
 
     async def resume_memory(self, tags: Sequence[str] | None = None) -> None:
         self.memory_released.difference_update(tags or ("weights", "kv_cache"))
+
+    async def init_weight_group(self, msg: InitWeightGroup) -> None:
+        if not self.config.hang_init_weight_group:
+            raise self._unsupported("init_weight_group")
+        logging.getLogger("rollout_sdk.engine").warning("fake: init_weight_group blocks a worker thread for good")
+        await asyncio.to_thread(threading.Event().wait)  # never set: the thread cannot be joined
 
     async def update_weights(self, named: NamedTensors, *, version: int | None = None) -> None:
         staged: dict[str, list[float]] = {}

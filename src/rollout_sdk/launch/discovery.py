@@ -11,11 +11,13 @@ job attempt's prefix, ``rollout_sdk/a<restart count>``, so a restarted job never
     {p}/member/<k>            -> ServerRecord           the k-th registration, in order
     {p}/shutdown              -> reason                 set by the driver (or an operator) to stop the job
 
-When the job has a secret (``ROLLOUT_SDK_SECRET_FILE``, docs/security.md) every value above is sealed
-with an HMAC of the job's store key over the key's name and the value (:func:`seal`): the job acts on no
-store value that fails :func:`unseal` (a forged shutdown is ignored, a forged server record fails
-discovery).  The store itself stays unauthenticated (torchrun's): anyone who reaches it can read these
-values and can delete or overwrite them (denial of service), but cannot make the job act on a forgery.
+Every value above is sealed with an HMAC of the job's store key over the key's name and the value
+(:func:`seal`): the job's secret's when it has one (``ROLLOUT_SDK_SECRET_FILE``, docs/security.md), else a
+key the job makes for itself at start and shares only with its own ranks (:data:`ENV_JOB_KEY_FILE`, a
+0600 file).  The job acts on no store value that fails :func:`unseal` (a forged shutdown is ignored, a
+forged server record fails discovery).  The store itself stays unauthenticated (torchrun's, on every
+interface): anyone who reaches it can read these values and can delete or overwrite them (denial of
+service), but cannot make the job act on a forgery.
 
 A client waits for ``num_servers`` and then for every server key: a handshake, not sleep-and-poll; on
 timeout the error names the DP ranks that never registered.  A client in another process needs only the
@@ -35,6 +37,7 @@ import datetime
 import hashlib
 import hmac
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -46,6 +49,7 @@ from ..auth import JobSecret
 from ..errors import ConfigError, DiscoveryError
 
 __all__ = [
+    "ENV_JOB_KEY_FILE",
     "ServerRecord",
     "StoreDiscovery",
     "StoreKeys",
@@ -62,6 +66,16 @@ T = TypeVar("T")
 log = logging.getLogger("rollout_sdk.launch")
 
 ROOT = "rollout_sdk"
+
+#: the key a job without a secret makes for its store values (a 0600 file; set in its ranks' environment,
+#: so their drivers and the processes they start verify the store with it); it authenticates nothing else
+ENV_JOB_KEY_FILE = "ROLLOUT_SDK_JOB_KEY_FILE"
+
+
+def job_key_from_env() -> JobSecret | None:
+    """The per-job store key of a job without a secret, from :data:`ENV_JOB_KEY_FILE` (None: not set)."""
+    path = os.environ.get(ENV_JOB_KEY_FILE)
+    return JobSecret.read(path) if path else None
 
 
 class ServerRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -220,8 +234,9 @@ class StoreDiscovery:
         self._seen = 0
         self._watch_stop = threading.Event()
         self._watch_thread_handle: threading.Thread | None = None
-        #: verifies what the job published (default: the job secret from the environment, if any)
-        self.secret = secret if secret is not None else JobSecret.from_env()
+        #: verifies what the job published (default: the job secret from the environment, else the per-job
+        #: store key of a job without a secret, ``ROLLOUT_SDK_JOB_KEY_FILE``; with neither, nothing is checked)
+        self.secret = secret if secret is not None else (JobSecret.from_env() or job_key_from_env())
 
     def _get(self, store: Any, name: str) -> bytes:
         body = unseal(self.secret.store_key if self.secret is not None else None, name, store.get(name))

@@ -16,7 +16,10 @@ Authentication: with a job secret in the environment (``ROLLOUT_SDK_SECRET_FILE`
 rank from torchrun on each node; never put in the store) servers require CURVE keys, the driver's client
 holds the control key, and every store value the job writes is sealed (``seal``); the shutdown watcher
 ignores a shutdown key that is not.  Across nodes (servers bind 0.0.0.0) a job without a secret refuses
-to start.
+to start.  A job without a secret (one node, servers on loopback) still seals its store values: local
+rank 0 makes a key for the job and writes it to a 0600 file in a 0700 directory of this user's
+(:func:`job_key_path`); after a barrier every rank reads it (``ROLLOUT_SDK_JOB_KEY_FILE`` in their
+environment), so the job acts on no record from the network (docs/security.md).
 
 TP members other than the leader hold no engine: they stay in the process group (for collectives such as
 weight sync) and wait for shutdown without blocking anything.  A rank that dies makes torchrun stop the
@@ -38,8 +41,11 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable, Coroutine
+import stat
+import tempfile
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .._aio import cancel_and_wait
@@ -53,6 +59,7 @@ from ..launch_env import ENV_NUM_SERVERS, ENV_PREFIX, ENV_STORE
 from ..metrics import MetricsEndpoint, ServerMetrics, start_metrics_endpoint
 from ..server import EngineServer, ServerConfig
 from .discovery import (
+    ENV_JOB_KEY_FILE,
     ROOT,
     ServerRecord,
     StoreKeys,
@@ -145,22 +152,66 @@ def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ..cli import run_async
+    from ..cli import THREADS_GRACE_S, run_async
 
     layout, secret = preflight(cfg)
     engines = engines or EngineConfigs()
     log.info("%s", layout.describe())
     dist.init_process_group(cfg.dist_backend)
+    key_file: Path | None = None
     try:
         mesh = init_device_mesh(
             "cuda" if cfg.dist_backend == "nccl" else "cpu", (layout.dp, layout.tp), mesh_dim_names=("dp", "tp")
         )
+        store_secret = secret
+        if store_secret is None:  # no secret: a key of the job's own seals its store values
+            store_secret, key_file = _share_job_key(layout, dist.barrier)
         store_address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         store = connect_store(store_address)
-        rank_job = _RankJob(layout, cfg, engines, store, store_address, mesh, secret)
-        return int(run_async(rank_job.run(main)))
+        rank_job = _RankJob(layout, cfg, engines, store, store_address, mesh, secret, store_secret=store_secret)
+        # a thread stuck in a collective does not hold the rank past its bound (torchrun SIGKILLs at 30 s)
+        return int(run_async(rank_job.run(main), threads_grace_s=THREADS_GRACE_S))
     finally:
+        if key_file is not None and layout.local_rank == 0:
+            key_file.unlink(missing_ok=True)
         dist.destroy_process_group()
+
+
+def job_key_path(layout: Layout, env: Mapping[str, str] | None = None) -> Path:
+    """Where the ranks of this node find the per-job store key of a job without a secret: a directory of
+    this user's (0700) named by the torchrun agent (every rank's parent), its run id and restart count."""
+    env = os.environ if env is None else env
+    base = Path(env.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"rollout_sdk-{os.getuid()}"
+    run_id = "".join(c for c in env.get("TORCHELASTIC_RUN_ID", "none") if c.isalnum() or c in "-_")[:64]
+    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return base / f"job-{os.getppid()}-{run_id}-a{restart}.key"
+
+
+def _private_dir(path: Path) -> None:
+    """Make ``path`` (mode 0700), or accept it only when it is this user's and nobody else may enter it (a
+    directory someone else made in a shared /tmp could hand the key over)."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ConfigError(
+            "job key directory", str(path), "must be a directory of this user's with mode 0700 (remove it)"
+        )
+
+
+def _share_job_key(layout: Layout, barrier: Callable[[], Any]) -> tuple[JobSecret, Path]:
+    """A job without a secret (one node: ``preflight``): local rank 0 makes a fresh key and writes it where
+    only this user can read it; after a barrier every rank reads it.  It seals the job's store values and
+    is set in the environment (:data:`ENV_JOB_KEY_FILE`) for the driver's discovery and its children."""
+    path = job_key_path(layout)
+    if layout.local_rank == 0:
+        _private_dir(path.parent)
+        path.unlink(missing_ok=True)  # a stale one of a crashed run with the same agent pid and run id
+        JobSecret.generate().write(path)
+    barrier()
+    key = JobSecret.read(path)
+    os.environ[ENV_JOB_KEY_FILE] = str(path)
+    log.info("no job secret: the job's store values are sealed with a key of its own (%s)", path)
+    return key, path
 
 
 def preflight(cfg: LaunchConfig) -> tuple[Layout, JobSecret | None]:
@@ -171,6 +222,8 @@ def preflight(cfg: LaunchConfig) -> tuple[Layout, JobSecret | None]:
     host = bind_host(cfg, layout)
     if secret is None and not is_loopback(host):
         raise ConfigError("host", host, f"servers bind beyond loopback and need authentication: {HOW_TO_ENABLE}")
+    if secret is None and layout.nnodes > 1:  # the job's own store key is shared through a file on one node
+        raise ConfigError("nnodes", layout.nnodes, f"a job across nodes needs a job secret: {HOW_TO_ENABLE}")
     return layout, secret
 
 
@@ -197,9 +250,13 @@ class _RankJob:
         store_address: str,
         mesh: Any,
         secret: JobSecret | None = None,
+        *,
+        store_secret: JobSecret | None = None,
     ) -> None:
-        self.secret = secret
-        self.store_key = secret.store_key if secret is not None else None
+        self.secret = secret  # the job's secret: servers authenticate with it
+        # seals the store values: the job secret's key, else the job's own key (None only in unit tests)
+        store_secret = store_secret if store_secret is not None else secret
+        self.store_key = store_secret.store_key if store_secret is not None else None
         self.layout = layout
         self.cfg = cfg
         self.engines = engines
@@ -266,7 +323,7 @@ class _RankJob:
         finally:
             if keeper is not None:
                 await cancel_and_wait(keeper)
-            if not self._shutdown_published():
+            if not await asyncio.to_thread(self._shutdown_published):  # store calls block: off the loop
                 reason = f"rank {layout.rank}: {self._stop_reason or 'stopped'}"
                 await asyncio.to_thread(self._set, self.keys.shutdown, reason.encode())
             if self.server is not None:

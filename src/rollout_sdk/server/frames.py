@@ -2,14 +2,16 @@
 on the event loop, decoded in a worker process instead (docs/reliability.md).
 
     decode worker .... a spawned process (made on first use) that decodes GenerateRequests larger than
-                        ``offload_decode_bytes``; at most ``max_offloaded_decodes`` wait for it (beyond that
-                        the server's recv loop waits: back-pressure into ZMQ and TCP)
+                        ``offload_decode_bytes``; at most ``max_offloaded_decodes`` wait for it, at most one
+                        per peer: a large frame beyond either is answered ``busy`` (its rid read by a
+                        decoder that skips the ids, :func:`peek_rid`); the recv loop never waits for it
 
 A frame larger than the bigger size limit never reaches Python (ZMQ MAXMSGSIZE); one larger than its
 kind's limit is refused before decoding (:func:`oversize`).  The ids of a request decoded off the loop come
 back as uint32 bytes and become Python ints a chunk at a time (:func:`ids_from_uint32`), and are freed a
 chunk at a time once answered (:func:`free_ids_in_chunks`): one pass over millions of ints would stall
-the loop.
+the loop.  The ints are shared: one table of the vocabulary's ints (:class:`IntTable`) serves every large
+request, so such a request's ids cost 8 bytes each (a pointer) instead of 36 (a pointer and an int).
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ from ..protocol import (
     is_generate_frame,
 )
 
-__all__ = ["DecodeWorker", "decode_generate_frame", "free_ids_in_chunks", "ids_from_uint32", "oversize"]
+__all__ = [
+    "DecodeWorker",
+    "IntTable",
+    "decode_generate_frame",
+    "free_ids_in_chunks",
+    "ids_from_uint32",
+    "oversize",
+    "peek_rid",
+]
 
 #: token ids are turned into Python ints (and freed) this many at a time, yielding in between (~0.1 ms each)
 _IDS_CHUNK = 4096
@@ -57,20 +67,41 @@ def oversize(payload: bytes, max_generate_bytes: int, max_control_bytes: int) ->
     return MessageTooLargeError("message", f"<{n} bytes>", f"a {what} may take {limit} bytes")
 
 
+class _RidOnly(msgspec.Struct):
+    rid: str = ""
+
+
+_rid_decoder = msgspec.msgpack.Decoder(_RidOnly)
+
+
+def peek_rid(payload: bytes) -> str | None:
+    """The ``rid`` of an encoded GenerateRequest, read without building its ids (msgspec skips them)."""
+    try:
+        return _rid_decoder.decode(payload).rid
+    except msgspec.MsgspecError:
+        return None
+
+
 class DecodeWorker:
-    """The worker process that decodes large GenerateRequests, and the bound on decodes waiting for it."""
+    """The worker process that decodes large GenerateRequests, and the bound on decodes waiting for it:
+    at most ``max_waiting`` in all and one per peer (:meth:`try_reserve`)."""
 
     def __init__(self, max_waiting: int) -> None:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self._slots = asyncio.Semaphore(max_waiting)
+        self._max = max_waiting
+        self._waiting: set[bytes] = set()  # peers with a decode waiting
 
-    async def reserve(self) -> None:
-        """Wait for a slot: at most ``max_waiting`` decodes wait at once (back-pressure)."""
-        await self._slots.acquire()
+    def try_reserve(self, ident: bytes) -> bool:
+        """Take a slot for this peer's frame, at once: False when the peer already has a decode waiting or
+        ``max_waiting`` are (the frame is answered ``busy``; nothing waits)."""
+        if ident in self._waiting or len(self._waiting) >= self._max:
+            return False
+        self._waiting.add(ident)
+        return True
 
-    def release(self) -> None:
-        """Give back the slot of a decode that :meth:`reserve` admitted, once it is handled."""
-        self._slots.release()
+    def release(self, ident: bytes) -> None:
+        """Give back the slot :meth:`try_reserve` gave this peer, once its frame is handled."""
+        self._waiting.discard(ident)
 
     async def decode(self, payload: bytes, limits: EngineLimits) -> tuple[bool, bytes, bytes]:
         """:func:`decode_generate_frame` in the worker process (started on first use, off the loop)."""
@@ -120,12 +151,33 @@ def decode_generate_frame(data: bytes, limits: EngineLimits) -> tuple[bool, byte
     return True, encode(head), array.array("I", req.input_ids).tobytes()  # ids < vocab_size < 2**32
 
 
-async def ids_from_uint32(raw_ids: bytes) -> list[int]:
-    """The ids :func:`decode_generate_frame` sent back, as Python ints, made a chunk at a time."""
+class IntTable:
+    """The ints ``0 .. vocab_size - 1``, made once (in a thread) and shared by every large request's ids."""
+
+    #: a larger vocabulary gets no table (its ids are made one by one)
+    MAX_SIZE = 1 << 22
+
+    def __init__(self) -> None:
+        self._ints: list[int] | None = None
+        self._size = 0
+
+    async def get(self, vocab_size: int) -> list[int] | None:
+        if vocab_size > self.MAX_SIZE:
+            return None
+        if self._ints is None or self._size != vocab_size:
+            self._ints = await asyncio.to_thread(list, range(vocab_size))
+            self._size = vocab_size
+        return self._ints
+
+
+async def ids_from_uint32(raw_ids: bytes, table: list[int] | None = None) -> list[int]:
+    """The ids :func:`decode_generate_frame` sent back, as Python ints, made a chunk at a time: taken from
+    ``table`` (every id is below its length: checked in the worker) or made one by one without it."""
     view = memoryview(raw_ids).cast("I")
     ids: list[int] = []
     for i in range(0, len(view), _IDS_CHUNK):
-        ids.extend(view[i : i + _IDS_CHUNK].tolist())
+        chunk = view[i : i + _IDS_CHUNK]
+        ids.extend(map(table.__getitem__, chunk) if table is not None else chunk.tolist())
         await asyncio.sleep(0)
     return ids
 

@@ -10,13 +10,20 @@ loop; one task of the server's task group runs :meth:`Peers.sweep`::
                         one whose connection is gone has them aborted
 
 Fair share: at most ``max_requests`` requests are accepted in all, and one client at most
-``max_requests`` / (clients heard from recently); beyond either it is answered ``busy``
-(ServerBusyError) without running anything.
+``max_requests`` / (clients that sent a GenerateRequest within ``FAIR_WINDOW_S`` or hold requests); beyond
+either it is answered ``busy`` (ServerBusyError) without running anything.  A "client" is its credential
+where authentication is on (the role of its CURVE key: throwaway identities with one key share that key's
+share) and its ROUTER identity where it is off.  A Ping or any other message does not make a client count:
+an identity that only pings dilutes nobody's share, and one that sent a request stops counting
+``FAIR_WINDOW_S`` after it, once nothing of it is in flight.  The identities tracked for the orphan sweep
+are bounded (``max_tracked``; the oldest that hold nothing are dropped first), and a silent one that holds
+nothing is dropped at the next sweep without a probe.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Callable
 
@@ -24,7 +31,10 @@ from .._transport import RouterEndpoint
 from ..errors import ServerBusyError
 from ..protocol import Pong, ServerStats, encode
 
-__all__ = ["Peers"]
+__all__ = ["FAIR_WINDOW_S", "Peers"]
+
+#: a client that sent a GenerateRequest within this many seconds (or holds requests) counts for fair share
+FAIR_WINDOW_S = 2.0
 
 log = logging.getLogger("rollout_sdk.server")
 
@@ -36,14 +46,27 @@ class Peers:
     """
 
     def __init__(
-        self, server_id: str, *, max_requests: int, client_timeout_s: float, abort_client: Callable[[bytes], int]
+        self,
+        server_id: str,
+        *,
+        max_requests: int,
+        client_timeout_s: float,
+        abort_client: Callable[[bytes], int],
+        max_tracked: int | None = None,
     ) -> None:
         self._server_id = server_id
         self._max_requests = max_requests
         self._timeout = client_timeout_s
         self._abort_client = abort_client
+        #: identities tracked at once (their last-heard times); more than the requests that can be held
+        self.max_tracked = max(max_tracked if max_tracked is not None else max_requests + 4096, max_requests + 1)
         self._per_client: dict[bytes, int] = {}  # ident -> requests accepted and not yet answered
-        self._last_seen: dict[bytes, float] = {}  # ident -> loop time of its last message
+        # ident -> loop time of its last message, oldest first (bounded by max_tracked)
+        self._last_seen: collections.OrderedDict[bytes, float] = collections.OrderedDict()
+        self._per_share: dict[bytes, int] = {}  # fair-share key -> requests accepted and not yet answered
+        # fair-share key -> loop time of its last GenerateRequest, oldest first: the clients counted
+        self._recent: collections.OrderedDict[bytes, float] = collections.OrderedDict()
+        self._ident_share: dict[bytes, bytes] = {}  # ident holding requests -> its fair-share key
         # clients whose requests were aborted as orphans and not heard from since: each of those aborts
         # answers ``abort`` to a peer that is gone, which must not forget (and log) the client again;
         # an ident leaves when the client speaks again or its last request is answered (bounded)
@@ -51,37 +74,77 @@ class Peers:
 
     def heard(self, ident: bytes, now: float) -> None:
         """The client sent a message (at loop time ``now``)."""
-        self._last_seen[ident] = now
+        seen = self._last_seen
+        seen[ident] = now
+        seen.move_to_end(ident)
         self._forgotten.discard(ident)
+        while len(seen) > self.max_tracked:  # drop the oldest that hold nothing (fewer than max_tracked hold)
+            old = next(iter(seen))
+            if old in self._per_client:
+                seen.move_to_end(old)  # kept, with its time (the sweep reads times, not the order)
+            else:
+                del seen[old]
+
+    @property
+    def tracked(self) -> int:
+        """Identities tracked now (bounded by ``max_tracked``)."""
+        return len(self._last_seen)
+
+    @property
+    def counted(self) -> int:
+        """Clients counted for fair share now."""
+        return len(self._recent)
 
     def holds(self, ident: bytes) -> bool:
         """Whether the client has requests accepted and not yet answered."""
         return ident in self._per_client
 
-    def admit(self, ident: bytes, in_flight: int) -> None:
-        """Raise ServerBusyError beyond the server's cap or this client's fair share of it."""
+    def admit(self, ident: bytes, in_flight: int, now: float, share_key: bytes | None = None) -> None:
+        """Raise ServerBusyError beyond the server's cap or this client's fair share of it.  ``share_key``
+        is the client's credential (None: its identity)."""
+        key = ident if share_key is None else share_key
+        recent = self._recent
+        recent[key] = now
+        recent.move_to_end(key)
+        while recent:  # stale clients stop counting, unless they still hold requests (they count as fresh)
+            old, t = next(iter(recent.items()))
+            if now - t <= FAIR_WINDOW_S:
+                break
+            del recent[old]
+            if old in self._per_share:
+                recent[old] = now
         cap = self._max_requests
         total = in_flight
-        clients = max(1, len(self._last_seen))
+        clients = max(1, len(recent))
         share = max(1, cap // clients)
-        mine = self._per_client.get(ident, 0)
+        mine = self._per_share.get(key, 0)
         if total >= cap or mine >= share:
             raise ServerBusyError(
                 f"server {self._server_id} is busy: {total}/{cap} requests accepted, this client holds {mine} "
                 f"(fair share {share} of {clients} client(s))"
             )
 
-    def accepted(self, ident: bytes) -> None:
+    def accepted(self, ident: bytes, share_key: bytes | None = None) -> None:
         """A request of the client was accepted."""
+        key = ident if share_key is None else share_key
         self._per_client[ident] = self._per_client.get(ident, 0) + 1
+        self._per_share[key] = self._per_share.get(key, 0) + 1
+        self._ident_share[ident] = key
 
     def answered(self, ident: bytes) -> None:
         """A request of the client was answered (or failed)."""
+        key = self._ident_share.get(ident, ident)
+        left = self._per_share.get(key, 1) - 1
+        if left > 0:
+            self._per_share[key] = left
+        else:
+            self._per_share.pop(key, None)
         left = self._per_client.get(ident, 1) - 1
         if left > 0:
             self._per_client[ident] = left
         else:
             self._per_client.pop(ident, None)
+            self._ident_share.pop(ident, None)
             self._forgotten.discard(ident)
 
     def forget(self, ident: bytes, why: str) -> None:
@@ -107,6 +170,10 @@ class Peers:
             await asyncio.sleep(min(1.0, timeout / 4))
             now = loop.time()
             silent = [ident for ident, seen in self._last_seen.items() if now - seen > timeout]
+            for ident in silent:  # holding nothing here: nothing to abort, no need to probe or track it
+                if ident not in self._per_client:
+                    del self._last_seen[ident]
+            silent = [ident for ident in silent if ident in self._per_client]
             if not silent:
                 continue
             probe = encode(Pong(0, stats()))

@@ -26,7 +26,8 @@ Concurrency (all on one event loop; the engine's model work runs in its own thre
       │
       ├── decode worker .... (frames.py) a spawned process (made on first use) that decodes GenerateRequests
       │                       larger than ``offload_decode_bytes``; at most ``max_offloaded_decodes`` wait for
-      │                       it (beyond that the recv loop waits: back-pressure into ZMQ and TCP)
+      │                       it, one per peer; a large frame beyond either is answered ``busy`` at once (the
+      │                       recv loop never waits, so Ping and Abort are served whatever one peer sends)
       │
       └── client sweeper ... (peers.py) waits on: a timer; aborts the requests of a client silent (no
                               message, not even a heartbeat Ping) for ``client_timeout_s``
@@ -34,8 +35,9 @@ Concurrency (all on one event loop; the engine's model work runs in its own thre
     Bounds (docs/reliability.md): a frame larger than the bigger size limit never reaches Python
     (ZMQ MAXMSGSIZE); one larger than its kind's limit is refused before decoding (frames.py); the recv loop
     yields to the event loop every ``_HANDLE_BUDGET_S`` of handling; at most ``max_requests`` requests are
-    accepted, and a client beyond its fair share (``max_requests`` / clients heard from recently) is
-    answered ``busy`` (ServerBusyError) without running anything (peers.py).
+    accepted, and a client beyond its fair share (``max_requests`` / clients that sent requests recently,
+    counted by credential when authentication is on) is answered ``busy`` (ServerBusyError) without running
+    anything (peers.py).
 
 This module is the serving state machine; ``ServerConfig`` is in config.py, the per-client bookkeeping
 (fair share, orphans) in peers.py, size limits and off-loop decoding in frames.py.
@@ -108,7 +110,7 @@ from ..protocol import (
     is_generate_frame,
 )
 from .config import ServerConfig
-from .frames import DecodeWorker, free_ids_in_chunks, ids_from_uint32, oversize
+from .frames import DecodeWorker, IntTable, free_ids_in_chunks, ids_from_uint32, oversize, peek_rid
 from .peers import Peers
 from .stall import Sample, StallDetector
 
@@ -122,6 +124,11 @@ log = logging.getLogger("rollout_sdk.server")
 #: the recv loop hands the event loop back after this much handling in one go (seconds)
 _HANDLE_BUDGET_S = 0.001
 
+
+#: the share of the loop's time spent reading the rids of large frames refused ``busy`` (~9 ns an id: 18 ms
+#: for a 2M-id frame); beyond it (a flood) they are refused without their rid.  Burst: one maximum frame.
+_PEEK_SHARE = 0.1
+_PEEK_BURST_S = 0.025
 
 #: what a generate-only credential may send; everything else needs the control role
 _GENERATE_ROLE_MESSAGES = (GenerateRequest, Abort, Ping, GetInfo)
@@ -199,7 +206,11 @@ class EngineServer:
         self._now = 0.0  # loop time of the batch being handled
         self._busy = 0  # requests answered busy
         self._controls: set[asyncio.Task[None]] = set()
+        self._offloaded: set[asyncio.Task[None]] = set()  # large frames being decoded off the loop
         self._decoder = DecodeWorker(self.config.max_offloaded_decodes)
+        self._ints = IntTable()  # shared ints for the ids of requests decoded off the loop
+        self._peek_credit = _PEEK_BURST_S  # seconds of rid reading the loop may still spend (_peek_rid)
+        self._peek_at = time.perf_counter()
         self._stop_deadline: float | None = None
         c = self.config
         self._stall = StallDetector(
@@ -401,8 +412,7 @@ class EngineServer:
                             self._errors += 1
                             self._reply(ident, error_reply(PermissionDeniedError(f"role {role!r} may not generate")))
                         elif not self._refuse_size(ident, payload):
-                            await self._decoder.reserve()  # back-pressure: bounded decodes waiting
-                            self._start_offloaded(ident, payload)
+                            self._start_offloaded(ident, payload, role)
                     else:
                         self._handle(ident, payload, role)
                 except Exception as exc:  # a bug here must not take the server down
@@ -452,6 +462,29 @@ class EngineServer:
         self._reply(ident, error_reply(exc))
         return True
 
+    def _refuse_busy_frame(self, ident: bytes, payload: bytes) -> None:
+        """A large frame of a peer that already has one waiting to be decoded (or of any peer while
+        ``max_offloaded_decodes`` wait): ``busy``, with its rid, and nothing decoded."""
+        self._busy += 1
+        exc = ServerBusyError(
+            f"server {self.server_id} is busy: a large request of this client (or {self.config.max_offloaded_decodes} "
+            "of all clients) waits to be decoded"
+        )
+        self._reply(ident, error_reply(exc, rid=self._peek_rid(payload)))
+
+    def _peek_rid(self, payload: bytes) -> str | None:
+        """The frame's rid, while reading rids takes at most ``_PEEK_SHARE`` of the loop (else None: under a
+        flood of large frames the loop keeps up, and the flood's busy replies name no request)."""
+        now = time.perf_counter()
+        credit = min(_PEEK_BURST_S, self._peek_credit + (now - self._peek_at) * _PEEK_SHARE)
+        self._peek_at = now
+        if credit <= 0.0:
+            self._peek_credit = credit
+            return None
+        rid = peek_rid(payload)
+        self._peek_credit = credit - (time.perf_counter() - now)
+        return rid
+
     def _handle(self, ident: bytes, payload: bytes, role: str | None = None) -> None:
         self._peers.heard(ident, self._now)
         if self._refuse_size(ident, payload):
@@ -466,7 +499,7 @@ class EngineServer:
             return
         match msg:
             case GenerateRequest():
-                self._start_generate(ident, msg)
+                self._start_generate(ident, msg, role=role)
             case Ping(seq=seq):
                 self._reply(ident, Pong(seq, self.stats(ident)))
             case Abort(rid=rid):
@@ -486,7 +519,9 @@ class EngineServer:
             return False  # answered here, with what this role may see
         return True
 
-    def _start_generate(self, ident: bytes, req: GenerateRequest, *, checked: bool = False) -> None:
+    def _start_generate(
+        self, ident: bytes, req: GenerateRequest, *, checked: bool = False, role: str | None = None
+    ) -> None:
         rid = req.rid
         try:
             if self._draining:
@@ -499,7 +534,9 @@ class EngineServer:
             key = (ident, rid)
             if key in self._by_client:
                 raise DuplicateRequestError("rid", rid, "a request with this rid is already in flight")
-            self._peers.admit(ident, in_flight=len(self._flights))
+            # fair share by credential (its role) where authentication is on, by identity where it is off
+            share_key = role.encode() if role is not None else None
+            self._peers.admit(ident, len(self._flights), self._now, share_key)
             if not checked:
                 check_against_limits(req, self.engine.limits)
         except RolloutError as exc:
@@ -513,7 +550,7 @@ class EngineServer:
         flight = _Flight(ident, rid, big=checked)
         self._flights[engine_rid] = flight
         self._by_client[key] = engine_rid
-        self._peers.accepted(ident)
+        self._peers.accepted(ident, share_key)
         self._idle.clear()
         assert self._tg is not None
         # the request is this server's own object (decoded from the frame here or off the loop): the engine
@@ -602,12 +639,17 @@ class EngineServer:
 
     # -- large frames (frames.py) ---------------------------------------------------------------------
 
-    def _start_offloaded(self, ident: bytes, payload: bytes) -> None:
+    def _start_offloaded(self, ident: bytes, payload: bytes, role: str | None) -> None:
         self._peers.heard(ident, self._now)
+        if not self._decoder.try_reserve(ident):  # back-pressure without waiting: this peer gets busy
+            self._refuse_busy_frame(ident, payload)
+            return
         assert self._tg is not None
-        self._tg.create_task(self._run_offloaded(ident, payload))
+        task = self._tg.create_task(self._run_offloaded(ident, payload, role))
+        self._offloaded.add(task)  # cancelled at shutdown: a decode must not hold the server's exit
+        task.add_done_callback(self._offloaded.discard)
 
-    async def _run_offloaded(self, ident: bytes, payload: bytes) -> None:
+    async def _run_offloaded(self, ident: bytes, payload: bytes, role: str | None) -> None:
         """Decode a large GenerateRequest in the worker process; turn its ids into ints a chunk at a time."""
         try:
             ok, head, raw_ids = await self._decoder.decode(payload, self.engine.limits)
@@ -620,14 +662,16 @@ class EngineServer:
             stub = decode_client_message(head)
             assert isinstance(stub, GenerateRequest)
             # validated in the worker already
-            msgspec.structs.force_setattr(stub, "input_ids", await ids_from_uint32(raw_ids))
-            self._start_generate(ident, stub, checked=True)
+            table = await self._ints.get(self.engine.limits.vocab_size)
+            msgspec.structs.force_setattr(stub, "input_ids", await ids_from_uint32(raw_ids, table))
+            del raw_ids
+            self._start_generate(ident, stub, checked=True, role=role)
         except Exception as exc:  # a broken worker fails this request, not the server
             log.exception("server %s: decoding a large request failed", self.server_id)
             self._errors += 1
             self._reply(ident, error_reply(RemoteError(f"decoding failed: {type(exc).__name__}: {exc}")))
         finally:
-            self._decoder.release()
+            self._decoder.release(ident)
 
     # -- control -----------------------------------------------------------------------------------
 
@@ -727,6 +771,8 @@ class EngineServer:
         controls = list(self._controls)
         for ctask in controls:  # they answer ServerShuttingDownError
             ctask.cancel()
+        for otask in list(self._offloaded):  # not accepted yet: dropped (a client resends on reconnect)
+            otask.cancel()
         tasks = [f.task for f in self._flights.values() if f.task is not None]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=min(self.config.drain_timeout_s, self._time_left(reserve)))

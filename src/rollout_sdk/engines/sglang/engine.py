@@ -345,11 +345,13 @@ class SglangEngine(Engine):
                 try:
                     out = await asyncio.shield(task)
                 except asyncio.CancelledError:
-                    if self._dead is not None:
-                        raise EngineDeadError(str(self._dead)) from None
-                    self._tm.abort_request(rid=flight.sid)  # our caller was cancelled: make SGLang stop too
+                    me = asyncio.current_task()
+                    if self._dead is not None and (me is None or not me.cancelling()):
+                        raise EngineDeadError(str(self._dead)) from None  # the engine's death cancelled it
+                    if self._dead is None:
+                        self._tm.abort_request(rid=flight.sid)  # our caller was cancelled: make SGLang stop too
                     task.cancel()
-                    raise
+                    raise  # the caller's cancellation stays a cancellation, dead engine or not
                 except ValueError as exc:  # SGLang's own validation (context length, parameter ranges)
                     raise InvalidRequestError("sampling", req.sampling, str(exc)) from exc
                 except Exception as exc:  # this request alone: the engine dies only by a child's death
