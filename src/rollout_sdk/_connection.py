@@ -75,6 +75,26 @@ _BUSY_BACKOFF_S = 0.02
 _BUSY_BACKOFF_MAX_S = 1.0
 
 
+#: a connection not made within this many seconds is logged once as waiting
+_SAY_WAITING_AFTER_S = 2.0
+
+
+async def check_resolvable(address: str) -> None:
+    """Raise :class:`ServerUnavailableError` at once when ``address``'s host name does not resolve."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address)
+    if parts.scheme != "tcp" or not parts.hostname:
+        return
+    try:
+        await asyncio.get_running_loop().getaddrinfo(parts.hostname, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ServerUnavailableError(
+            f"cannot connect to {address}: host {parts.hostname!r} does not resolve ({exc.strerror})"
+        ) from None
+
+
 class ServerConnection:
     """One server as the scheduler sees it.  All fields are touched on the client's event loop only."""
 
@@ -251,10 +271,25 @@ class ServerConnection:
             self._pings.pop(seq, None)
 
     async def handshake(self, timeout: float) -> ServerInfo:
-        """Wait for the connection, then ask the server who it is."""
+        """Wait for the connection, then ask the server who it is.
+
+        A host name that does not resolve fails at once (libzmq would retry it in silence until the
+        timeout); a server that does not answer within ``_SAY_WAITING_AFTER_S`` gets one log line saying
+        what is awaited and for how long, then ``timeout`` (the client's ``connect_timeout_s``) applies."""
         deadline = time.monotonic() + timeout
-        if not await self.channel.wait_connected(timeout):
-            raise ServerUnavailableError(f"no server answered at {self.address} within {timeout:.0f}s")
+        await check_resolvable(self.address)
+        first = min(timeout, _SAY_WAITING_AFTER_S)
+        if not await self.channel.wait_connected(first):
+            log.warning(
+                "no server answers at %s yet; waiting up to %.0fs more (the client's connect_timeout_s)",
+                self.address,
+                timeout - first,
+            )
+            if not await self.channel.wait_connected(max(0.0, deadline - time.monotonic())):
+                raise ServerUnavailableError(
+                    f"no server answered at {self.address} within {timeout:.0f}s (connect_timeout_s): "
+                    "is it running, and is this its address (the READY line it printed)?"
+                )
         reply = await self._call(GetInfo(call_id=self.next_call_id()), max(0.1, deadline - time.monotonic()))
         assert reply.info is not None
         self.info = reply.info

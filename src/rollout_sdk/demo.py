@@ -78,7 +78,7 @@ async def run_demo(
 
     from .agents import group_stats, rollout_group
     from .tasks import calculator as task
-    from .tasks import ensure_tool_model
+    from .tasks.tool_model import ensure_tool_model_async
 
     out = out or sys.stdout
 
@@ -89,7 +89,7 @@ async def run_demo(
     if not servers:
         engine = engine or CpuEngineConfig()
         if engine.model_path is None:
-            path = await asyncio.to_thread(ensure_tool_model, engine.home, progress=demo.progress)
+            path = await ensure_tool_model_async(engine.home, progress=demo.progress)
             engine = dataclasses.replace(engine, model_path=str(path))
     where = ", ".join(servers) if servers else "embedded CPU engine"
     say(f"rollout-sdk demo: {demo.prompts} questions x {demo.samples} trajectories, through ToolAgent")

@@ -61,9 +61,9 @@ async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) ->
 
     from .models import quiet_weight_loading
     from .tasks import calculator as task
-    from .tasks.tool_model import TaskHead, ensure_tool_model, shared_prefix_hidden
+    from .tasks.tool_model import TaskHead, ensure_tool_model_async, shared_prefix_hidden
 
-    model_dir = await asyncio.to_thread(ensure_tool_model, stage="undertrained")
+    model_dir = await ensure_tool_model_async(stage="undertrained")
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(model_dir))
     with quiet_weight_loading():
         policy: Any = await asyncio.to_thread(AutoModelForCausalLM.from_pretrained, str(model_dir), dtype=torch.float32)

@@ -117,6 +117,7 @@ class RolloutClient:
         heartbeat_interval_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
         heartbeat_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
         connect_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        discovery_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
         num_embedded_servers: int | UseClientDefault = USE_CLIENT_DEFAULT,
         credentials: Credentials | None = None,
     ) -> None:
@@ -137,6 +138,7 @@ class RolloutClient:
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             connect_timeout_s=connect_timeout_s,
+            discovery_timeout_s=discovery_timeout_s,
             num_embedded_servers=num_embedded_servers,
         )
         if sched:
@@ -204,7 +206,7 @@ class RolloutClient:
 
     async def _open(self) -> None:
         cfg = self.config
-        addresses = await self._discovery.open(cfg.connect_timeout_s)
+        addresses = await self._discovery.open(cfg.discovery_timeout_s)
         creds = _resolve_credentials(self._credentials, self._discovery)
         self._fleet.open(addresses, creds)
         ready = asyncio.Event()

@@ -61,5 +61,9 @@ class ServerConfig:
         for name in ("max_generate_bytes", "max_control_bytes", "max_requests", "max_offloaded_decodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "must be >= 1")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("port", self.port, "must be in [0, 65535] (0: a free port)")
+        if self.dp_rank < 0 or self.tp_size < 1:
+            raise ConfigError("dp_rank/tp_size", (self.dp_rank, self.tp_size), "must be >= 0 and >= 1")
         if self.offload_decode_bytes < 0:
             raise ConfigError("offload_decode_bytes", self.offload_decode_bytes, "must be >= 0")

@@ -28,6 +28,7 @@ import math
 import os
 import random
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,9 +45,11 @@ __all__ = [
     "TOOL_MODEL_CONFIG",
     "Recipe",
     "TaskHead",
+    "TrainingStopped",
     "common_prefix",
     "demonstration_sets",
     "ensure_tool_model",
+    "ensure_tool_model_async",
     "shared_prefix_hidden",
     "train_stages",
 ]
@@ -85,20 +88,46 @@ class Recipe:
     test_instances: int = 200
 
 
+class TrainingStopped(Exception):
+    """Training was stopped (``stop`` was set) before it finished; nothing was written to the cache."""
+
+
 def ensure_tool_model(
-    home: str | os.PathLike[str] | None = None, *, stage: str = "trained", progress: bool = True
+    home: str | os.PathLike[str] | None = None,
+    *,
+    stage: str = "trained",
+    progress: bool = True,
+    stop: threading.Event | None = None,
 ) -> Path:
     """The tool model's directory (``stage`` "trained" or "undertrained"), trained first if not cached.
 
     Blocking (minutes on first use, with a progress bar on stderr unless ``progress=False``): call it
-    off the event loop.  Concurrent first uses (processes, threads) train once; the others wait.
+    off the event loop (:func:`ensure_tool_model_async` does, and stops the training when cancelled).
+    Concurrent first uses (processes, threads) train once; the others wait.  Setting ``stop`` (from any
+    thread) ends a training within one step with :class:`TrainingStopped`; the half-trained model is
+    deleted, never cached.  In the main thread Ctrl-C does the same (KeyboardInterrupt).
     """
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, not {stage!r}")
     root = Path(home) if home is not None else default_home()
     dest = root / "models" / f"tool-qwen2-{_RECIPE}"
-    build_once(dest, lambda tmp: _build(tmp, root, progress), marker="trained/task.json")
+    build_once(dest, lambda tmp: _build(tmp, root, progress, stop), marker="trained/task.json")
     return dest / stage
+
+
+async def ensure_tool_model_async(
+    home: str | os.PathLike[str] | None = None, *, stage: str = "trained", progress: bool = True
+) -> Path:
+    """:func:`ensure_tool_model` in a worker thread.  Cancelling the caller (Ctrl-C under ``asyncio.run``)
+    stops the training at its next step, so the interpreter's exit (which waits for worker threads) is
+    not held up until the training ends."""
+    import asyncio
+
+    stop = threading.Event()
+    try:
+        return await asyncio.to_thread(ensure_tool_model, home, stage=stage, progress=progress, stop=stop)
+    finally:
+        stop.set()  # a no-op once it has returned; on cancellation the thread sees it within one step
 
 
 # -- the exact softmax over the task's rows -------------------------------------------------------
@@ -167,7 +196,7 @@ def shared_prefix_hidden(body: Any, prefix: torch.Tensor, suffixes: torch.Tensor
 # -- building ----------------------------------------------------------------------------------------
 
 
-def _build(out: Path, home: Path, progress: bool) -> None:
+def _build(out: Path, home: Path, progress: bool, stop: threading.Event | None) -> None:
     from ..models.tiny import ensure_tiny_model
 
     t0 = time.perf_counter()
@@ -176,7 +205,8 @@ def _build(out: Path, home: Path, progress: bool) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny))
     recipe = Recipe()
-    result = train_stages(demonstration_sets(tokenizer, recipe), recipe, progress=progress)
+    data = demonstration_sets(tokenizer, recipe)
+    result = train_stages(data, recipe, progress=progress, stop=stop)
     seconds = time.perf_counter() - t0
     for stage, state in result["states"].items():
         d = out / stage
@@ -272,10 +302,12 @@ def train_stages(
     progress: bool = False,
     on_eval: Callable[[int, float, dict[str, float]], None] | None = None,
     eval_every: int = 100,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Train both stages on ``data`` (:func:`demonstration_sets`) with one thread and fixed seeds (the
     same bytes on any machine with the same torch build).  ``on_eval(step, loss, scores)`` is called every
-    ``eval_every`` steps of the first stage when given (scoring draws no random numbers)."""
+    ``eval_every`` steps of the first stage when given (scoring draws no random numbers).  ``stop``, when
+    set, ends the training before its next step with :class:`TrainingStopped`."""
     import torch
 
     threads = torch.get_num_threads()
@@ -283,7 +315,7 @@ def train_stages(
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(recipe.seed)
-            return _train(*data, recipe, progress, on_eval, eval_every)
+            return _train(*data, recipe, progress, on_eval, eval_every, stop)
     finally:
         torch.set_num_threads(threads)
 
@@ -296,6 +328,7 @@ def _train(
     progress: bool,
     on_eval: Callable[[int, float, dict[str, float]], None] | None,
     eval_every: int,
+    stop: threading.Event | None,
 ) -> dict[str, Any]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -353,6 +386,9 @@ def _train(
     opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0, betas=(0.9, 0.98))
 
     def step_on(examples: Sequence[Example]) -> Any:
+        if stop is not None and stop.is_set():
+            bar.close()
+            raise TrainingStopped("the tool model's training was stopped; nothing was cached")
         loss = loss_of(examples)
         opt.zero_grad()
         loss.backward()
