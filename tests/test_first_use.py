@@ -91,7 +91,8 @@ async def test_a_server_that_does_not_answer_is_logged_while_waiting(caplog: pyt
     with pytest.raises(ServerUnavailableError, match="connect_timeout_s"):
         await client.open()
     waiting = [r.getMessage() for r in caplog.records if "yet; waiting up to" in r.getMessage()]
-    expected = f"no server answers at tcp://127.0.0.1:{port} yet; waiting up to 1s more (the client's connect_timeout_s)"
+    address = f"tcp://127.0.0.1:{port}"
+    expected = f"no server answers at {address} yet; waiting up to 1s more (the client's connect_timeout_s)"
     assert waiting == [expected]
 
 

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ._aio import cancel_and_wait
 from .client import ClientConfig, RolloutClient
 from .engines.cpu import CpuEngineConfig
 from .errors import ConfigError
@@ -109,8 +110,19 @@ async def run_demo(
             bar.update(len(g))
             return g
 
+        async def tick() -> None:  # trajectories end together (one batch): say what the engine is doing
+            while True:
+                st = rc.stats()
+                done = sum(x.completed for x in st.servers)
+                bar.set_postfix_str(f"model turns answered {done}, running {st.in_flight}", refresh=True)
+                await asyncio.sleep(1.0)
+
         t0 = time.perf_counter()
-        groups = await asyncio.gather(*(group(i, s) for i, s in enumerate(instances)))
+        ticker = asyncio.get_running_loop().create_task(tick(), name="demo-progress")
+        try:
+            groups = await asyncio.gather(*(group(i, s) for i, s in enumerate(instances)))
+        finally:
+            await cancel_and_wait(ticker)
         wall = time.perf_counter() - t0
         bar.close()
         stats = rc.stats()
@@ -201,6 +213,9 @@ class _NoBar:
     def update(self, n: int) -> None:
         return None
 
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        return None
+
     def close(self) -> None:
         return None
 
@@ -210,4 +225,11 @@ def _progress(total: int, enabled: bool) -> Any:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="trajectory", desc="rollouts", mininterval=0.2)
+    # no rate or remaining-time estimate: the trajectories of one batch finish together, so an estimate
+    # from the first ones is wrong by orders of magnitude (20 minutes shown for 40 s)
+    return tqdm(
+        total=total,
+        desc="rollouts",
+        mininterval=0.2,
+        bar_format="{desc}: {n_fmt}/{total_fmt} trajectories done, {elapsed} elapsed{postfix}",
+    )

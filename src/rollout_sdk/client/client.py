@@ -207,6 +207,7 @@ class RolloutClient:
     async def _open(self) -> None:
         cfg = self.config
         addresses = await self._discovery.open(cfg.discovery_timeout_s)
+        _say_embedded_model(self._discovery)
         creds = _resolve_credentials(self._credentials, self._discovery)
         self._fleet.open(addresses, creds)
         ready = asyncio.Event()
@@ -735,6 +736,24 @@ def _resolve_credentials(explicit: Credentials | None, discovery: Discovery) -> 
     if isinstance(found, Credentials):
         return found
     return Credentials.from_env()
+
+
+_said_embedded = False
+
+
+def _say_embedded_model(discovery: Discovery) -> None:
+    """Once per process: ``RolloutClient()`` with no servers serves a random-weight model; say so."""
+    global _said_embedded
+    if _said_embedded or not isinstance(discovery, EmbeddedServers):
+        return
+    if discovery.engine is not None and discovery.engine.model_path is not None:
+        return
+    _said_embedded = True
+    log.warning(
+        "RolloutClient(): no servers given, so it serves the embedded tiny Qwen2 model on CPU (Qwen2.5's "
+        "tokenizer, RANDOM weights: its tokens are noise); pass servers=[...] or "
+        "engine=CpuEngineConfig(model_path=...) for a real model"
+    )
 
 
 def _default_discovery(engine: CpuEngineConfig | None, num: int) -> Discovery:

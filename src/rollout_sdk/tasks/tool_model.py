@@ -46,6 +46,7 @@ __all__ = [
     "Recipe",
     "TaskHead",
     "TrainingStopped",
+    "cached_tool_model",
     "common_prefix",
     "demonstration_sets",
     "ensure_tool_model",
@@ -107,12 +108,23 @@ def ensure_tool_model(
     thread) ends a training within one step with :class:`TrainingStopped`; the half-trained model is
     deleted, never cached.  In the main thread Ctrl-C does the same (KeyboardInterrupt).
     """
+    dest = _dest(home, stage)
+    root = dest.parent.parent
+    build_once(dest, lambda tmp: _build(tmp, root, progress, stop), marker="trained/task.json")
+    return dest / stage
+
+
+def cached_tool_model(home: str | os.PathLike[str] | None = None, *, stage: str = "trained") -> Path | None:
+    """The tool model's directory if it is cached already (no training), else None."""
+    path = _dest(home, stage) / stage
+    return path if (path.parent / "trained" / "task.json").exists() else None
+
+
+def _dest(home: str | os.PathLike[str] | None, stage: str) -> Path:
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, not {stage!r}")
     root = Path(home) if home is not None else default_home()
-    dest = root / "models" / f"tool-qwen2-{_RECIPE}"
-    build_once(dest, lambda tmp: _build(tmp, root, progress, stop), marker="trained/task.json")
-    return dest / stage
+    return root / "models" / f"tool-qwen2-{_RECIPE}"
 
 
 async def ensure_tool_model_async(
