@@ -285,7 +285,9 @@ async def main(args: argparse.Namespace) -> int:
         t1 = time.perf_counter()
         groups = await asyncio.gather(
             *(
-                rollout_group(client, agent, sample, n=args.samples, reward=reward, sample_index=i, timeout=60.0)
+                rollout_group(
+                    client, agent, sample, group_size=args.samples, reward=reward, sample_index=i, timeout=60.0
+                )
                 for i, sample in enumerate(SAMPLES)
             )
         )

@@ -18,7 +18,7 @@ import pytest
 from rollout_sdk import RolloutClient
 from rollout_sdk.cli import main as cli_main
 from rollout_sdk.client import ClientConfig
-from rollout_sdk.errors import ServerUnavailableError
+from rollout_sdk.errors import ConfigError, ServerUnavailableError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -188,3 +188,19 @@ async def test_a_request_without_a_session_is_told_how_to_open_one(fake_servers)
             async with http.post(f"{gw.url}/chat/completions", json=body, headers=headers) as r:
                 assert r.status == 200, await r.text()
                 assert (await r.json())["choices"][0]["message"]["role"] == "assistant"
+
+
+# -- one name for the group size ---------------------------------------------------------------------
+
+
+async def test_n_is_the_deprecated_name_of_group_size(fake_servers) -> None:
+    servers = await fake_servers(1)
+    async with RolloutClient(servers=[s.address for s in servers]) as client:
+        with pytest.warns(DeprecationWarning, match="group_size"):
+            stream = client.generate_many([[1, 2, 3]], n=3)
+        async with stream as groups:
+            assert [len(g.results) async for g in groups] == [3]
+        async with client.generate_many([[1, 2, 3]], group_size=2) as groups:
+            assert [len(g.results) async for g in groups] == [2]
+        with pytest.raises(ConfigError, match="group_size only"):
+            client.generate_many([[1, 2, 3]], group_size=2, n=2)

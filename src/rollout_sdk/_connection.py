@@ -116,6 +116,8 @@ class ServerConnection:
         self.info: ServerInfo | None = None
         self.alive = False
         self.dead_reason = "not connected yet"
+        #: a "marked dead" warning was logged and no "is back" yet
+        self._said_dead = False
         self.draining = False
         #: routed to only while admitted (it serves the client's weight version); why not, when not
         self.admitted = True
@@ -326,6 +328,7 @@ class ServerConnection:
         self.dead_reason = reason
         if was_alive and not isinstance(error, ClientStateError):
             log.warning("server %s (%s) marked dead: %s", self.server_id, self.address, reason)
+            self._said_dead = True
         err = error or ServerUnavailableError(f"server {self.server_id} ({self.address}) is dead: {reason}")
         pending, self._pending = self._pending, {}
         if not isinstance(error, ClientStateError):
@@ -346,7 +349,10 @@ class ServerConnection:
 
     def _revive(self) -> None:
         if not self.alive and self.info is not None and not self.replaced:
-            log.info("server %s (%s) is back", self.server_id, self.address)
+            # "back" only after a "marked dead": a server answering its first heartbeats is no news
+            if self._said_dead:
+                log.info("server %s (%s) is back", self.server_id, self.address)
+            self._said_dead = False
             self.alive = True
             self.dead_reason = ""
             self._abort_orphans()

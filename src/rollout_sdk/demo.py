@@ -106,7 +106,7 @@ async def run_demo(
         bar = _progress(demo.prompts * demo.samples, demo.progress)
 
         async def group(i: int, sample: dict[str, Any]) -> list[Any]:
-            g = await rollout_group(rc, agent, sample, n=demo.samples, reward=task.reward, sample_index=i)
+            g = await rollout_group(rc, agent, sample, group_size=demo.samples, reward=task.reward, sample_index=i)
             bar.update(len(g))
             return g
 

@@ -89,7 +89,7 @@ async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) ->
             t0 = time.perf_counter()
             agent = task.make_agent(tokenizer, temperature=1.0, seed=config.seed * 1_000_003 + 7919 * step)
             instances = task.samples(config.prompts, seed=config.seed * 1000 + step, split="train")
-            groups = await task.run_groups(client, agent, instances, n=config.group)
+            groups = await task.run_groups(client, agent, instances, group_size=config.group)
             t1 = time.perf_counter()
             trajs = [t for g in groups for t in g]
             rewards = [t.reward or 0.0 for t in trajs]

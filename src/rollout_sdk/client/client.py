@@ -55,7 +55,7 @@ from ..protocol import (
     encode,
 )
 from ..rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, as_request
-from ..rollouts.group import Agent, RewardFn
+from ..rollouts.group import Agent, RewardFn, resolve_group_size
 from ..rollouts.results import ResultStream
 from ..rollouts.stream import GroupFilter, RolloutMode, RolloutStream
 from ..scheduler import Scheduler
@@ -85,7 +85,7 @@ class RolloutClient:
             result = await client.generate([151644, 872, 198], sampling=SamplingParams(max_new_tokens=32))
 
         async with RolloutClient(servers=["tcp://10.0.0.5:40123"]) as client:
-            async for group in client.generate_many(prompts, n=8):
+            async for group in client.generate_many(prompts, group_size=8):
                 ...
 
     ``servers`` (addresses) or ``discovery`` (a :class:`~rollout_sdk.discovery.Discovery`) say where the
@@ -391,13 +391,15 @@ class RolloutClient:
         self,
         requests: Iterable[Prompt] | AsyncIterable[Prompt],
         *,
-        n: int = 1,
+        group_size: int | None = None,
+        n: int | None = None,
         sampling: SamplingParams | None = None,
         concurrency: int | None = None,
         timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
         return_exceptions: bool = False,
     ) -> ResultStream:
-        """Run many prompts, ``n`` samples each; iterate the groups as they complete.
+        """Run many prompts, ``group_size`` samples each (``n`` is its deprecated old name); iterate the
+        groups as they complete.
 
         ``concurrency`` caps the samples in flight plus those finished but not yet taken (default: every
         server's in-flight cap together).  Sample k of a seeded prompt is seeded
@@ -406,11 +408,12 @@ class RolloutClient:
 
         Example::
 
-            async with client.generate_many(prompts, n=4) as stream:
+            async with client.generate_many(prompts, group_size=4) as stream:
                 async for group in stream:
                     train_on(group.results)
         """
         self._check_open()
+        n = resolve_group_size(group_size, n, where="generate_many", default=1)
         if concurrency is None:
             concurrency = max(n, self._scheduler.window())
         return ResultStream(
