@@ -206,8 +206,8 @@ class RolloutClient:
 
     async def _open(self) -> None:
         cfg = self.config
+        _say_embedded_model(self._discovery)  # before the engine starts: it takes seconds on a small machine
         addresses = await self._discovery.open(cfg.discovery_timeout_s)
-        _say_embedded_model(self._discovery)
         creds = _resolve_credentials(self._credentials, self._discovery)
         self._fleet.open(addresses, creds)
         ready = asyncio.Event()
@@ -753,8 +753,8 @@ def _say_embedded_model(discovery: Discovery) -> None:
         return
     _said_embedded = True
     log.warning(
-        "RolloutClient(): no servers given, so it serves the embedded tiny Qwen2 model on CPU (Qwen2.5's "
-        "tokenizer, RANDOM weights: its tokens are noise); pass servers=[...] or "
+        "RolloutClient(): no servers given: starting the embedded CPU engine with the tiny Qwen2 model "
+        "(Qwen2.5's tokenizer, RANDOM weights: its tokens are noise; a few seconds); pass servers=[...] or "
         "engine=CpuEngineConfig(model_path=...) for a real model"
     )
 

@@ -198,7 +198,11 @@ def shared_prefix_hidden(body: Any, prefix: torch.Tensor, suffixes: torch.Tensor
     """
     import inspect
 
-    cache = body(input_ids=prefix[None], use_cache=True).past_key_values
+    out = body(input_ids=prefix[None], use_cache=True)
+    # transformers renamed the output too; reading the old name logs a deprecation warning in newer versions
+    cache = out.get("cache")
+    if cache is None:
+        cache = out.past_key_values
     cache.batch_repeat_interleave(suffixes.shape[0])
     # transformers renamed the argument (``past_key_values`` -> ``cache``); pass the one this version takes
     name = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
