@@ -29,7 +29,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--group-size", "--group", type=int, default=4, dest="group_size")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-2)
     args, _ = p.parse_known_args(argv)
@@ -65,7 +65,7 @@ async def train(args: argparse.Namespace) -> None:
                 GenerateRequest(input_ids=p, sampling=msgspec.structs.replace(sampling, seed=10_000 * step + 100 * i))
                 for i, p in enumerate(prompts)
             ]
-            groups = await client.generate_many(requests, group_size=args.group).collect()
+            groups = await client.generate_many(requests, group_size=args.group_size).collect()
             t_gen = time.perf_counter() - t0
             loss_terms, rewards, gaps = [], [], []
             for g in groups:

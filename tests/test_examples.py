@@ -31,7 +31,7 @@ def _run(home: Path, *args: str, timeout: float = 90) -> tuple[str, dict[str, An
 
 
 def test_tool_agent_scripted_runs_every_tool_path(sdk_home: Path, tiny_model: Path) -> None:
-    out, summary = _run(sdk_home, "--scripted", "--samples", "2")
+    out, summary = _run(sdk_home, "--scripted", "--group-size", "2")
     assert summary["mode"] == "scripted"
     # 3 questions x 2 samples; per sample: calculator + convert_units, 2 parallel lookups (one times out),
     # a calculator call with a wrong argument name and then a right one
@@ -63,7 +63,7 @@ def test_tool_agent_scripted_runs_every_tool_path(sdk_home: Path, tiny_model: Pa
 
 
 def test_tool_agent_on_the_cpu_engine(sdk_home: Path, tiny_model: Path) -> None:
-    out, summary = _run(sdk_home, "--samples", "2", "--max-new-tokens", "16", "--max-turns", "2")
+    out, summary = _run(sdk_home, "--group-size", "2", "--max-new-tokens", "16", "--max-turns", "2")
     assert summary["mode"] == "cpu"
     assert summary["trajectories"] == 6
     assert sum(summary["finish"].values()) == 6

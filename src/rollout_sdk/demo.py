@@ -19,6 +19,7 @@ from ._aio import cancel_and_wait
 from .client import ClientConfig, RolloutClient
 from .engines.cpu import CpuEngineConfig
 from .errors import ConfigError
+from .rollouts.group import deprecated_group_field
 
 __all__ = ["DemoConfig", "run_demo"]
 
@@ -28,7 +29,7 @@ class DemoConfig:
     #: distinct questions (held-back instances of the calculator task)
     prompts: int = 32
     #: trajectories per question (a GRPO-style group)
-    samples: int = 4
+    group_size: int = 4
     #: per model turn
     max_new_tokens: int = 48
     #: 0 is greedy; 1 samples from the model's distribution (as RL does)
@@ -41,9 +42,12 @@ class DemoConfig:
     progress: bool = True
     #: also write every trajectory (JSONL, rollout_sdk.export) to this file
     export: str | None = None
+    #: deprecated: the old name of ``group_size``
+    samples: int | None = None
 
     def __post_init__(self) -> None:
-        for name, least in (("prompts", 1), ("samples", 1), ("max_new_tokens", 1), ("show", 0)):
+        deprecated_group_field(self, "samples")
+        for name, least in (("prompts", 1), ("group_size", 1), ("max_new_tokens", 1), ("show", 0)):
             if getattr(self, name) < least:
                 raise ConfigError(name, getattr(self, name), f"must be >= {least}")
 
@@ -93,7 +97,7 @@ async def run_demo(
             path = await ensure_tool_model_async(engine.home, progress=demo.progress)
             engine = dataclasses.replace(engine, model_path=str(path))
     where = ", ".join(servers) if servers else "embedded CPU engine"
-    say(f"rollout-sdk demo: {demo.prompts} questions x {demo.samples} trajectories, through ToolAgent")
+    say(f"rollout-sdk demo: {demo.prompts} questions x {demo.group_size} trajectories, through ToolAgent")
     async with RolloutClient(servers, engine=engine if not servers else None, config=client) as rc:
         t_ready = time.perf_counter()
         say(_model_line(rc.model_path or ""))
@@ -103,10 +107,10 @@ async def run_demo(
             tokenizer, temperature=demo.temperature, seed=demo.seed, max_new_tokens=demo.max_new_tokens
         )
         instances = task.samples(demo.prompts, seed=demo.seed, split="test")
-        bar = _progress(demo.prompts * demo.samples, demo.progress)
+        bar = _progress(demo.prompts * demo.group_size, demo.progress)
 
         async def group(i: int, sample: dict[str, Any]) -> list[Any]:
-            g = await rollout_group(rc, agent, sample, group_size=demo.samples, reward=task.reward, sample_index=i)
+            g = await rollout_group(rc, agent, sample, group_size=demo.group_size, reward=task.reward, sample_index=i)
             bar.update(len(g))
             return g
 

@@ -17,6 +17,7 @@ __all__ = [
     "Agent",
     "RewardFn",
     "Sample",
+    "deprecated_group_field",
     "group_stats",
     "resolve_group_size",
     "reward_of",
@@ -69,6 +70,21 @@ def resolve_group_size(group_size: int | None, n: int | None, *, where: str, def
             raise TypeError(f"{where}() missing required keyword argument: 'group_size'")
         return default
     return group_size
+
+
+def deprecated_group_field(config: Any, old: str) -> None:
+    """A config's old name of its ``group_size`` field: when given, warn and use it (frozen dataclasses)."""
+    import warnings
+
+    value = getattr(config, old)
+    if value is None:
+        return
+    warnings.warn(
+        f"{type(config).__name__}({old}=...) is deprecated: call it group_size (--group-size on the command line)",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    object.__setattr__(config, "group_size", value)
 
 
 async def rollout_group(
