@@ -99,7 +99,11 @@ class _ToolModelBuild:
         if self.proc.poll() is None:
             say(f"\nwaiting for the tool model's training (started with the session; progress in {self.log})")
         t0 = time.monotonic()
-        code = self.proc.wait()
+        try:
+            code = self.proc.wait(timeout=_BUILD_GUARD_S)
+        except subprocess.TimeoutExpired:  # a hang guard (minutes are normal; an hour is not)
+            self.stop()
+            code = -1
         self.proc = None
         if code == 0:
             from rollout_sdk.tasks.tool_model import cached_tool_model
@@ -121,6 +125,8 @@ class _ToolModelBuild:
 
 
 _BUILD = pytest.StashKey[_ToolModelBuild]()
+#: the longest the tests that need the tool model wait for its build
+_BUILD_GUARD_S = 3600.0
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
