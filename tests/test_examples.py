@@ -11,9 +11,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL_AGENT = ROOT / "examples" / "tool_agent.py"
+# `timeout` below is a hang guard: a CPU engine starting on a loaded 2-core machine takes minutes
 
 
-def _run(home: Path, *args: str, timeout: float = 90) -> tuple[str, dict[str, Any]]:
+def _run(home: Path, *args: str, timeout: float = 240) -> tuple[str, dict[str, Any]]:
     env = dict(os.environ, ROLLOUT_SDK_HOME=str(home), PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [sys.executable, str(TOOL_AGENT), *args],
