@@ -216,12 +216,16 @@ def _build(out: Path, home: Path, progress: bool, stop: threading.Event | None) 
     from ..models.tiny import ensure_tiny_model
 
     t0 = time.perf_counter()
+    if progress:  # the first output of a first run: say what the next minutes are
+        import sys
+
+        print("building the tool model (once): demonstrations, then training", file=sys.stderr, flush=True)
     tiny = ensure_tiny_model(home)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny))
     recipe = Recipe()
-    data = demonstration_sets(tokenizer, recipe)
+    data = demonstration_sets(tokenizer, recipe, progress=progress)
     result = train_stages(data, recipe, progress=progress, stop=stop)
     seconds = time.perf_counter() - t0
     for stage, state in result["states"].items():
@@ -268,7 +272,7 @@ Example = tuple[list[int], list[int]]  # ids, loss mask over ids
 
 
 async def _demonstrations(
-    tokenizer: Any, instances: Sequence[dict[str, Any]], *, direct: bool, seed: int
+    tokenizer: Any, instances: Sequence[dict[str, Any]], *, direct: bool, seed: int, bar: Any
 ) -> list[Example]:
     """One demonstration per instance, made by running ToolAgent on a scripted expert: the right tool
     call then the answer read off its result, or (``direct``) a guessed answer without the tool."""
@@ -290,25 +294,35 @@ async def _demonstrations(
             turns = ["<tool_call>\n" + json.dumps(call) + "\n</tool_call>", f"The answer is {sample['answer']}."]
         traj = await agent.run(cast(RolloutContext, _Scripted(tokenizer, turns)), sample)
         out.append((traj.prompt_ids + traj.response_ids, [0] * len(traj.prompt_ids) + traj.loss_mask))
+        bar.update(1)
     return out
 
 
-def demonstration_sets(tokenizer: Any, recipe: Recipe) -> tuple[list[Example], list[Example], list[Example]]:
-    """(tool-use demonstrations of every training instance, direct-answer ones, held-back ones)."""
+def demonstration_sets(
+    tokenizer: Any, recipe: Recipe, *, progress: bool = False
+) -> tuple[list[Example], list[Example], list[Example]]:
+    """(tool-use demonstrations of every training instance, direct-answer ones, held-back ones); a
+    progress bar on stderr with ``progress``."""
     from . import calculator
 
     train_instances = calculator.instances("train")
     random.Random(recipe.seed).shuffle(train_instances)
     test_instances = calculator.samples(recipe.test_instances, seed=recipe.seed, split="test")
 
+    direct = train_instances[: recipe.direct_instances]
+    bar = _bar(len(train_instances) + len(direct) + len(test_instances), progress, "demonstrations (once)", "demo")
+
     async def make() -> tuple[list[Example], list[Example], list[Example]]:
         return (
-            await _demonstrations(tokenizer, train_instances, direct=False, seed=recipe.seed),
-            await _demonstrations(tokenizer, train_instances[: recipe.direct_instances], direct=True, seed=recipe.seed),
-            await _demonstrations(tokenizer, test_instances, direct=False, seed=recipe.seed),
+            await _demonstrations(tokenizer, train_instances, direct=False, seed=recipe.seed, bar=bar),
+            await _demonstrations(tokenizer, direct, direct=True, seed=recipe.seed, bar=bar),
+            await _demonstrations(tokenizer, test_instances, direct=False, seed=recipe.seed, bar=bar),
         )
 
-    return asyncio.run(make())
+    try:
+        return asyncio.run(make())
+    finally:
+        bar.close()
 
 
 def train_stages(
@@ -486,9 +500,9 @@ class _NoBar:
         return None
 
 
-def _bar(total: int, enabled: bool) -> Any:
+def _bar(total: int, enabled: bool, desc: str = "training the tool model (once)", unit: str = "step") -> Any:
     if not enabled:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="training the tool model (once)", unit="step", mininterval=1.0)
+    return tqdm(total=total, desc=desc, unit=unit, mininterval=1.0)
