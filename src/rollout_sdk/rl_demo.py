@@ -60,6 +60,10 @@ class GrpoConfig:
 
 async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) -> list[dict[str, float]]:
     """Run GRPO; print a row per step; return the rows (success, reward, ... per step)."""
+    say(
+        f"GRPO on CPU: {config.steps} steps of {config.prompts} questions x {config.group_size} trajectories; "
+        "loading the policy and starting the engine..."
+    )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
