@@ -386,7 +386,7 @@ async def run_agents(
     from rollout_sdk.agents import rollout_group
 
     groups = await asyncio.gather(
-        *(rollout_group(client, agent, s, n=group, sample_index=i) for i, s in enumerate(samples))
+        *(rollout_group(client, agent, s, group_size=group, sample_index=i) for i, s in enumerate(samples))
     )
     return [t for g in groups for t in g]
 

@@ -23,7 +23,7 @@ async def rate(path: str, temperature: float, n: int, k: int, split: str) -> tup
     tok = AutoTokenizer.from_pretrained(path)
     agent = task.make_agent(tok, temperature=temperature, seed=1)
     async with RolloutClient(engine=CpuEngineConfig(model_path=path)) as client:
-        groups = await task.run_groups(client, agent, task.samples(n, seed=3, split=split), n=k)
+        groups = await task.run_groups(client, agent, task.samples(n, seed=3, split=split), group_size=k)
     trajs = [t for g in groups for t in g]
     called = sum(1 for t in trajs if any(c.name == "calculator" for u in t.turns for c in u.tool_calls))
     return sum(t.reward or 0.0 for t in trajs) / len(trajs), called / len(trajs)

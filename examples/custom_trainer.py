@@ -22,13 +22,14 @@ import msgspec
 import torch
 
 from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
+from rollout_sdk.models import quiet_weight_loading
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--group-size", "--group", type=int, default=4, dest="group_size")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-2)
     args, _ = p.parse_known_args(argv)
@@ -49,7 +50,10 @@ async def train(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     async with RolloutClient() as client:
-        policy = await asyncio.to_thread(AutoModelForCausalLM.from_pretrained, client.model_path, dtype=torch.float32)
+        with quiet_weight_loading():  # no "Loading weights" bar in the example's output
+            policy = await asyncio.to_thread(
+                AutoModelForCausalLM.from_pretrained, client.model_path, dtype=torch.float32
+            )
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
         await client.init_weight_sync(backend="gloo")  # trainer = rank 0 of a group with every engine
         prompts = [[151644, 872, 198, 1000 + 17 * i] for i in range(args.prompts)]
@@ -61,7 +65,7 @@ async def train(args: argparse.Namespace) -> None:
                 GenerateRequest(input_ids=p, sampling=msgspec.structs.replace(sampling, seed=10_000 * step + 100 * i))
                 for i, p in enumerate(prompts)
             ]
-            groups = await client.generate_many(requests, n=args.group).collect()
+            groups = await client.generate_many(requests, group_size=args.group_size).collect()
             t_gen = time.perf_counter() - t0
             loss_terms, rewards, gaps = [], [], []
             for g in groups:

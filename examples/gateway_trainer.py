@@ -23,6 +23,7 @@ from openai import AsyncOpenAI
 from rollout_sdk import RolloutClient
 from rollout_sdk.agents import Trajectory
 from rollout_sdk.gateway import Gateway, SessionHandle
+from rollout_sdk.models import quiet_weight_loading
 
 
 async def agent(base_url: str, model: str, question: str, *, seed: int, turns: int = 2) -> str:
@@ -60,7 +61,10 @@ async def train(args: argparse.Namespace) -> dict[str, float]:
     summary: dict[str, float] = {}
     async with RolloutClient() as client, Gateway(client) as gw:
         print(f"gateway at {gw.url} serving {gw.model_name!r}")
-        policy = await asyncio.to_thread(AutoModelForCausalLM.from_pretrained, client.model_path, dtype=torch.float32)
+        with quiet_weight_loading():  # no "Loading weights" bar in the example's output
+            policy = await asyncio.to_thread(
+                AutoModelForCausalLM.from_pretrained, client.model_path, dtype=torch.float32
+            )
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
         await client.init_weight_sync(backend="gloo")
         for step in range(args.steps):

@@ -24,11 +24,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=GrpoConfig.steps)
     p.add_argument("--prompts", type=int, default=GrpoConfig.prompts)
-    p.add_argument("--group", type=int, default=GrpoConfig.group)
+    p.add_argument("--group-size", "--group", type=int, default=GrpoConfig.group_size, dest="group_size")
     p.add_argument("--lr", type=float, default=GrpoConfig.lr)
     p.add_argument("--eval-instances", type=int, default=GrpoConfig.eval_instances)
     a = p.parse_args()
-    config = GrpoConfig(steps=a.steps, prompts=a.prompts, group=a.group, lr=a.lr, eval_instances=a.eval_instances)
+    config = GrpoConfig(
+        steps=a.steps, prompts=a.prompts, group_size=a.group_size, lr=a.lr, eval_instances=a.eval_instances
+    )
     try:
         asyncio.run(run_grpo(config))
     except KeyboardInterrupt:

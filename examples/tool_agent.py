@@ -4,7 +4,7 @@
     python examples/tool_agent.py --scripted    # a scripted engine that calls the tools, to see that path
 
 Three tools (a calculator over a safe expression evaluator, a unit converter, a slow async lookup with a
-timeout and a concurrency cap), three questions, ``--samples`` trajectories per question (a GRPO group)
+timeout and a concurrency cap), three questions, ``--group-size`` trajectories per question (a GRPO group)
 rewarded by an async reward function as each one finishes.  It prints a line per trajectory, the tool
 registry's counters, one trajectory's tokens split into model spans (loss mask 1) and spans the loop added
 (loss mask 0), and a final ``SUMMARY {json}`` line.
@@ -278,14 +278,16 @@ async def main(args: argparse.Namespace) -> int:
     )
     agent = ToolAgent(tokenizer, registry, config)
     mode = "scripted FakeEngine" if args.scripted else "embedded CPU engine (tiny Qwen2, random weights)"
-    say(f"tool agent: {len(SAMPLES)} questions x {args.samples} samples on the {mode}")
+    say(f"tool agent: {len(SAMPLES)} questions x {args.group_size} samples on the {mode}")
     say(f"tools: {', '.join(registry.names)}")
 
     async with open_client(args.scripted, tokenizer) as client:
         t1 = time.perf_counter()
         groups = await asyncio.gather(
             *(
-                rollout_group(client, agent, sample, n=args.samples, reward=reward, sample_index=i, timeout=60.0)
+                rollout_group(
+                    client, agent, sample, group_size=args.group_size, reward=reward, sample_index=i, timeout=60.0
+                )
                 for i, sample in enumerate(SAMPLES)
             )
         )
@@ -344,7 +346,9 @@ async def main(args: argparse.Namespace) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scripted", action="store_true", help="a scripted engine that calls the tools")
-    p.add_argument("--samples", type=int, default=4, help="trajectories per question (the GRPO group size)")
+    p.add_argument(
+        "--group-size", "--samples", type=int, default=4, dest="group_size", help="trajectories per question (a group)"
+    )
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=None, help="per model turn (default 32; scripted 128)")
     return p.parse_args(argv)

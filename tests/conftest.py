@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,14 @@ def _gpu_available() -> bool:
         return False
 
 
+def _module_name(item: pytest.Item) -> str:
+    return str(getattr(getattr(item, "module", None), "__name__", ""))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # the modules with tests that need the tool model run last (the build overlaps the others: _ToolModelBuild)
+    late = {_module_name(item) for item in items if _needs_tool_model(item)}
+    items.sort(key=lambda item: _module_name(item) in late)
     if _gpu_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (tests/gpu runs on the device machine)")
@@ -37,12 +45,117 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+_HOME = pytest.StashKey[Path]()
+
+
+def _session_home(config: pytest.Config) -> Path:
+    """This session's ROLLOUT_SDK_HOME: ``$ROLLOUT_SDK_TEST_HOME`` (a cache kept between runs), else a
+    fresh temporary directory (a fresh clone: every model is built once, in it)."""
+    if _HOME not in config.stash:
+        given = os.environ.get("ROLLOUT_SDK_TEST_HOME")
+        home = Path(given) if given else config._tmp_path_factory.mktemp("sdk_home")  # type: ignore[attr-defined]
+        os.environ["ROLLOUT_SDK_HOME"] = str(home)
+        config.stash[_HOME] = home
+    return config.stash[_HOME]
+
+
+def _needs_tool_model(item: pytest.Item) -> bool:
+    return "tool_model" in getattr(item, "fixturenames", ())
+
+
+class _ToolModelBuild:
+    """The trained tool model, built in a subprocess that starts before the first test.
+
+    Training takes minutes on a loaded 2-core machine.  In a fixture that time counted against the first
+    test's per-test timeout and failed it.  Here it runs beside the tests that do not need it (the suite
+    mostly waits on sockets and subprocesses: about one core of two), those that need it run last, and the
+    wait for it happens before their timeout starts (``pytest_runtest_protocol`` below), saying so.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.log = home / "tool-model-build.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.path: Path | None = None
+        self.error: str | None = None
+
+    def start(self) -> None:
+        from rollout_sdk.tasks.tool_model import cached_tool_model
+
+        self.path = cached_tool_model(self.home)
+        if self.path is None:
+            with open(self.log, "wb") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "rollout_sdk", "make-model", "tool", "--home", str(self.home)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                    env=dict(os.environ, ROLLOUT_SDK_HOME=str(self.home)),
+                )
+
+    def wait(self, say: Callable[[str], None]) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            say(f"\nwaiting for the tool model's training (started with the session; progress in {self.log})")
+        t0 = time.monotonic()
+        try:
+            code = self.proc.wait(timeout=_BUILD_GUARD_S)
+        except subprocess.TimeoutExpired:  # a hang guard (minutes are normal; an hour is not)
+            self.stop()
+            code = -1
+        self.proc = None
+        if code == 0:
+            from rollout_sdk.tasks.tool_model import cached_tool_model
+
+            self.path = cached_tool_model(self.home)
+            say(f"tool model ready (waited {time.monotonic() - t0:.0f}s)")
+        if self.path is None:
+            tail = self.log.read_text(errors="replace").replace("\r", "\n").splitlines()[-15:]
+            self.error = f"training the tool model failed (exit {code}); the end of {self.log}:\n" + "\n".join(tail)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # Ctrl-C: it stops at its next step and caches nothing
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+_BUILD = pytest.StashKey[_ToolModelBuild]()
+#: the longest the tests that need the tool model wait for its build
+_BUILD_GUARD_S = 3600.0
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly or not any(_needs_tool_model(item) for item in session.items):
+        return
+    build = session.config.stash[_BUILD] = _ToolModelBuild(_session_home(session.config))
+    build.start()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Outside every other wrapper, pytest-timeout's included: the wait for the build is no test's time."""
+    build = item.config.stash.get(_BUILD, None)
+    if build is not None and _needs_tool_model(item):
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+        build.wait(reporter.write_line if reporter is not None else print)
+    yield
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    build = session.config.stash.get(_BUILD, None)
+    if build is not None:
+        build.stop()
+
+
 @pytest.fixture(scope="session")
-def sdk_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sdk_home(pytestconfig: pytest.Config) -> Path:
     """A private ROLLOUT_SDK_HOME for the session (the tiny model is built there once)."""
-    home = Path(os.environ.get("ROLLOUT_SDK_TEST_HOME") or tmp_path_factory.mktemp("sdk_home"))
-    os.environ["ROLLOUT_SDK_HOME"] = str(home)
-    return home
+    return _session_home(pytestconfig)
 
 
 @pytest.fixture(scope="session")
@@ -53,10 +166,15 @@ def tiny_model(sdk_home: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tool_model(sdk_home: Path) -> Path:
-    """The trained tool model (trained on first use: a few minutes on two cores, once per session)."""
+def tool_model(pytestconfig: pytest.Config, sdk_home: Path) -> Path:
+    """The trained tool model (built beside the first tests: ``_ToolModelBuild``)."""
     from rollout_sdk.tasks import ensure_tool_model
 
+    build = pytestconfig.stash.get(_BUILD, None)
+    if build is not None and build.error is not None:
+        raise RuntimeError(build.error)
+    if build is not None and build.path is not None:
+        return build.path
     return ensure_tool_model(sdk_home)
 
 

@@ -240,7 +240,8 @@ async def test_group_rewards_arrive_per_trajectory(fake_servers, tok) -> None:
         return 1.0 if "12" in tok.decode(traj.response_ids) else 0.0
 
     async with client:
-        group = await rollout_group(client, ToolAgent(tok, registry()), USER, n=4, reward=reward, sample_index=7)
+        agent = ToolAgent(tok, registry())
+        group = await rollout_group(client, agent, USER, group_size=4, reward=reward, sample_index=7)
     assert [t.reward for t in group] == [1.0] * 4
     assert {t.sample_index for t in group} == {7}
     assert len(done_order) == 4
@@ -255,7 +256,7 @@ async def test_end_to_end_on_the_cpu_engine(tiny_model, tok) -> None:
         tok, registry(), AgentConfig(max_turns=2, max_new_tokens=24, sampling=SamplingParams(seed=3), drift_check=True)
     )
     async with RolloutClient(engine=CpuEngineConfig(model_path=str(tiny_model))) as client:
-        group = await rollout_group(client, agent, USER, n=3, reward=lambda t, s: float(len(t.turns)))
+        group = await rollout_group(client, agent, USER, group_size=3, reward=lambda t, s: float(len(t.turns)))
     for t in group:
         assert t.finish_reason in ("stop", "length", "budget", "max_turns")
         assert len(t.response_ids) == len(t.loss_mask) == len(t.logprobs)

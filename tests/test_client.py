@@ -126,7 +126,7 @@ async def test_generate_many_keeps_groups_together(fake_servers) -> None:
     async with RolloutClient(servers=[s.address for s in servers]) as client:
         prompts = [_req(i, n=3 + i % 5, seed=100 * i) for i in range(40)]
         seen = []
-        async with client.generate_many(prompts, n=4) as stream:
+        async with client.generate_many(prompts, group_size=4) as stream:
             async for group in stream:
                 seen.append(group.index)
                 assert len(group.results) == 4
@@ -149,7 +149,7 @@ async def test_generate_many_bounds_what_it_holds(fake_servers) -> None:
                 pulled += 1
                 yield _req(i, n=2)
 
-        stream = client.generate_many(prompts(), n=2, concurrency=8)
+        stream = client.generate_many(prompts(), group_size=2, concurrency=8)
         first = await stream.__anext__()
         await asyncio.sleep(0.1)  # a slow consumer: the producer must stop pulling
         # 4 groups held (8 permits / n=2) + the one taken + the one pulled and waiting for permits

@@ -19,7 +19,7 @@ def test_demo_runs_end_to_end(tmp_path, sdk_home, tool_model) -> None:
             "demo",
             "--prompts",
             "4",
-            "--samples",
+            "--group-size",
             "2",
             "--no-progress",
             "--json",
@@ -50,13 +50,17 @@ def test_demo_and_grpo_configs_refuse_values_that_would_break_them() -> None:
     from rollout_sdk.errors import ConfigError
     from rollout_sdk.rl_demo import GrpoConfig
 
-    for field, value in (("prompts", 0), ("samples", -3), ("max_new_tokens", 0), ("show", -1)):
+    for field, value in (("prompts", 0), ("group_size", -3), ("max_new_tokens", 0), ("show", -1)):
         with pytest.raises(ConfigError, match=f"{field}={value}"):
             DemoConfig(**{field: value})
-    for field, value in (("steps", 0), ("prompts", 0), ("group", 1), ("eval_instances", -1)):
+    for field, value in (("steps", 0), ("prompts", 0), ("group_size", 1), ("eval_instances", -1)):
         with pytest.raises(ConfigError, match=f"{field}={value}"):
             GrpoConfig(**{field: value})
     for lr in (0.0, -1e-3, math.nan, math.inf):
         with pytest.raises(ConfigError, match="lr="):
             GrpoConfig(lr=lr)
-    GrpoConfig(group=2, eval_instances=0)  # the smallest that works
+    GrpoConfig(group_size=2, eval_instances=0)  # the smallest that works
+    with pytest.warns(DeprecationWarning, match="group_size"):  # the old names still work, and say so
+        assert GrpoConfig(group=3).group_size == 3
+    with pytest.warns(DeprecationWarning, match="group_size"):
+        assert DemoConfig(samples=5).group_size == 5

@@ -11,9 +11,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL_AGENT = ROOT / "examples" / "tool_agent.py"
+# `timeout` below is a hang guard: a CPU engine starting on a loaded 2-core machine takes minutes
 
 
-def _run(home: Path, *args: str, timeout: float = 90) -> tuple[str, dict[str, Any]]:
+def _run(home: Path, *args: str, timeout: float = 240) -> tuple[str, dict[str, Any]]:
     env = dict(os.environ, ROLLOUT_SDK_HOME=str(home), PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [sys.executable, str(TOOL_AGENT), *args],
@@ -31,7 +32,7 @@ def _run(home: Path, *args: str, timeout: float = 90) -> tuple[str, dict[str, An
 
 
 def test_tool_agent_scripted_runs_every_tool_path(sdk_home: Path, tiny_model: Path) -> None:
-    out, summary = _run(sdk_home, "--scripted", "--samples", "2")
+    out, summary = _run(sdk_home, "--scripted", "--group-size", "2")
     assert summary["mode"] == "scripted"
     # 3 questions x 2 samples; per sample: calculator + convert_units, 2 parallel lookups (one times out),
     # a calculator call with a wrong argument name and then a right one
@@ -63,7 +64,7 @@ def test_tool_agent_scripted_runs_every_tool_path(sdk_home: Path, tiny_model: Pa
 
 
 def test_tool_agent_on_the_cpu_engine(sdk_home: Path, tiny_model: Path) -> None:
-    out, summary = _run(sdk_home, "--samples", "2", "--max-new-tokens", "16", "--max-turns", "2")
+    out, summary = _run(sdk_home, "--group-size", "2", "--max-new-tokens", "16", "--max-turns", "2")
     assert summary["mode"] == "cpu"
     assert summary["trajectories"] == 6
     assert sum(summary["finish"].values()) == 6

@@ -49,17 +49,17 @@ async def test_every_api_sends_the_same_distinct_member_seeds(fake_servers, mode
     assert len(set(want)) == 4
     async with RolloutClient(servers=[s.address for s in servers]) as client:
         seen = record_seeds(client)
-        [group] = await client.generate_many([REQ], n=4).collect()
+        [group] = await client.generate_many([REQ], group_size=4).collect()
         assert sorted(seen) == sorted(want), "generate_many"
         seen.clear()
         async with client.rollouts([REQ], group_size=4, batch_groups=1, mode=mode) as stream:
             [batch] = [b async for b in stream]
         assert sorted(seen) == sorted(want), f"rollouts(mode={mode})"
         seen.clear()
-        await rollout_group(client, GenerateAgent(), REQ, n=4)
+        await rollout_group(client, GenerateAgent(), REQ, group_size=4)
         assert sorted(seen) == sorted(want), "rollout_group"
         seen.clear()
-        again = await client.generate_many([REQ], n=4).collect()  # reproducible
+        again = await client.generate_many([REQ], group_size=4).collect()  # reproducible
         assert sorted(seen) == sorted(want)
     assert len(batch.groups[0]) == 4
     assert len(group.results) == len(again[0].results) == 4
@@ -94,10 +94,10 @@ async def test_the_same_sample_from_generate_many_rollouts_and_rollout_group(tin
 
     req = GenerateRequest(input_ids=[151644, 872, 198, 40, 1079], sampling=SamplingParams(seed=11, max_new_tokens=8))
     async with RolloutClient(engine=CpuEngineConfig(model_path=str(tiny_model))) as client:
-        [g] = await client.generate_many([req], n=3).collect()
+        [g] = await client.generate_many([req], group_size=3).collect()
         async with client.rollouts([req], group_size=3, batch_groups=1) as stream:
             [batch] = [b async for b in stream]
-        group = await rollout_group(client, GenerateAgent(), req, n=3)
+        group = await rollout_group(client, GenerateAgent(), req, group_size=3)
     many = [r.output_ids for r in g.results]
     assert len({tuple(x) for x in many}) == 3, "members are different samples"
     assert [t.response_ids for t in batch.groups[0]] == many

@@ -140,7 +140,7 @@ async def test_rollouts_hold_a_bounded_number_of_groups_for_a_slow_consumer(fake
 async def test_generate_many_holds_at_most_concurrency_samples(fake_servers) -> None:
     servers = await fake_servers(1, FakeEngineConfig(max_batch=64))
     async with RolloutClient(servers=[s.address for s in servers]) as client:
-        async with client.generate_many(PROMPTS * 4, n=2, concurrency=10) as stream:
+        async with client.generate_many(PROMPTS * 4, group_size=2, concurrency=10) as stream:
             it = aiter(stream)
             await anext(it)
             deadline = asyncio.get_running_loop().time() + 60

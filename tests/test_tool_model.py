@@ -88,7 +88,7 @@ async def test_grpo_from_the_undertrained_model_raises_the_reward(sdk_home: Path
     from rollout_sdk.rl_demo import GrpoConfig, run_grpo
 
     lines: list[str] = []
-    rows = await run_grpo(GrpoConfig(steps=8, prompts=8, group=8, eval_instances=0), say=lines.append)
+    rows = await run_grpo(GrpoConfig(steps=8, prompts=8, group_size=8, eval_instances=0), say=lines.append)
     first = rows[0]
     late = sum(r["reward"] for r in rows[-3:]) / 3
     assert first["success"] <= 0.6, lines  # the under-trained start

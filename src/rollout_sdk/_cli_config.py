@@ -14,7 +14,15 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["add_config_args", "add_sglang_args", "config_from_args", "sglang_fields"]
+__all__ = [
+    "OneLineErrors",
+    "add_config_args",
+    "add_sglang_args",
+    "config_from_args",
+    "number",
+    "port_number",
+    "sglang_fields",
+]
 
 C = TypeVar("C")
 _SCALARS = (int, float, str, bool)
@@ -68,11 +76,11 @@ def add_config_args(
                 help=f"(default: {default})",
             )
             continue
-        conv: Callable[[str], Any] = tp
+        conv: Callable[[str], Any] = number(tp) if tp in (int, float) else tp
         if optional:
 
-            def conv_optional(text: str, _tp: type = tp) -> Any:
-                return None if text.lower() in ("none", "") else _tp(text)
+            def conv_optional(text: str, _conv: Callable[[str], Any] = conv) -> Any:
+                return None if text.lower() in ("none", "") else _conv(text)
 
             conv = conv_optional
 
@@ -84,6 +92,39 @@ def add_config_args(
             metavar=tp.__name__.upper(),
             help=f"(default: {default})",
         )
+
+
+def number(tp: type) -> Callable[[str], Any]:
+    """An argparse ``type`` for an int or float flag: finite numbers only (``nan`` and ``inf`` parse as
+    floats and pass every ``<``/``>`` check a config makes); each config's ``__post_init__`` checks the range."""
+    import math
+
+    def convert(text: str) -> Any:
+        try:
+            value = tp(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if tp is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        return value
+
+    convert.__name__ = tp.__name__  # argparse names the type in its messages
+    return convert
+
+
+def port_number(text: str) -> int:
+    """An argparse ``type`` for a TCP port: 0 (a free one) to 65535."""
+    value = int(number(int)(text))
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0-65535; 0 picks a free one)")
+    return value
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (the full usage of ``serve`` is a page long)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def config_from_args(cls: type[C], args: argparse.Namespace, *, prefix: str = "", **overrides: Any) -> C:

@@ -75,6 +75,26 @@ _BUSY_BACKOFF_S = 0.02
 _BUSY_BACKOFF_MAX_S = 1.0
 
 
+#: a connection not made within this many seconds is logged once as waiting
+_SAY_WAITING_AFTER_S = 2.0
+
+
+async def check_resolvable(address: str) -> None:
+    """Raise :class:`ServerUnavailableError` at once when ``address``'s host name does not resolve."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address)
+    if parts.scheme != "tcp" or not parts.hostname:
+        return
+    try:
+        await asyncio.get_running_loop().getaddrinfo(parts.hostname, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ServerUnavailableError(
+            f"cannot connect to {address}: host {parts.hostname!r} does not resolve ({exc.strerror})"
+        ) from None
+
+
 class ServerConnection:
     """One server as the scheduler sees it.  All fields are touched on the client's event loop only."""
 
@@ -96,6 +116,8 @@ class ServerConnection:
         self.info: ServerInfo | None = None
         self.alive = False
         self.dead_reason = "not connected yet"
+        #: a "marked dead" warning was logged and no "is back" yet
+        self._said_dead = False
         self.draining = False
         #: routed to only while admitted (it serves the client's weight version); why not, when not
         self.admitted = True
@@ -251,10 +273,25 @@ class ServerConnection:
             self._pings.pop(seq, None)
 
     async def handshake(self, timeout: float) -> ServerInfo:
-        """Wait for the connection, then ask the server who it is."""
+        """Wait for the connection, then ask the server who it is.
+
+        A host name that does not resolve fails at once (libzmq would retry it in silence until the
+        timeout); a server that does not answer within ``_SAY_WAITING_AFTER_S`` gets one log line saying
+        what is awaited and for how long, then ``timeout`` (the client's ``connect_timeout_s``) applies."""
         deadline = time.monotonic() + timeout
-        if not await self.channel.wait_connected(timeout):
-            raise ServerUnavailableError(f"no server answered at {self.address} within {timeout:.0f}s")
+        await check_resolvable(self.address)
+        first = min(timeout, _SAY_WAITING_AFTER_S)
+        if not await self.channel.wait_connected(first):
+            log.warning(
+                "no server answers at %s yet; waiting up to %.0fs more (the client's connect_timeout_s)",
+                self.address,
+                timeout - first,
+            )
+            if not await self.channel.wait_connected(max(0.0, deadline - time.monotonic())):
+                raise ServerUnavailableError(
+                    f"no server answered at {self.address} within {timeout:.0f}s (connect_timeout_s): "
+                    "is it running, and is this its address (the READY line it printed)?"
+                )
         reply = await self._call(GetInfo(call_id=self.next_call_id()), max(0.1, deadline - time.monotonic()))
         assert reply.info is not None
         self.info = reply.info
@@ -291,6 +328,7 @@ class ServerConnection:
         self.dead_reason = reason
         if was_alive and not isinstance(error, ClientStateError):
             log.warning("server %s (%s) marked dead: %s", self.server_id, self.address, reason)
+            self._said_dead = True
         err = error or ServerUnavailableError(f"server {self.server_id} ({self.address}) is dead: {reason}")
         pending, self._pending = self._pending, {}
         if not isinstance(error, ClientStateError):
@@ -311,7 +349,10 @@ class ServerConnection:
 
     def _revive(self) -> None:
         if not self.alive and self.info is not None and not self.replaced:
-            log.info("server %s (%s) is back", self.server_id, self.address)
+            # "back" only after a "marked dead": a server answering its first heartbeats is no news
+            if self._said_dead:
+                log.info("server %s (%s) is back", self.server_id, self.address)
+            self._said_dead = False
             self.alive = True
             self.dead_reason = ""
             self._abort_orphans()

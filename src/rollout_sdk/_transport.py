@@ -162,7 +162,8 @@ class RouterEndpoint:
                 self.port = self._sock.bind_to_random_port(f"tcp://{host}")
             else:
                 self._sock.bind(f"tcp://{host}:{port}")
-                self.port = port
+                # the port actually bound, as libzmq reports it (never the one asked for, blindly)
+                self.port = int(self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
         except zmq.ZMQError as exc:
             self._sock.close(0)
             if self.zap is not None:

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from ._cli_config import add_config_args, add_sglang_args, config_from_args, sglang_fields
+from ._cli_config import OneLineErrors, add_config_args, add_sglang_args, config_from_args, port_number, sglang_fields
 from .client import ClientConfig
 from .demo import DemoConfig, run_demo
 from .engines.cpu import CpuEngineConfig
@@ -124,9 +124,7 @@ async def leave_if_threads_hang(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="rollout-sdk", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = OneLineErrors(prog="rollout-sdk", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--log-level", default="WARNING")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -146,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--address-file", default=None, help="write the bound address (tcp://host:port) here once serving")
     s.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         default=None,
         help="serve Prometheus /metrics on this port (0: a free one, printed as METRICS <url>); off by default",
     )

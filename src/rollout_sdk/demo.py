@@ -15,9 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ._aio import cancel_and_wait
 from .client import ClientConfig, RolloutClient
 from .engines.cpu import CpuEngineConfig
 from .errors import ConfigError
+from .rollouts.group import deprecated_group_field
 
 __all__ = ["DemoConfig", "run_demo"]
 
@@ -27,7 +29,7 @@ class DemoConfig:
     #: distinct questions (held-back instances of the calculator task)
     prompts: int = 32
     #: trajectories per question (a GRPO-style group)
-    samples: int = 4
+    group_size: int = 4
     #: per model turn
     max_new_tokens: int = 48
     #: 0 is greedy; 1 samples from the model's distribution (as RL does)
@@ -40,9 +42,12 @@ class DemoConfig:
     progress: bool = True
     #: also write every trajectory (JSONL, rollout_sdk.export) to this file
     export: str | None = None
+    #: deprecated: the old name of ``group_size``
+    samples: int | None = None
 
     def __post_init__(self) -> None:
-        for name, least in (("prompts", 1), ("samples", 1), ("max_new_tokens", 1), ("show", 0)):
+        deprecated_group_field(self, "samples")
+        for name, least in (("prompts", 1), ("group_size", 1), ("max_new_tokens", 1), ("show", 0)):
             if getattr(self, name) < least:
                 raise ConfigError(name, getattr(self, name), f"must be >= {least}")
 
@@ -78,7 +83,7 @@ async def run_demo(
 
     from .agents import group_stats, rollout_group
     from .tasks import calculator as task
-    from .tasks import ensure_tool_model
+    from .tasks.tool_model import ensure_tool_model_async
 
     out = out or sys.stdout
 
@@ -89,10 +94,10 @@ async def run_demo(
     if not servers:
         engine = engine or CpuEngineConfig()
         if engine.model_path is None:
-            path = await asyncio.to_thread(ensure_tool_model, engine.home, progress=demo.progress)
+            path = await ensure_tool_model_async(engine.home, progress=demo.progress)
             engine = dataclasses.replace(engine, model_path=str(path))
     where = ", ".join(servers) if servers else "embedded CPU engine"
-    say(f"rollout-sdk demo: {demo.prompts} questions x {demo.samples} trajectories, through ToolAgent")
+    say(f"rollout-sdk demo: {demo.prompts} questions x {demo.group_size} trajectories, through ToolAgent")
     async with RolloutClient(servers, engine=engine if not servers else None, config=client) as rc:
         t_ready = time.perf_counter()
         say(_model_line(rc.model_path or ""))
@@ -102,15 +107,26 @@ async def run_demo(
             tokenizer, temperature=demo.temperature, seed=demo.seed, max_new_tokens=demo.max_new_tokens
         )
         instances = task.samples(demo.prompts, seed=demo.seed, split="test")
-        bar = _progress(demo.prompts * demo.samples, demo.progress)
+        bar = _progress(demo.prompts * demo.group_size, demo.progress)
 
         async def group(i: int, sample: dict[str, Any]) -> list[Any]:
-            g = await rollout_group(rc, agent, sample, n=demo.samples, reward=task.reward, sample_index=i)
+            g = await rollout_group(rc, agent, sample, group_size=demo.group_size, reward=task.reward, sample_index=i)
             bar.update(len(g))
             return g
 
+        async def tick() -> None:  # trajectories end together (one batch): say what the engine is doing
+            while True:
+                st = rc.stats()
+                done = sum(x.completed for x in st.servers)
+                bar.set_postfix_str(f"model turns answered {done}, running {st.in_flight}", refresh=True)
+                await asyncio.sleep(1.0)
+
         t0 = time.perf_counter()
-        groups = await asyncio.gather(*(group(i, s) for i, s in enumerate(instances)))
+        ticker = asyncio.get_running_loop().create_task(tick(), name="demo-progress")
+        try:
+            groups = await asyncio.gather(*(group(i, s) for i, s in enumerate(instances)))
+        finally:
+            await cancel_and_wait(ticker)
         wall = time.perf_counter() - t0
         bar.close()
         stats = rc.stats()
@@ -201,6 +217,9 @@ class _NoBar:
     def update(self, n: int) -> None:
         return None
 
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        return None
+
     def close(self) -> None:
         return None
 
@@ -210,4 +229,11 @@ def _progress(total: int, enabled: bool) -> Any:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="trajectory", desc="rollouts", mininterval=0.2)
+    # no rate or remaining-time estimate: the trajectories of one batch finish together, so an estimate
+    # from the first ones is wrong by orders of magnitude (20 minutes shown for 40 s)
+    return tqdm(
+        total=total,
+        desc="rollouts",
+        mininterval=0.2,
+        bar_format="{desc}: {n_fmt}/{total_fmt} trajectories done, {elapsed} elapsed{postfix}",
+    )

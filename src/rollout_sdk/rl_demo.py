@@ -28,6 +28,7 @@ from typing import Any
 from .client import RolloutClient
 from .engines.cpu import CpuEngineConfig
 from .errors import ConfigError
+from .rollouts.group import deprecated_group_field
 
 __all__ = ["GrpoConfig", "run_grpo"]
 
@@ -39,15 +40,18 @@ class GrpoConfig:
     #: training instances per step
     prompts: int = 8
     #: trajectories per instance (the group)
-    group: int = 8
+    group_size: int = 8
     lr: float = 3e-4
     #: held-back instances solved greedily before and after training (0: skip)
     eval_instances: int = 50
     seed: int = 0
+    #: deprecated: the old name of ``group_size``
+    group: int | None = None
 
     def __post_init__(self) -> None:
+        deprecated_group_field(self, "group")
         # a group of one has no relative advantage: GRPO compares a group's trajectories
-        for name, least in (("steps", 1), ("prompts", 1), ("group", 2), ("eval_instances", 0)):
+        for name, least in (("steps", 1), ("prompts", 1), ("group_size", 2), ("eval_instances", 0)):
             if getattr(self, name) < least:
                 raise ConfigError(name, getattr(self, name), f"must be >= {least}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -56,14 +60,18 @@ class GrpoConfig:
 
 async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) -> list[dict[str, float]]:
     """Run GRPO; print a row per step; return the rows (success, reward, ... per step)."""
+    say(
+        f"GRPO on CPU: {config.steps} steps of {config.prompts} questions x {config.group_size} trajectories; "
+        "loading the policy and starting the engine..."
+    )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .models import quiet_weight_loading
     from .tasks import calculator as task
-    from .tasks.tool_model import TaskHead, ensure_tool_model, shared_prefix_hidden
+    from .tasks.tool_model import TaskHead, ensure_tool_model_async, shared_prefix_hidden
 
-    model_dir = await asyncio.to_thread(ensure_tool_model, stage="undertrained")
+    model_dir = await ensure_tool_model_async(stage="undertrained")
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(model_dir))
     with quiet_weight_loading():
         policy: Any = await asyncio.to_thread(AutoModelForCausalLM.from_pretrained, str(model_dir), dtype=torch.float32)
@@ -89,7 +97,7 @@ async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) ->
             t0 = time.perf_counter()
             agent = task.make_agent(tokenizer, temperature=1.0, seed=config.seed * 1_000_003 + 7919 * step)
             instances = task.samples(config.prompts, seed=config.seed * 1000 + step, split="train")
-            groups = await task.run_groups(client, agent, instances, n=config.group)
+            groups = await task.run_groups(client, agent, instances, group_size=config.group_size)
             t1 = time.perf_counter()
             trajs = [t for g in groups for t in g]
             rewards = [t.reward or 0.0 for t in trajs]

@@ -55,7 +55,7 @@ from ..protocol import (
     encode,
 )
 from ..rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, as_request
-from ..rollouts.group import Agent, RewardFn
+from ..rollouts.group import Agent, RewardFn, resolve_group_size
 from ..rollouts.results import ResultStream
 from ..rollouts.stream import GroupFilter, RolloutMode, RolloutStream
 from ..scheduler import Scheduler
@@ -85,7 +85,7 @@ class RolloutClient:
             result = await client.generate([151644, 872, 198], sampling=SamplingParams(max_new_tokens=32))
 
         async with RolloutClient(servers=["tcp://10.0.0.5:40123"]) as client:
-            async for group in client.generate_many(prompts, n=8):
+            async for group in client.generate_many(prompts, group_size=8):
                 ...
 
     ``servers`` (addresses) or ``discovery`` (a :class:`~rollout_sdk.discovery.Discovery`) say where the
@@ -117,6 +117,7 @@ class RolloutClient:
         heartbeat_interval_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
         heartbeat_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
         connect_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
+        discovery_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
         num_embedded_servers: int | UseClientDefault = USE_CLIENT_DEFAULT,
         credentials: Credentials | None = None,
     ) -> None:
@@ -137,6 +138,7 @@ class RolloutClient:
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             connect_timeout_s=connect_timeout_s,
+            discovery_timeout_s=discovery_timeout_s,
             num_embedded_servers=num_embedded_servers,
         )
         if sched:
@@ -204,7 +206,8 @@ class RolloutClient:
 
     async def _open(self) -> None:
         cfg = self.config
-        addresses = await self._discovery.open(cfg.connect_timeout_s)
+        _say_embedded_model(self._discovery)  # before the engine starts: it takes seconds on a small machine
+        addresses = await self._discovery.open(cfg.discovery_timeout_s)
         creds = _resolve_credentials(self._credentials, self._discovery)
         self._fleet.open(addresses, creds)
         ready = asyncio.Event()
@@ -388,13 +391,15 @@ class RolloutClient:
         self,
         requests: Iterable[Prompt] | AsyncIterable[Prompt],
         *,
-        n: int = 1,
+        group_size: int | None = None,
+        n: int | None = None,
         sampling: SamplingParams | None = None,
         concurrency: int | None = None,
         timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
         return_exceptions: bool = False,
     ) -> ResultStream:
-        """Run many prompts, ``n`` samples each; iterate the groups as they complete.
+        """Run many prompts, ``group_size`` samples each (``n`` is its deprecated old name); iterate the
+        groups as they complete.
 
         ``concurrency`` caps the samples in flight plus those finished but not yet taken (default: every
         server's in-flight cap together).  Sample k of a seeded prompt is seeded
@@ -403,11 +408,12 @@ class RolloutClient:
 
         Example::
 
-            async with client.generate_many(prompts, n=4) as stream:
+            async with client.generate_many(prompts, group_size=4) as stream:
                 async for group in stream:
                     train_on(group.results)
         """
         self._check_open()
+        n = resolve_group_size(group_size, n, where="generate_many", default=1)
         if concurrency is None:
             concurrency = max(n, self._scheduler.window())
         return ResultStream(
@@ -733,6 +739,24 @@ def _resolve_credentials(explicit: Credentials | None, discovery: Discovery) -> 
     if isinstance(found, Credentials):
         return found
     return Credentials.from_env()
+
+
+_said_embedded = False
+
+
+def _say_embedded_model(discovery: Discovery) -> None:
+    """Once per process: ``RolloutClient()`` with no servers serves a random-weight model; say so."""
+    global _said_embedded
+    if _said_embedded or not isinstance(discovery, EmbeddedServers):
+        return
+    if discovery.engine is not None and discovery.engine.model_path is not None:
+        return
+    _said_embedded = True
+    log.warning(
+        "RolloutClient(): no servers given: starting the embedded CPU engine with the tiny Qwen2 model "
+        "(Qwen2.5's tokenizer, RANDOM weights: its tokens are noise; a few seconds); pass servers=[...] or "
+        "engine=CpuEngineConfig(model_path=...) for a real model"
+    )
 
 
 def _default_discovery(engine: CpuEngineConfig | None, num: int) -> Discovery:

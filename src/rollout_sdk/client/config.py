@@ -41,8 +41,12 @@ class ClientConfig:
     heartbeat_interval_s: float = 1.0
     #: a server that answers no heartbeat for this long is marked dead
     heartbeat_timeout_s: float = 10.0
-    #: how long open() waits for servers to be found and to answer
-    connect_timeout_s: float = 120.0
+    #: how long a server that was found has to answer (open(), add_server); an unresolvable host name
+    #: fails at once, and a wait longer than 2 s is logged
+    connect_timeout_s: float = 15.0
+    #: how long open() waits for the discovery to find the servers (a torchrun job's servers registering,
+    #: the embedded default's engines starting)
+    discovery_timeout_s: float = 300.0
     #: embedded default only: how many in-process CPU servers to start
     num_embedded_servers: int = 1
 
@@ -57,8 +61,11 @@ class ClientConfig:
             raise ConfigError(
                 "heartbeat_timeout_s", self.heartbeat_timeout_s, "must be larger than heartbeat_interval_s"
             )
-        if self.connect_timeout_s <= 0:
-            raise ConfigError("connect_timeout_s", self.connect_timeout_s, "must be > 0")
+        for name in ("connect_timeout_s", "discovery_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, getattr(self, name), "must be > 0")
+        if self.num_embedded_servers < 1:
+            raise ConfigError("num_embedded_servers", self.num_embedded_servers, "must be >= 1")
 
     def scheduler_config(self) -> SchedulerConfig:
         return self.scheduler

@@ -120,7 +120,9 @@ class _Routes:
         if not sid:
             raise GatewayError(
                 401,
-                "no session: use the session key as the API key, or the base URL /s/<session>/v1",
+                "no session: open one with POST /v1/sessions (it answers with the session's base_url and "
+                "api_key), then send that key as the API key (Authorization: Bearer <key>) or use the base URL "
+                "/s/<session>/v1",
                 code="missing_session",
             )
         return sid

@@ -222,6 +222,8 @@ class StoreDiscovery:
 
     #: longest single wait of the watcher thread (it re-checks whether it is still wanted in between)
     watch_wait_s = 1.0
+    #: how often the watcher asks the store for the next registration
+    watch_poll_s = 0.2
 
     def __init__(
         self, store: str, *, num_servers: int | None = None, prefix: str = ROOT, secret: JobSecret | None = None
@@ -311,7 +313,10 @@ class StoreDiscovery:
             store = connect_store(self.store_address)
             while not self._watch_stop.is_set():
                 key = self._keys.member(self._seen + 1)
-                if wait_keys(store, [key], self.watch_wait_s):
+                if not store.check([key]):
+                    # polled: a store.wait() that times out logs two c10d warnings ("likely a timeout")
+                    # each round, which a healthy job must not print
+                    self._watch_stop.wait(self.watch_poll_s)
                     continue
                 body = unseal(self.secret.store_key if self.secret is not None else None, key, store.get(key))
                 self._seen += 1

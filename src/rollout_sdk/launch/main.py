@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._cli_config import add_config_args, add_sglang_args, config_from_args, sglang_fields
+from .._cli_config import OneLineErrors, add_config_args, add_sglang_args, config_from_args, sglang_fields
 from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
 from ..errors import ConfigError
@@ -21,7 +21,7 @@ __all__ = ["main", "parse_launch_args", "run"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineErrors(
         prog="python -m rollout_sdk.launch",
         description="Run under torchrun: every rank calls this; TP leaders serve engines; rank 0 may drive.",
     )

@@ -13,7 +13,17 @@ from .context import RolloutContext
 from .generator import USE_CLIENT_DEFAULT, Generator, UseClientDefault
 from .trajectory import Trajectory
 
-__all__ = ["Agent", "RewardFn", "Sample", "group_stats", "reward_of", "rollout_group", "run_trajectory"]
+__all__ = [
+    "Agent",
+    "RewardFn",
+    "Sample",
+    "deprecated_group_field",
+    "group_stats",
+    "resolve_group_size",
+    "reward_of",
+    "rollout_group",
+    "run_trajectory",
+]
 
 Sample = Mapping[str, Any]
 RewardFn = Callable[[Trajectory, Sample], "float | Awaitable[float]"]
@@ -46,19 +56,51 @@ async def run_trajectory(
     return traj
 
 
+def resolve_group_size(group_size: int | None, n: int | None, *, where: str, default: int | None = None) -> int:
+    """``group_size``, the one name of a GRPO group's size in every API; ``n`` is its old name (deprecated)."""
+    import warnings
+
+    if n is not None:
+        if group_size is not None:
+            raise ConfigError("n", n, "is the old name of group_size: give group_size only")
+        warnings.warn(f"{where}(n=...) is deprecated: call it group_size=", DeprecationWarning, stacklevel=3)
+        return n
+    if group_size is None:
+        if default is None:
+            raise TypeError(f"{where}() missing required keyword argument: 'group_size'")
+        return default
+    return group_size
+
+
+def deprecated_group_field(config: Any, old: str) -> None:
+    """A config's old name of its ``group_size`` field: when given, warn and use it (frozen dataclasses)."""
+    import warnings
+
+    value = getattr(config, old)
+    if value is None:
+        return
+    warnings.warn(
+        f"{type(config).__name__}({old}=...) is deprecated: call it group_size (--group-size on the command line)",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    object.__setattr__(config, "group_size", value)
+
+
 async def rollout_group(
     client: Generator,
     agent: Agent,
     sample: Sample,
     *,
-    n: int,
+    group_size: int | None = None,
+    n: int | None = None,
     reward: RewardFn | None = None,
     sample_index: int = -1,
     timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
     max_staleness: int | None = None,
     on_error: Literal["raise", "record"] = "raise",
 ) -> list[Trajectory]:
-    """``n`` trajectories of one sample (a GRPO group), each rewarded as soon as it finishes.
+    """``group_size`` trajectories of one sample (a GRPO group), each rewarded as soon as it finishes.
 
     Member k runs in a context with ``member=k`` (its seeds: :mod:`.seeds`).  ``client`` is any
     :class:`~.generator.Generator` (usually the RolloutClient).  The reward function (async, or sync
@@ -68,6 +110,7 @@ async def rollout_group(
     """
     if on_error not in ("raise", "record"):
         raise ConfigError("on_error", on_error, "must be 'raise' or 'record'")
+    n = resolve_group_size(group_size, n, where="rollout_group")
 
     async def one(k: int) -> Trajectory:
         # member k: a seeded sampling config gives n different samples, the same ones as generate_many

@@ -5,8 +5,8 @@ its first segment.  Everything else derives from it::
 
     sample_seed(seed, member=k, turn=t, segment=s)
 
-* ``member`` — the k-th sample of a group (``generate_many(n=...)``, ``rollouts(group_size=...)``,
-  ``rollout_group(n=...)``): every API gives member k the same seed, so member k is the same sample
+* ``member`` — the k-th sample of a group (``generate_many(group_size=...)``, ``rollouts(group_size=...)``,
+  ``rollout_group(group_size=...)``): every API gives member k the same seed, so member k is the same sample
   whichever API produced it, and the members of a group are different samples.
 * ``turn`` — the t-th model call of one trajectory (an agent loop's turns).
 * ``segment`` — the s-th resumption of one generation after an abort (partial rollouts,

@@ -75,5 +75,9 @@ class ServerConfig:
             raise ConfigError("stall_ratio", self.stall_ratio, "must be in (0, 1)")
         if not 0.0 < self.stall_loop_lag_s <= MAX_TIMEOUT_S:
             raise ConfigError("stall_loop_lag_s", self.stall_loop_lag_s, f"must be in (0, {MAX_TIMEOUT_S:.0f}] seconds")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("port", self.port, "must be in [0, 65535] (0: a free port)")
+        if self.dp_rank < 0 or self.tp_size < 1:
+            raise ConfigError("dp_rank/tp_size", (self.dp_rank, self.tp_size), "must be >= 0 and >= 1")
         if self.offload_decode_bytes < 0:
             raise ConfigError("offload_decode_bytes", self.offload_decode_bytes, "must be >= 0")

@@ -156,13 +156,26 @@ def make_agent(
 
 
 async def run_groups(
-    client: RolloutClient, agent: ToolAgent, instances: list[dict[str, Any]], *, n: int = 1
+    client: RolloutClient,
+    agent: ToolAgent,
+    instances: list[dict[str, Any]],
+    *,
+    group_size: int | None = None,
+    n: int | None = None,
 ) -> list[list[Trajectory]]:
-    """``n`` trajectories of every instance, concurrently, each rewarded with :func:`reward`."""
+    """``group_size`` trajectories of every instance (``n``: its deprecated old name), concurrently, each
+    rewarded with :func:`reward`."""
     import asyncio
+
+    from ..rollouts.group import resolve_group_size
+
+    n = resolve_group_size(group_size, n, where="run_groups", default=1)
 
     return list(
         await asyncio.gather(
-            *(rollout_group(client, agent, s, n=n, reward=reward, sample_index=i) for i, s in enumerate(instances))
+            *(
+                rollout_group(client, agent, s, group_size=n, reward=reward, sample_index=i)
+                for i, s in enumerate(instances)
+            )
         )
     )

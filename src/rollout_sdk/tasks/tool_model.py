@@ -28,6 +28,7 @@ import math
 import os
 import random
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,9 +45,12 @@ __all__ = [
     "TOOL_MODEL_CONFIG",
     "Recipe",
     "TaskHead",
+    "TrainingStopped",
+    "cached_tool_model",
     "common_prefix",
     "demonstration_sets",
     "ensure_tool_model",
+    "ensure_tool_model_async",
     "shared_prefix_hidden",
     "train_stages",
 ]
@@ -85,20 +89,57 @@ class Recipe:
     test_instances: int = 200
 
 
+class TrainingStopped(Exception):
+    """Training was stopped (``stop`` was set) before it finished; nothing was written to the cache."""
+
+
 def ensure_tool_model(
-    home: str | os.PathLike[str] | None = None, *, stage: str = "trained", progress: bool = True
+    home: str | os.PathLike[str] | None = None,
+    *,
+    stage: str = "trained",
+    progress: bool = True,
+    stop: threading.Event | None = None,
 ) -> Path:
     """The tool model's directory (``stage`` "trained" or "undertrained"), trained first if not cached.
 
     Blocking (minutes on first use, with a progress bar on stderr unless ``progress=False``): call it
-    off the event loop.  Concurrent first uses (processes, threads) train once; the others wait.
+    off the event loop (:func:`ensure_tool_model_async` does, and stops the training when cancelled).
+    Concurrent first uses (processes, threads) train once; the others wait.  Setting ``stop`` (from any
+    thread) ends a training within one step with :class:`TrainingStopped`; the half-trained model is
+    deleted, never cached.  In the main thread Ctrl-C does the same (KeyboardInterrupt).
     """
+    dest = _dest(home, stage)
+    root = dest.parent.parent
+    build_once(dest, lambda tmp: _build(tmp, root, progress, stop), marker="trained/task.json")
+    return dest / stage
+
+
+def cached_tool_model(home: str | os.PathLike[str] | None = None, *, stage: str = "trained") -> Path | None:
+    """The tool model's directory if it is cached already (no training), else None."""
+    path = _dest(home, stage) / stage
+    return path if (path.parent / "trained" / "task.json").exists() else None
+
+
+def _dest(home: str | os.PathLike[str] | None, stage: str) -> Path:
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, not {stage!r}")
     root = Path(home) if home is not None else default_home()
-    dest = root / "models" / f"tool-qwen2-{_RECIPE}"
-    build_once(dest, lambda tmp: _build(tmp, root, progress), marker="trained/task.json")
-    return dest / stage
+    return root / "models" / f"tool-qwen2-{_RECIPE}"
+
+
+async def ensure_tool_model_async(
+    home: str | os.PathLike[str] | None = None, *, stage: str = "trained", progress: bool = True
+) -> Path:
+    """:func:`ensure_tool_model` in a worker thread.  Cancelling the caller (Ctrl-C under ``asyncio.run``)
+    stops the training at its next step, so the interpreter's exit (which waits for worker threads) is
+    not held up until the training ends."""
+    import asyncio
+
+    stop = threading.Event()
+    try:
+        return await asyncio.to_thread(ensure_tool_model, home, stage=stage, progress=progress, stop=stop)
+    finally:
+        stop.set()  # a no-op once it has returned; on cancellation the thread sees it within one step
 
 
 # -- the exact softmax over the task's rows -------------------------------------------------------
@@ -157,7 +198,11 @@ def shared_prefix_hidden(body: Any, prefix: torch.Tensor, suffixes: torch.Tensor
     """
     import inspect
 
-    cache = body(input_ids=prefix[None], use_cache=True).past_key_values
+    out = body(input_ids=prefix[None], use_cache=True)
+    # transformers renamed the output too; reading the old name logs a deprecation warning in newer versions
+    cache = out.get("cache")
+    if cache is None:
+        cache = out.past_key_values
     cache.batch_repeat_interleave(suffixes.shape[0])
     # transformers renamed the argument (``past_key_values`` -> ``cache``); pass the one this version takes
     name = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
@@ -167,16 +212,21 @@ def shared_prefix_hidden(body: Any, prefix: torch.Tensor, suffixes: torch.Tensor
 # -- building ----------------------------------------------------------------------------------------
 
 
-def _build(out: Path, home: Path, progress: bool) -> None:
+def _build(out: Path, home: Path, progress: bool, stop: threading.Event | None) -> None:
     from ..models.tiny import ensure_tiny_model
 
     t0 = time.perf_counter()
+    if progress:  # the first output of a first run: say what the next minutes are
+        import sys
+
+        print("building the tool model (once): demonstrations, then training", file=sys.stderr, flush=True)
     tiny = ensure_tiny_model(home)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny))
     recipe = Recipe()
-    result = train_stages(demonstration_sets(tokenizer, recipe), recipe, progress=progress)
+    data = demonstration_sets(tokenizer, recipe, progress=progress)
+    result = train_stages(data, recipe, progress=progress, stop=stop)
     seconds = time.perf_counter() - t0
     for stage, state in result["states"].items():
         d = out / stage
@@ -222,7 +272,7 @@ Example = tuple[list[int], list[int]]  # ids, loss mask over ids
 
 
 async def _demonstrations(
-    tokenizer: Any, instances: Sequence[dict[str, Any]], *, direct: bool, seed: int
+    tokenizer: Any, instances: Sequence[dict[str, Any]], *, direct: bool, seed: int, bar: Any
 ) -> list[Example]:
     """One demonstration per instance, made by running ToolAgent on a scripted expert: the right tool
     call then the answer read off its result, or (``direct``) a guessed answer without the tool."""
@@ -244,25 +294,35 @@ async def _demonstrations(
             turns = ["<tool_call>\n" + json.dumps(call) + "\n</tool_call>", f"The answer is {sample['answer']}."]
         traj = await agent.run(cast(RolloutContext, _Scripted(tokenizer, turns)), sample)
         out.append((traj.prompt_ids + traj.response_ids, [0] * len(traj.prompt_ids) + traj.loss_mask))
+        bar.update(1)
     return out
 
 
-def demonstration_sets(tokenizer: Any, recipe: Recipe) -> tuple[list[Example], list[Example], list[Example]]:
-    """(tool-use demonstrations of every training instance, direct-answer ones, held-back ones)."""
+def demonstration_sets(
+    tokenizer: Any, recipe: Recipe, *, progress: bool = False
+) -> tuple[list[Example], list[Example], list[Example]]:
+    """(tool-use demonstrations of every training instance, direct-answer ones, held-back ones); a
+    progress bar on stderr with ``progress``."""
     from . import calculator
 
     train_instances = calculator.instances("train")
     random.Random(recipe.seed).shuffle(train_instances)
     test_instances = calculator.samples(recipe.test_instances, seed=recipe.seed, split="test")
 
+    direct = train_instances[: recipe.direct_instances]
+    bar = _bar(len(train_instances) + len(direct) + len(test_instances), progress, "demonstrations (once)", "demo")
+
     async def make() -> tuple[list[Example], list[Example], list[Example]]:
         return (
-            await _demonstrations(tokenizer, train_instances, direct=False, seed=recipe.seed),
-            await _demonstrations(tokenizer, train_instances[: recipe.direct_instances], direct=True, seed=recipe.seed),
-            await _demonstrations(tokenizer, test_instances, direct=False, seed=recipe.seed),
+            await _demonstrations(tokenizer, train_instances, direct=False, seed=recipe.seed, bar=bar),
+            await _demonstrations(tokenizer, direct, direct=True, seed=recipe.seed, bar=bar),
+            await _demonstrations(tokenizer, test_instances, direct=False, seed=recipe.seed, bar=bar),
         )
 
-    return asyncio.run(make())
+    try:
+        return asyncio.run(make())
+    finally:
+        bar.close()
 
 
 def train_stages(
@@ -272,10 +332,12 @@ def train_stages(
     progress: bool = False,
     on_eval: Callable[[int, float, dict[str, float]], None] | None = None,
     eval_every: int = 100,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Train both stages on ``data`` (:func:`demonstration_sets`) with one thread and fixed seeds (the
     same bytes on any machine with the same torch build).  ``on_eval(step, loss, scores)`` is called every
-    ``eval_every`` steps of the first stage when given (scoring draws no random numbers)."""
+    ``eval_every`` steps of the first stage when given (scoring draws no random numbers).  ``stop``, when
+    set, ends the training before its next step with :class:`TrainingStopped`."""
     import torch
 
     threads = torch.get_num_threads()
@@ -283,7 +345,7 @@ def train_stages(
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(recipe.seed)
-            return _train(*data, recipe, progress, on_eval, eval_every)
+            return _train(*data, recipe, progress, on_eval, eval_every, stop)
     finally:
         torch.set_num_threads(threads)
 
@@ -296,6 +358,7 @@ def _train(
     progress: bool,
     on_eval: Callable[[int, float, dict[str, float]], None] | None,
     eval_every: int,
+    stop: threading.Event | None,
 ) -> dict[str, Any]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -353,6 +416,9 @@ def _train(
     opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0, betas=(0.9, 0.98))
 
     def step_on(examples: Sequence[Example]) -> Any:
+        if stop is not None and stop.is_set():
+            bar.close()
+            raise TrainingStopped("the tool model's training was stopped; nothing was cached")
         loss = loss_of(examples)
         opt.zero_grad()
         loss.backward()
@@ -434,9 +500,9 @@ class _NoBar:
         return None
 
 
-def _bar(total: int, enabled: bool) -> Any:
+def _bar(total: int, enabled: bool, desc: str = "training the tool model (once)", unit: str = "step") -> Any:
     if not enabled:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="training the tool model (once)", unit="step", mininterval=1.0)
+    return tqdm(total=total, desc=desc, unit=unit, mininterval=1.0)

@@ -1,0 +1,156 @@
+"""Run the documented commands (README.md, docs/quickstart.md) as a new user would, and check the transcript.
+
+    python bench/first_hour_transcript.py --home /tmp/fresh-home --out /tmp/transcript.txt
+
+Each command runs in a fresh ``$ROLLOUT_SDK_HOME`` shared by the commands in order (the first demo trains
+the tool model there). Every chunk of output (stdout and stderr together, progress-bar updates included)
+is timestamped; the table flags a warning, a deprecation, a traceback or an error line, and the longest
+silence (a wait with no output at all). Server commands run until their READY line, get their checks,
+then SIGINT. Prints one row per command; the full transcript goes to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGS = re.compile(r"warning|deprecat|traceback|error|exception", re.I)
+
+
+def python_blocks(doc: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)
+
+
+def run(cmd: list[str], env: dict[str, str], *, until: str | None = None, then=None, limit_s: float = 1800) -> dict:
+    """Run ``cmd``; with ``until``, wait for that text, call ``then(text_so_far)``, then send SIGINT."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    chunks: list[tuple[float, str]] = []
+    text = ""
+    signalled = False
+    last = t0
+    gap = 0.0
+    while True:
+        if time.monotonic() - t0 > limit_s:
+            proc.kill()
+            chunks.append((time.monotonic() - t0, "\n[transcript: killed at the limit]\n"))
+            break
+        if not sel.select(timeout=1.0):
+            if proc.poll() is not None:
+                break
+            continue
+        data = os.read(proc.stdout.fileno(), 65536)
+        if not data:
+            break
+        now = time.monotonic()
+        gap = max(gap, now - last)
+        last = now
+        s = data.decode(errors="replace")
+        chunks.append((now - t0, s))
+        text += s
+        if until is not None and not signalled and until in text:
+            extra = then(text) if then is not None else None
+            if extra:
+                chunks.append((time.monotonic() - t0, f"\n[transcript: {extra}]\n"))
+                text += f"\n[transcript: {extra}]\n"
+            proc.send_signal(signal.SIGINT)
+            signalled = True
+            last = time.monotonic()
+    code = proc.wait()
+    lines = [ln for ln in re.split(r"[\r\n]", text) if ln.strip()]
+    flagged = [ln for ln in lines if FLAGS.search(ln) and "[transcript:" not in ln]
+    return {
+        "cmd": " ".join(cmd),
+        "rc": code,
+        "wall_s": round(time.monotonic() - t0, 1),
+        "longest_silence_s": round(gap, 1),
+        "flagged": flagged,
+        "chunks": chunks,
+    }
+
+
+def curl_without_session(text: str) -> str:
+    url = re.search(r"READY (\S+)", text).group(1)  # type: ignore[union-attr]
+    body = json.dumps({"model": "x", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    req = urllib.request.Request(f"{url}/chat/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return f"curl: {r.status} {r.read()[:300]!r}"
+    except urllib.error.HTTPError as exc:
+        return f"curl without a session: {exc.code} {exc.read()[:400].decode()}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--home", required=True, help="a fresh ROLLOUT_SDK_HOME (created)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--only", default=None, help="a regex: run only the commands it matches")
+    args = p.parse_args()
+    Path(args.home).mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, ROLLOUT_SDK_HOME=args.home, PYTHONUNBUFFERED="1")
+    env.pop("ROLLOUT_SDK_TEST_HOME", None)
+    exe = [sys.executable, "-m", "rollout_sdk"]
+    scripts = Path(args.home) / "scripts"
+    scripts.mkdir(exist_ok=True)
+    blocks = [("README example", python_blocks(ROOT / "README.md")[0])]
+    qs = python_blocks(ROOT / "docs" / "quickstart.md")
+    blocks += [(f"quickstart python block {i + 1}", b) for i, b in enumerate(qs) if "asyncio.run(main())" in b]
+    commands: list[tuple[str, list[str], dict]] = [
+        ("rollout-sdk demo", [*exe, "demo"], {}),
+        ("rollout-sdk demo --rl", [*exe, "demo", "--rl"], {}),
+        ("rollout-sdk make-model tiny", [*exe, "make-model", "tiny"], {}),
+        ("rollout-sdk make-model tool", [*exe, "make-model", "tool"], {}),
+        ("rollout-sdk make-model tool-undertrained", [*exe, "make-model", "tool-undertrained"], {}),
+        ("rollout-sdk serve --engine cpu", [*exe, "serve", "--engine", "cpu"], {"until": "READY "}),
+        ("rollout-sdk serve --engine fake --port 99999", [*exe, "serve", "--engine", "fake", "--port", "99999"], {}),
+        ("rollout-sdk gateway", [*exe, "gateway"], {"until": "READY ", "then": curl_without_session}),
+        ("python examples/grpo_tools.py", [sys.executable, "examples/grpo_tools.py"], {}),
+        ("python examples/custom_trainer.py", [sys.executable, "examples/custom_trainer.py"], {}),
+        (
+            "torchrun --standalone --nproc-per-node 2 examples/custom_trainer.py --steps 2",
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             "examples/custom_trainer.py", "--steps", "2"],
+            {},
+        ),
+    ]
+    for name, code in blocks:
+        path = scripts / (re.sub(r"\W+", "_", name) + ".py")
+        path.write_text(code)
+        commands.append((name, [sys.executable, str(path)], {}))
+    rows = []
+    with open(args.out, "w") as out:
+        for name, cmd, kw in commands:
+            if args.only and not re.search(args.only, name):
+                continue
+            r = run(cmd, env, **kw)
+            rows.append((name, r))
+            out.write(f"\n$ {name}\n")
+            for t, s in r["chunks"]:
+                for piece in re.split(r"(?<=[\r\n])", s):
+                    if piece.strip():
+                        out.write(f"[{t:7.1f}s] {piece.rstrip()}\n")
+            out.write(f"[exit {r['rc']}, {r['wall_s']}s, longest silence {r['longest_silence_s']}s]\n")
+            out.flush()
+            print(f"{name:80s} rc={r['rc']:<4} {r['wall_s']:7.1f}s  silence {r['longest_silence_s']:5.1f}s  "
+                  f"flagged {len(r['flagged'])}", flush=True)
+            for f in r["flagged"]:
+                print(f"    flagged: {f[:200]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
