@@ -259,7 +259,8 @@ class _Scripted:
     def server_info(self) -> list[Any]:
         return []
 
-    async def generate(self, input_ids: list[int], sampling: Any) -> Any:
+    async def generate(self, input_ids: list[int], sampling: Any, images: Any = ()) -> Any:
+        """RolloutContext.generate's signature (the tool model's demonstrations are text-only)."""
         from ..protocol import GenerateResult
 
         out = [*self.tokenizer.encode(self.turns.pop(0), add_special_tokens=False), IM_END]
