@@ -141,7 +141,7 @@ async def test_demo_writes_trajectories(tmp_path: Path, tool_model: Path) -> Non
     from rollout_sdk.demo import DemoConfig, run_demo
 
     path = tmp_path / "demo.jsonl"
-    cfg = DemoConfig(prompts=2, samples=2, max_new_tokens=4, progress=False, export=str(path))
+    cfg = DemoConfig(prompts=2, group_size=2, max_new_tokens=4, progress=False, export=str(path))
     await run_demo(cfg, out=_io.StringIO())
     trajs = read_jsonl(path)
     assert len(trajs) == 4
