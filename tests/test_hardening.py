@@ -171,6 +171,10 @@ async def test_a_peer_flooding_large_frames_gets_busy_and_ping_and_abort_are_ser
             assert isinstance(await other.ping(), Pong)  # after the Abort, in order
             # a second peer's large frame still gets the other decode slot; a third's gets busy (2 slots)
             await other.send(big[1])
+            # frames of different peers have no order between them: the third sends once the second holds a slot
+            async with asyncio.timeout(60):
+                while len(server._offloaded) < 2:
+                    await asyncio.sleep(0.01)
             await third.send(big[2])
             over = await third.recv()
             assert isinstance(over, ErrorReply) and (over.code, over.rid) == ("busy", "f2")
