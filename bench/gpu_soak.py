@@ -442,7 +442,6 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
             await one_pass("raw", "warm", "warm-raw")
             await client.run(mode="sdk", workload="short" if a.quick else "grpo", vocab=vocab)
             log("warm-up done")
-            version = 0
             k = 0
             for tok in a.plan or []:  # an explicit plan: "mode:workload" passes and "FIX" (toggle on)
                 if tok == "FIX":
@@ -461,8 +460,10 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
                 res["passes"].append(row)
                 await checkpoint_stacks(label)
                 k += 1
-                log(f"{label:18s} {row.get('s', '-'):>8} s {row.get('tok_s', '-'):>10} tok/s gpu {row.get('gpu_util')}% "
-                    f"fix={row.get('patched')} stalls={row.get('stalls')} ok={row.get('ok')}")
+                log(
+                    f"{label:18s} {row.get('s', '-'):>8} s {row.get('tok_s', '-'):>10} tok/s "
+                    f"gpu {row.get('gpu_util')}% fix={row.get('patched')} stalls={row.get('stalls')} ok={row.get('ok')}"
+                )
                 if a.json:
                     write_json(a.json, res)
             for step in range(0 if a.plan else a.steps):
@@ -488,7 +489,7 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
                         )
                         if a.json:
                             write_json(a.json, res)
-                version += 1
+                version = step + 1  # the weight version after this step's update
                 t0 = time.perf_counter()
                 try:
                     if a.engine == "sglang":
@@ -573,7 +574,7 @@ def keep_stacks(res: dict[str, Any], root: str, path: str | None) -> list[str]:
     """The stack windows of the slow passes and, beside each, of the median pass of its workload and mode."""
     keep: list[str] = []
     passes = {p["label"]: p for p in res["passes"] if "s" in p}
-    for w, row in res["summary"].items():
+    for row in res["summary"].values():
         for label in row["slow_passes"]:
             mode = passes[label]["mode"]
             wl = passes[label]["workload"]
@@ -588,7 +589,8 @@ def keep_stacks(res: dict[str, Any], root: str, path: str | None) -> list[str]:
     elif res.get("patch_after_step") is not None:  # an A/B run: the long passes of both phases, side by side
         for patched in (False, True):
             for mode in ("sdk", "raw"):
-                keep += [p["label"] for p in passes.values() if p["workload"] == "long" and p["mode"] == mode and p["patched"] == patched][:1]
+                longs = [p for p in passes.values() if p["workload"] == "long" and p["mode"] == mode]
+                keep += [p["label"] for p in longs if p["patched"] == patched][:1]
     keep = list(dict.fromkeys(keep))
     if path:
         spies = {}
@@ -605,14 +607,15 @@ def table(res: dict[str, Any]) -> str:
     lines = [
         f"soak: shape {res['shape']} ({res['engine']}), {len(res['passes'])} passes, engine start "
         f"{res.get('engine_start_s')} s, {res['date']}",
-        f"{'pass':18s} {'s':>8s} {'tok/s':>10s} {'gpu%':>5s} {'lag p99':>8s} {'gc s':>6s} {'fix':>4s} {'stalls':>6s} ok",
+        f"{'pass':18s} {'s':>8s} {'tok/s':>10s} {'gpu%':>5s} {'lag p99':>8s} {'gc s':>6s} {'fix':>4s} "
+        f"{'stalls':>6s} ok",
     ]
-    for p in res["passes"]:
-        lines.append(
-            f"{p['label']:18s} {p.get('s', '-'):>8} {p.get('tok_s', '-'):>10} {p.get('gpu_util') or '-':>5} "
-            f"{p.get('lag_p99_ms') or '-':>8} {p.get('gc_s', '-'):>6} {'y' if p.get('patched') else 'n':>4} "
-            f"{p.get('stalls', '-'):>6} {p.get('ok', p.get('error'))}"
-        )
+    lines += [
+        f"{p['label']:18s} {p.get('s', '-'):>8} {p.get('tok_s', '-'):>10} {p.get('gpu_util') or '-':>5} "
+        f"{p.get('lag_p99_ms') or '-':>8} {p.get('gc_s', '-'):>6} {'y' if p.get('patched') else 'n':>4} "
+        f"{p.get('stalls', '-'):>6} {p.get('ok', p.get('error'))}"
+        for p in res["passes"]
+    ]
     lines.append(
         f"{'workload':14s} {'raw med s':>10s} {'raw max s':>10s} {'sdk med s':>10s} {'sdk max s':>10s} "
         f"{'sdk max/med':>12s} {'sdk max/raw max':>16s} {'sdk/raw tok/s':>14s} slow passes"
@@ -645,7 +648,7 @@ def main() -> None:
     ap.add_argument(
         "--patch-after-step", type=int, default=None, help="SGLang's own radix eviction before this step, ours after"
     )
-    ap.add_argument("--plan", nargs="*", default=None, help='explicit passes instead of --steps: "raw:long", "FIX", ...')
+    ap.add_argument("--plan", nargs="*", default=None, help='passes instead of --steps: "raw:long", "FIX", ...')
     ap.add_argument("--slow", type=float, default=1.5, help="a pass slower than this x its workload's median")
     ap.add_argument("--no-stacks", dest="stacks", action="store_false", help="no stack sampler")
     ap.add_argument("--stacks-json", default=None, help="where the slow passes' stacks go")
