@@ -112,8 +112,9 @@ def _req(i: int = 0, n: int = 4, rid: str = "") -> GenerateRequest:
 # -- 2. poison requests ---------------------------------------------------------------------------------
 
 
-async def test_a_request_that_kills_two_servers_is_poison_and_the_third_survives(fake_servers) -> None:
-    servers = await fake_servers(3, FakeEngineConfig(step_base_s=0.002))
+async def poisoned_fleet(fake_servers, n: int) -> list[EngineServer]:
+    """``n`` fake servers whose engine dies (once scheduled) on any request holding token 666."""
+    servers = await fake_servers(n, FakeEngineConfig(step_base_s=0.002))
     loop = asyncio.get_running_loop()
     for s in servers:
         engine = s.engine
@@ -125,6 +126,11 @@ async def test_a_request_that_kills_two_servers_is_poison_and_the_third_survives
             return [9] * req.sampling.max_new_tokens
 
         engine.responder = responder
+    return servers
+
+
+async def test_a_request_that_kills_two_servers_is_poison_and_the_third_survives(fake_servers) -> None:
+    servers = await poisoned_fleet(fake_servers, 3)
     async with RolloutClient(servers=[s.address for s in servers], retries=5) as client:
         with pytest.raises(PoisonRequestError, match="not retried again"):
             await client.generate([1, 2, 666], sampling=SamplingParams(max_new_tokens=4))

@@ -11,26 +11,15 @@ from typing import Any
 import openai
 import pytest
 
-from rollout_sdk import CpuEngineConfig, RolloutClient
+from rollout_sdk import CpuEngineConfig
 from rollout_sdk.gateway import Gateway
 from rollout_sdk.models.tiny_vl import noise_png
 from rollout_sdk.models.vision import IMAGE_PAD_ID
-from rollout_sdk.protocol import GenerateRequest, GenerateResult
+from test_gateway import RecordingClient
 
 
 def part(png: bytes) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}}
-
-
-class RecordingClient(RolloutClient):
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.calls: list[tuple[GenerateRequest, GenerateResult]] = []
-
-    async def generate(self, request: Any, /, **kw: Any) -> GenerateResult:
-        result = await super().generate(request, **kw)
-        self.calls.append((request, result))
-        return result
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from rollout_sdk import (
     SamplingParams,
     ServerConfig,
 )
-from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
+from rollout_sdk.engines.fake import FakeEngine
 from rollout_sdk.protocol import (
     MAX_INPUT_IDS,
     MAX_STOP_TOKEN_IDS,
@@ -36,7 +36,7 @@ from rollout_sdk.protocol import (
 )
 from rollout_sdk.server.frames import DecodeWorker, peek_rid
 from rollout_sdk.server.peers import Peers
-from test_faults import Raw, raw_client, serving, until
+from test_faults import Raw, poisoned_fleet, raw_client, serving, until
 
 # -- 2. bounds on every list, checked by msgspec while decoding -------------------------------------------
 
@@ -276,18 +276,7 @@ async def test_a_client_stops_counting_for_fair_share_soon_after_its_last_reques
 
 
 async def test_a_poison_request_kills_at_most_two_engines_and_no_innocent_fails(fake_servers) -> None:
-    servers = await fake_servers(3, FakeEngineConfig(step_base_s=0.002))
-    loop = asyncio.get_running_loop()
-    for s in servers:
-        engine = s.engine
-        assert isinstance(engine, FakeEngine)
-
-        def responder(req: GenerateRequest, engine: FakeEngine = engine) -> list[int]:
-            if 666 in req.input_ids:
-                loop.call_soon(engine.kill, "poisoned by request 666")
-            return [9] * req.sampling.max_new_tokens
-
-        engine.responder = responder
+    servers = await poisoned_fleet(fake_servers, 3)
     async with RolloutClient(servers=[s.address for s in servers]) as client:
         sp = SamplingParams(max_new_tokens=40)
         innocents = [asyncio.ensure_future(client.generate([1, 2, 3, i], sampling=sp)) for i in range(300)]
