@@ -231,13 +231,16 @@ class StandinEngine:
         try:
             self.tokenizer_manager = TokenizerManager(sa, pa)
             self.tokenizer_manager.max_req_input_len = self.tokenizer_manager.context_len - 1
-            started = ready.wait(120)
+            deadline = time.monotonic() + 120
+            while not ready.wait(0.2) and self._proc.is_alive() and time.monotonic() < deadline:
+                pass
         except BaseException:
             self.shutdown()
             raise
-        if not started:
+        if not ready.is_set():
+            code = self._proc.exitcode
             self.shutdown()
-            raise RuntimeError("the stand-in scheduler did not start within 120 s")
+            raise RuntimeError(f"the stand-in scheduler did not start (exit code {code}; see its stderr)")
 
     @staticmethod
     def launcher(scheduler: StandinScheduler | None = None) -> Any:
@@ -245,6 +248,20 @@ class StandinEngine:
             return StandinEngine(server_args, scheduler)
 
         return launch
+
+    async def async_generate(
+        self, *, input_ids: list[int], sampling_params: dict[str, Any], return_logprob: bool = False
+    ) -> dict[str, Any]:
+        """What ``sglang.Engine.async_generate`` does for one request of token ids."""
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        obj = GenerateReqInput(input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob)
+        gen = self.tokenizer_manager.generate_request(obj, None)
+        try:
+            out: dict[str, Any] = await gen.__anext__()
+            return out
+        finally:
+            await gen.aclose()
 
     def shutdown(self) -> None:
         if self._proc.is_alive():
