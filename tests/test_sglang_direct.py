@@ -94,9 +94,10 @@ async def test_direct_and_tokenizer_manager_paths_agree(model: str, eng: SglangE
         return [(o.output_ids, o.logprobs, o.finish_reason) for o in outs]
 
     assert eng._path is not None
-    sent = eng._path.sent
+    sent, messages = eng._path.sent, eng._path.messages
     results["direct"] = await run(eng)
     assert eng._path.sent - sent == len(prompts) and not eng._path._reqs
+    assert eng._path.messages - messages == 1  # submitted in one loop iteration: one message
     async with engine(model, "tokenizer_manager") as tm_eng:
         assert tm_eng._path is None
         results["tokenizer_manager"] = await run(tm_eng)
@@ -106,6 +107,17 @@ async def test_direct_and_tokenizer_manager_paths_agree(model: str, eng: SglangE
         assert ids == expected(p, 5 + i % 70, vocab)
         assert lps == [standin_logprob(t) for t in ids]
         assert reason == "length"
+
+
+async def test_a_burst_goes_out_in_pieces(model: str, eng: SglangEngine) -> None:
+    from rollout_sdk.engines.sglang.direct import BATCH
+
+    assert eng._path is not None
+    messages = eng._path.messages
+    n = 2 * BATCH + 5
+    outs = await asyncio.gather(*(eng.generate(req(f"burst{i}", [i + 1], 2)) for i in range(n)))
+    assert [o.output_ids for o in outs] == [expected([i + 1], 2, _vocab(model)) for i in range(n)]
+    assert eng._path.messages - messages == 3
 
 
 async def test_abort_running_and_waiting_requests(model: str, eng: SglangEngine) -> None:

@@ -7,7 +7,7 @@ condition and the model-update lock, ``_tokenize_one_request`` (for ids: validat
 output chunk, and per chunk a ``meta_info`` dict with logprob tuples.  For requests that arrive as token
 ids and never stream, none of that is needed: this path builds the ``TokenizedGenerateReqInput`` itself
 (the same validation: context length, SGLang's own ``SamplingParams.verify``), sends every request made in
-one loop iteration as one ``BatchTokenizedGenerateReqInput``, and reads the scheduler's
+one loop iteration as one ``BatchTokenizedGenerateReqInput`` (at most ``BATCH`` each), and reads the scheduler's
 ``BatchTokenIDOutput`` for its own rids, appending ids and logprobs to plain lists and resolving one future
 per request when it ends.  Everything else (other requests, control calls, images) stays with the
 tokenizer manager, which keeps running its receive loop: this path hooks the two places where that loop
@@ -41,6 +41,9 @@ from .translate import Done
 __all__ = ["SchedulerPath", "Unsupported"]
 
 log = logging.getLogger("rollout_sdk.engines.sglang")
+#: requests per message to the scheduler at most: a burst of thousands submitted in one loop iteration goes
+#: out in pieces, so the scheduler is not idle while the rest are built (one 8,192-request message would be)
+BATCH = 128
 
 
 class Unsupported(RuntimeError):
@@ -74,7 +77,8 @@ class SchedulerPath:
         self._flush_handle: asyncio.Handle | None = None
         self._orig_batch: Any = None
         self._orig_abort: Any = None
-        self.sent = 0  # requests submitted (for tests and stats)
+        self.sent = 0  # requests sent to the scheduler, and in how many messages (tests and stats)
+        self.messages = 0
 
     # -- hooks into the tokenizer manager ----------------------------------------------------------
 
@@ -159,8 +163,10 @@ class SchedulerPath:
         self._reqs[sid] = _Req(future, return_logprob, logprob_start_len >= 0)
         future.add_done_callback(functools.partial(self._forget, sid))
         self._outbox.append(obj)
-        if self._flush_handle is None:
-            self._flush_handle = loop.call_soon(self.flush)
+        if len(self._outbox) >= BATCH:
+            self.flush()  # the scheduler starts on these while this loop builds the rest
+        elif self._flush_handle is None:
+            self._flush_handle = loop.call_soon(self._flush_soon)
         return future
 
     def _sampling(self, sampling: dict[str, Any]) -> Any:
@@ -185,9 +191,12 @@ class SchedulerPath:
             stop_regex_strs=list(template.stop_regex_strs or ()),
         )
 
+    def _flush_soon(self) -> None:
+        self._flush_handle = None
+        self.flush()
+
     def flush(self) -> None:
         """Send what was submitted: one message for the whole batch."""
-        self._flush_handle = None
         batch, self._outbox = self._outbox, []
         if not batch:
             return
@@ -195,6 +204,7 @@ class SchedulerPath:
             obj.wrap_pickle_fields()
         msg = batch[0] if len(batch) == 1 else self._io.BatchTokenizedGenerateReqInput(batch=batch)
         self.sent += len(batch)
+        self.messages += 1
         self._tm._dispatch_to_scheduler(msg)
 
     def abort(self, sid: str) -> None:
