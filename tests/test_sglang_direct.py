@@ -18,7 +18,13 @@ pytest.importorskip("sglang.srt.managers.tokenizer_manager")
 import pytest_asyncio
 
 from rollout_sdk.engines.sglang import SglangEngine, SglangEngineConfig
-from rollout_sdk.engines.sglang.standin import StandinEngine, StandinScheduler, standin_logprob, standin_token
+from rollout_sdk.engines.sglang.standin import (
+    StandinEngine,
+    StandinScheduler,
+    standin_logprob,
+    standin_next,
+    standin_seed,
+)
 from rollout_sdk.errors import InvalidRequestError
 from rollout_sdk.protocol import GenerateRequest, SamplingParams
 
@@ -48,14 +54,15 @@ def _vocab(model: str) -> int:
     import json
     from pathlib import Path
 
-    return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    return int(cfg.get("vocab_size") or cfg["text_config"]["vocab_size"])  # a VL config nests it
 
 
-def expected(prompt: list[int], n: int, vocab: int) -> list[int]:
-    out, last = [], prompt[-1]
-    for i in range(n):
-        last = standin_token(last, len(prompt) + i, vocab)
-        out.append(last)
+def expected(prompt: list[int], n: int, vocab: int, mm: tuple[object, ...] = ()) -> list[int]:
+    out, h = [], standin_seed(prompt, mm)
+    for _ in range(n):
+        tok, h = standin_next(h, vocab)
+        out.append(tok)
     return out
 
 
@@ -217,3 +224,47 @@ async def _flushed(eng: SglangEngine) -> bool:
         return True
     except Exception:
         return False
+
+
+# -- images: SGLang's real multimodal path of the tokenizer manager, with the SDK's expansion ------------
+
+
+@pytest.fixture(scope="module")
+def vl_model(sdk_home: object) -> str:
+    from rollout_sdk.models import ensure_tiny_vl_model
+
+    return str(ensure_tiny_vl_model(sdk_home))  # type: ignore[arg-type]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def vl_eng(vl_model: str) -> AsyncIterator[SglangEngine]:
+    async with engine(vl_model, step_s=0.001) as e:
+        yield e
+
+
+async def test_images_reach_the_scheduler_with_the_sdks_expansion(vl_model: str, vl_eng: SglangEngine) -> None:
+    """An image request takes SGLang's multimodal path (image_data with a processor_output item); the
+    scheduler gets the SDK's expanded ids (the stand-in scores exactly what it received) and the pixels
+    (its tokens change with the image)."""
+    from rollout_sdk.models.tiny_vl import noise_png
+    from rollout_sdk.models.vision import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID, load_image_processor
+
+    prompt = [151644, 872, 198, VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID, 100, 101]
+    a, b = noise_png(56, 84, 1), noise_png(56, 84, 2)
+    mine = load_image_processor(vl_model)
+    assert mine is not None
+    want = mine.expand(prompt, [a])
+
+    def gen(rid: str, image: bytes) -> GenerateRequest:
+        return GenerateRequest(rid=rid, input_ids=prompt, images=[image], sampling=SamplingParams(max_new_tokens=6))
+
+    ra1, ra2, rb = await asyncio.gather(
+        vl_eng.generate(gen("a1", a)), vl_eng.generate(gen("a2", a)), vl_eng.generate(gen("b", b))
+    )
+    assert ra1.input_ids == list(want.input_ids) and ra1.image_spans == list(want.spans)
+    assert ra1.prompt_tokens == len(want.input_ids) and ra1.image_grid_thw == list(want.grid_thw)
+    assert ra1.output_ids == ra2.output_ids and len(ra1.output_ids) == 6
+    assert rb.output_ids != ra1.output_ids  # the pixels reached the scheduler
+    scored = await vl_eng.generate(GenerateRequest(rid="s", input_ids=prompt, images=[a], score_only=True))
+    assert scored.prompt_logprobs == [standin_logprob(t) for t in want.input_ids[1:]]
+    assert scored.image_spans == list(want.spans)

@@ -392,8 +392,11 @@ class SglangEngine(Engine):
         returns one prompt logprob per position, the first one ``None`` (no context)."""
         if req.rid in self._flights:
             raise InvalidRequestError("rid", req.rid, "already in flight")
-        flight = self._flights[req.rid] = Flight()
         t0 = time.perf_counter()
+        vision = await expand_images(req, self.config)  # images: scored over the SDK's expansion, with pixels
+        if req.rid in self._flights:  # checked again: the expansion awaited
+            raise InvalidRequestError("rid", req.rid, "already in flight")
+        flight = self._flights[req.rid] = Flight()
         try:
             await self._control.wait_gate(flight)
             if self._dead is not None:
@@ -401,9 +404,8 @@ class SglangEngine(Engine):
             flight.sid = self._next_sid()
             version = self._weight_version
             try:
-                flight.task = task = self._submit(
-                    flight.sid, {"input_ids": list(req.input_ids)}, {"max_new_tokens": 0}, req, logprob_start_len=0
-                )
+                inputs = prompt_inputs(req, Parts(False), vision)
+                flight.task = task = self._submit(flight.sid, inputs, {"max_new_tokens": 0}, req, logprob_start_len=0)
                 done = await asyncio.shield(task)
             except asyncio.CancelledError:
                 if self._dead is None:
@@ -418,7 +420,7 @@ class SglangEngine(Engine):
         finally:
             if self._flights.get(req.rid) is flight:
                 del self._flights[req.rid]
-        return score_result(req, done, version, time.perf_counter() - t0)
+        return score_result(req, done, version, time.perf_counter() - t0, vision)
 
     def _submit(
         self, sid: str, inputs: dict[str, Any], sp: dict[str, Any], req: GenerateRequest, *, logprob_start_len: int = -1

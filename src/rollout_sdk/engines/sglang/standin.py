@@ -9,8 +9,10 @@ sends ``BatchTokenIDOutput`` every ``SGLANG_FORCE_STREAM_INTERVAL`` tokens and a
 SGLang's output streamer does for non-streaming requests with ``skip_tokenizer_init``.  Requests in the
 waiting queue that are aborted are echoed back as ``AbortReq`` (as SGLang's scheduler does).
 
-Tokens are a deterministic function of the sequence (the same prompt gives the same tokens on either
-path); logprobs a deterministic function of the token.  Needs ``sglang`` importable (no GPU, no kernels).
+Tokens are a deterministic function of the whole sequence as received (its ids, and for images SGLang's
+offsets and the pixels: :func:`standin_seed`), so the same request gives the same tokens on either path
+and a continuation gives the tokens the whole request would have; logprobs are a function of the token.
+Needs ``sglang`` importable (no GPU, no kernels).
 
 ::
 
@@ -28,12 +30,48 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StandinEngine", "StandinScheduler", "standin_token"]
+__all__ = ["StandinEngine", "StandinScheduler", "standin_logprob", "standin_next", "standin_seed"]
 
 
-def standin_token(prev: int, position: int, vocab_size: int) -> int:
-    """The stand-in's next token: a fixed function of the previous token and the position."""
-    return (prev * 1103515245 + 12345 + position * 7919) % max(2, vocab_size - 2) + 1
+_MASK = (1 << 61) - 1
+
+
+def _roll(h: int, token: int) -> int:
+    return (h * 1_000_003 + token + 1) & _MASK
+
+
+def standin_seed(ids: list[int], mm: tuple[Any, ...] = ()) -> int:
+    """The stand-in's state after a prompt: a rolling digest of every id (and, for images, each item's
+    offsets and pixel digest, as the scheduler received them).  Equal outputs mean equal requests, and a
+    continuation (``prompt + tokens so far``) is in the very state the whole request reached."""
+    import zlib
+
+    h = zlib.crc32(repr(mm).encode())
+    for t in ids:
+        h = _roll(h, t)
+    return h
+
+
+def standin_next(h: int, vocab_size: int) -> tuple[int, int]:
+    """The stand-in's next token from its state, and the state after it."""
+    token = (h >> 7) % max(2, vocab_size - 2) + 1
+    return token, _roll(h, token)
+
+
+def _mm_digest(r: Any) -> tuple[Any, ...]:
+    """Per multimodal item of a received request: SGLang's offsets and a digest of its pixels."""
+    import zlib
+
+    if hasattr(r, "unwrap_pickle_fields"):
+        r.unwrap_pickle_fields()
+    mm = r.mm_inputs
+    items = (mm.get("mm_items") if isinstance(mm, dict) else getattr(mm, "mm_items", None)) or []
+    out = []
+    for item in items:
+        feature: Any = getattr(item, "feature", None)
+        pixels = zlib.crc32(feature.float().numpy().tobytes()) if hasattr(feature, "numpy") else 0
+        out.append((tuple(tuple(o) for o in (item.offsets or ())), pixels))
+    return tuple(out)
 
 
 def standin_logprob(token: int) -> float:
@@ -51,13 +89,13 @@ class StandinScheduler:
 
 
 class _Req:
-    __slots__ = ("ids", "last", "max_new", "n_prompt", "out", "rid", "sent", "stop", "want_in", "want_lp")
+    __slots__ = ("ids", "max_new", "n_prompt", "out", "rid", "sent", "state", "stop", "want_in", "want_lp")
 
     def __init__(self, r: Any) -> None:
         self.rid: str = r.rid
         ids = list(r.input_ids)
         self.n_prompt = len(ids)
-        self.last = ids[-1] if ids else 0
+        self.state = standin_seed(ids, _mm_digest(r))
         self.ids = ids
         sp = r.sampling_params
         self.max_new = int(sp.max_new_tokens if sp.max_new_tokens is not None else 128)
@@ -127,9 +165,8 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
                 ended.append(finish(r, {"type": "abort", "message": "Abort before decoding"}))
                 continue
             if len(r.out) < r.max_new:
-                tok = standin_token(r.last, r.n_prompt + len(r.out), cfg.vocab_size)
+                tok, r.state = standin_next(r.state, cfg.vocab_size)
                 r.out.append(tok)
-                r.last = tok
                 if tok in r.stop:
                     ended.append(finish(r, {"type": "stop", "matched": tok}))
                     continue

@@ -223,26 +223,25 @@ def _routed(arr: Any) -> RoutedExperts | None:
     return RoutedExperts(num_tokens=t, num_layers=layers, top_k=k, data=arr.astype("<i2").tobytes())
 
 
-def score_result(req: GenerateRequest, done: Done, version: int, total_s: float) -> GenerateResult:
+def score_result(req: GenerateRequest, done: Done, version: int, total_s: float, vision: Any = None) -> GenerateResult:
     """A score request's result from SGLang's prompt logprobs (the first entry, without context, is
-    dropped)."""
-    if req.images:  # the score path sends no image_data (yet): its logprobs would not have seen the images
-        raise InvalidRequestError(
-            "images", f"<{len(req.images)} images>", "score_only with images needs the CPU engine (for now)"
-        )
+    dropped); with images, over the expanded prompt (as the CPU engine scores it), with the expansion's
+    fields."""
+    prompt = req.input_ids if vision is None else vision.input_ids
     entries = list(done.prompt_logprobs or ())
-    if len(entries) == len(req.input_ids):
+    if len(entries) == len(prompt):
         entries = entries[1:]
-    if len(entries) != len(req.input_ids) - 1 or any(e is None for e in entries):
-        raise RequestFailedError(f"SGLang returned {len(entries)} prompt logprobs for {len(req.input_ids)} tokens")
+    if len(entries) != len(prompt) - 1 or any(e is None for e in entries):
+        raise RequestFailedError(f"SGLang returned {len(entries)} prompt logprobs for {len(prompt)} tokens")
     return GenerateResult(
         rid=req.rid,
         output_ids=[],
         finish_reason="stop",
-        prompt_tokens=len(req.input_ids),
+        prompt_tokens=len(prompt),
         weight_version=version,
         prompt_logprobs=[float(e) for e in entries if e is not None],
         timings=Timings(queue_s=done.queue_s or 0.0, total_s=total_s),
+        **(vision.result_fields() if vision is not None else {}),
     )
 
 
