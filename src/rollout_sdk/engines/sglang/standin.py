@@ -301,6 +301,12 @@ class StandinEngine:
             await gen.aclose()
 
     def shutdown(self) -> None:
+        tm = getattr(self, "tokenizer_manager", None)
+        sock = getattr(tm, "recv_from_detokenizer", None)
+        if sock is not None and not sock.closed:
+            # the tokenizer manager's ZMQ context, with every socket of it (and no linger): left to the
+            # garbage collector, its term() would block on the open sockets
+            sock.context.destroy(linger=0)
         if self._proc.is_alive():
             self._proc.terminate()
         self._proc.join(10)
