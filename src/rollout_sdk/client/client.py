@@ -34,13 +34,10 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import msgspec
 
 from .._aio import await_unless, cancel_and_wait, ended_with
-from .._connection import ServerConnection
-from ..admission import AdmissionConfig
 from ..auth import Credentials
 from ..discovery import Discovery, EmbeddedServers, StaticServers
 from ..engines.cpu import CpuEngineConfig
 from ..errors import ClientStateError, ConfigError, NoServersError, RemoteError, RequestTimeoutError
-from ..policies import Policy
 from ..protocol import (
     FlushCache,
     GenerateRequest,
@@ -58,10 +55,13 @@ from ..rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, a
 from ..rollouts.group import Agent, RewardFn, resolve_group_size
 from ..rollouts.results import ResultStream
 from ..rollouts.stream import GroupFilter, RolloutMode, RolloutStream
-from ..scheduler import Scheduler
 from ..weights.sync import WeightSync, broadcast_control, update_weights_ipc
+from .admission import AdmissionConfig
 from .config import ClientConfig, ClientState
+from .connection import ServerConnection
 from .fleet import Fleet
+from .policies import Policy
+from .scheduler import Scheduler
 from .stats import ClientStats, ServerStatus, percentile, server_status
 
 if TYPE_CHECKING:
@@ -761,7 +761,7 @@ def _say_embedded_model(discovery: Discovery) -> None:
 
 def _default_discovery(engine: CpuEngineConfig | None, num: int) -> Discovery:
     """The embedded default, unless this process runs under ``rollout_sdk.launch`` (torchrun)."""
-    from ..launch_env import discovery_from_env
+    from ..discovery.env import discovery_from_env
 
     found = discovery_from_env()
     if found is not None:

@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..scheduler import SchedulerConfig
+from .scheduler import SchedulerConfig
 
 __all__ = ["ClientConfig", "ClientState"]
 

@@ -51,14 +51,8 @@ from typing import Any
 from .._aio import cancel_and_wait
 from .._transport import local_ip
 from ..auth import HOW_TO_ENABLE, JobSecret, is_loopback
-from ..engines.base import Engine
-from ..engines.cpu import CpuEngineConfig
-from ..engines.fake import FakeEngineConfig
-from ..errors import ConfigError
-from ..launch_env import ENV_NUM_SERVERS, ENV_PREFIX, ENV_STORE
-from ..metrics import MetricsEndpoint, ServerMetrics, start_metrics_endpoint
-from ..server import EngineServer, ServerConfig
-from .discovery import (
+from ..discovery.env import ENV_NUM_SERVERS, ENV_PREFIX, ENV_STORE
+from ..discovery.store import (
     ENV_JOB_KEY_FILE,
     ROOT,
     ServerRecord,
@@ -70,6 +64,12 @@ from .discovery import (
     unseal,
     wait_keys,
 )
+from ..engines.base import Engine
+from ..engines.cpu import CpuEngineConfig
+from ..engines.fake import FakeEngineConfig
+from ..errors import ConfigError
+from ..metrics import MetricsEndpoint, ServerMetrics, start_metrics_endpoint
+from ..server import EngineServer, ServerConfig
 from .layout import Layout
 
 __all__ = ["LaunchConfig", "run_job"]
@@ -152,7 +152,7 @@ def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ..cli import THREADS_GRACE_S, run_async
+    from .cli import THREADS_GRACE_S, run_async
 
     layout, secret = preflight(cfg)
     engines = engines or EngineConfigs()

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._cli_config import OneLineErrors, add_config_args, add_sglang_args, config_from_args, sglang_fields
 from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
 from ..errors import ConfigError
+from .args import OneLineErrors, add_config_args, add_sglang_args, config_from_args, sglang_fields
 from .job import EngineConfigs, LaunchConfig, Main, preflight, run_job
 from .layout import Layout
 

@@ -40,7 +40,7 @@ from ..protocol import (
 if TYPE_CHECKING:
     import torch
 
-    from .._connection import ServerConnection
+    from ..client.connection import ServerConnection
 
 __all__ = ["WeightSync", "broadcast_control"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ...errors import InvalidRequestError, RequestFailedError
 from ...protocol import PENALTY_RANGE, GenerateRequest, GenerateResult, RoutedExperts, SamplingParams, Timings
-from ...rollouts.segments import append_segments
+from ...protocol.segments import append_segments
 from ..base import EngineLoad
 from .config import SglangEngineConfig
 
