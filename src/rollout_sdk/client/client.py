@@ -65,7 +65,7 @@ from .scheduler import Scheduler
 from .stats import ClientStats, ServerStatus, percentile, server_status
 
 if TYPE_CHECKING:
-    from ..metrics import ClientMetrics
+    from .metrics import ClientMetrics
 
 __all__ = ["PauseMode", "RolloutClient", "WeightMethod"]
 
@@ -175,7 +175,7 @@ class RolloutClient:
             is_open=lambda: self._state is ClientState.OPEN,
             pushed_version=lambda: self.weight_version,
         )
-        from ..metrics import ClientMetrics  # prometheus-client loads with the first client, not on import
+        from .metrics import ClientMetrics  # prometheus-client loads with the first client, not on import
 
         #: Prometheus metrics (its own registry: ``client.metrics.registry``; see docs/observability.md)
         self.metrics: ClientMetrics = ClientMetrics(lambda: (self.stats(), self.weight_version))

@@ -316,7 +316,8 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
 
     metrics = endpoint = None
     if args.metrics_port is not None:
-        from ..metrics import ServerMetrics, start_metrics_endpoint
+        from ..metrics import start_metrics_endpoint
+        from ..server.metrics import ServerMetrics
 
         metrics = ServerMetrics()
         host = args.metrics_host or config.host

@@ -68,8 +68,9 @@ from ..engines.base import Engine
 from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
 from ..errors import ConfigError
-from ..metrics import MetricsEndpoint, ServerMetrics, start_metrics_endpoint
+from ..metrics import MetricsEndpoint, start_metrics_endpoint
 from ..server import EngineServer, ServerConfig
+from ..server.metrics import ServerMetrics
 from .layout import Layout
 
 __all__ = ["LaunchConfig", "run_job"]

@@ -115,7 +115,7 @@ from .peers import Peers
 from .stall import Sample, StallDetector
 
 if TYPE_CHECKING:
-    from ..metrics import ServerMetrics
+    from .metrics import ServerMetrics
 
 __all__ = ["EngineServer", "ServerConfig", "authorize"]
 
