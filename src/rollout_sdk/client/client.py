@@ -55,7 +55,6 @@ from ..rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, a
 from ..rollouts.group import Agent, RewardFn, resolve_group_size
 from ..rollouts.results import ResultStream
 from ..rollouts.stream import GroupFilter, RolloutMode, RolloutStream
-from ..weights.sync import WeightSync, broadcast_control, update_weights_ipc
 from .admission import AdmissionConfig
 from .config import ClientConfig, ClientState
 from .connection import ServerConnection
@@ -63,6 +62,7 @@ from .fleet import Fleet
 from .policies import Policy
 from .scheduler import Scheduler
 from .stats import ClientStats, ServerStatus, percentile, server_status
+from .weight_sync import WeightSync, broadcast_control, update_weights_ipc
 
 if TYPE_CHECKING:
     from .metrics import ClientMetrics

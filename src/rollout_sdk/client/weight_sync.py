@@ -40,7 +40,7 @@ from ..protocol import (
 if TYPE_CHECKING:
     import torch
 
-    from ..client.connection import ServerConnection
+    from .connection import ServerConnection
 
 __all__ = ["WeightSync", "broadcast_control"]
 
@@ -90,7 +90,7 @@ class WeightSync:
         device: Any = None,
         timeout_s: float = 300.0,
     ) -> WeightSync:
-        from .group import init_weight_group, master_store
+        from ..weights.group import init_weight_group, master_store
 
         if not servers:
             raise ConfigError("servers", [], "no live server to sync weights with")
@@ -145,7 +145,7 @@ class WeightSync:
         """Broadcast ``named`` in flattened buckets; every server loads them and takes ``version``."""
         import time
 
-        from .buckets import plan_buckets, send_buckets
+        from ..weights.buckets import plan_buckets, send_buckets
 
         t0 = time.perf_counter()
         buckets = plan_buckets(named, bucket_bytes)
@@ -181,7 +181,7 @@ class WeightSync:
         }
 
     async def close(self) -> None:
-        from .group import destroy_weight_group
+        from ..weights.group import destroy_weight_group
 
         live = [s for s in self.servers if s.alive]
         try:
@@ -209,8 +209,8 @@ async def update_weights_ipc(
 
     import torch
 
-    from .buckets import plan_buckets
-    from .ipc import export_cuda_ipc
+    from ..weights.buckets import plan_buckets
+    from ..weights.ipc import export_cuda_ipc
 
     t0 = time.perf_counter()
     buckets = plan_buckets(named, bucket_bytes)
