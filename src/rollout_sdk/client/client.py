@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
-from .._aio import await_unless, cancel_and_wait, ended_with
+from .._aio import Lifecycle, await_unless, cancel_and_wait, ended_with
 from ..auth import Credentials
 from ..discovery import Discovery, EmbeddedServers, StaticServers
 from ..engines.cpu import CpuEngineConfig
@@ -153,7 +153,7 @@ class RolloutClient:
             raise ConfigError("engine", engine, "only configures the embedded default (no servers/discovery)")
         self._discovery = discovery
         self._credentials = credentials
-        self._state = ClientState.UNOPENED
+        self._life = Lifecycle("RolloutClient", error=ClientStateError)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that opened it: its tasks live there
         self._scheduler = Scheduler(self.config.scheduler)
         self._supervisor: asyncio.Task[None] | None = None
@@ -172,7 +172,7 @@ class RolloutClient:
             self.config,
             own=lambda coro, name: self._own(coro, name=name),
             check_open=self._check_open,
-            is_open=lambda: self._state is ClientState.OPEN,
+            is_open=lambda: self._life.is_open,
             pushed_version=lambda: self.weight_version,
         )
         from .metrics import ClientMetrics  # prometheus-client loads with the first client, not on import
@@ -192,17 +192,8 @@ class RolloutClient:
 
     async def open(self) -> None:
         """Find and connect to the servers.  Called by ``async with``; a client opens once."""
-        if self._state is not ClientState.UNOPENED:
-            raise ClientStateError(f"a RolloutClient opens once (this one is {self._state.value})")
-        self._state = ClientState.OPENING
         self._loop = asyncio.get_running_loop()
-        try:
-            await self._open()
-        except BaseException:
-            self._state = ClientState.CLOSED
-            await self._teardown()
-            raise
-        self._state = ClientState.OPEN
+        await self._life.open_with(self._open, self._teardown)
 
     async def _open(self) -> None:
         cfg = self.config
@@ -240,17 +231,11 @@ class RolloutClient:
 
     async def aclose(self) -> None:
         """Abort this client's requests, stop its tasks, close its sockets.  Idempotent."""
-        if self._state in (ClientState.CLOSED, ClientState.CLOSING):
-            return
-        self._state = ClientState.CLOSING
-        try:
-            await self._teardown()
-        finally:
-            self._state = ClientState.CLOSED
+        await self._life.close_with(self._teardown)
 
     @property
     def state(self) -> ClientState:
-        return self._state
+        return self._life.state
 
     async def _teardown(self) -> None:
         """Release everything, in order.  If the caller is cancelled meanwhile, the rest of the
@@ -290,10 +275,7 @@ class RolloutClient:
             raise cancelled
 
     def _check_open(self) -> None:
-        if self._state is not ClientState.OPEN:
-            raise ClientStateError(
-                f"RolloutClient is {self._state.value}: use it inside 'async with RolloutClient() as client'"
-            )
+        self._life.check_open("use it inside 'async with RolloutClient() as client'")
         if self._broken is not None:
             raise ClientStateError(f"RolloutClient failed: {self._broken!r}")
         try:

@@ -3,28 +3,18 @@ lifecycle (``ClientState``)."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
+from .._aio import LifecycleState
 from ..errors import ConfigError
 from .scheduler import SchedulerConfig
 
 __all__ = ["ClientConfig", "ClientState"]
 
 
-class ClientState(enum.Enum):
-    """Where a :class:`RolloutClient` is in its lifecycle (``client.state``); see :mod:`rollout_sdk.client.client`."""
-
-    #: created; open() (or ``async with``) has not been called
-    UNOPENED = "unopened"
-    #: open() is finding and connecting to the servers
-    OPENING = "opening"
-    #: connected: requests and streams can run
-    OPEN = "open"
-    #: aclose() is aborting requests and closing sockets
-    CLOSING = "closing"
-    #: closed for good: a client never reopens
-    CLOSED = "closed"
+#: Where a :class:`RolloutClient` is in its lifecycle (``client.state``): the one
+#: :class:`~rollout_sdk._aio.LifecycleState` that the server, the gateway and the bridge share.
+ClientState = LifecycleState
 
 
 @dataclass(frozen=True, kw_only=True)

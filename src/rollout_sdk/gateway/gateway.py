@@ -43,7 +43,7 @@ from typing import Any
 
 import msgspec
 
-from .._aio import cancel_and_wait
+from .._aio import Lifecycle, cancel_and_wait
 from ..agents import Trajectory
 from ..agents.parsers import get_reasoning_parser
 from ..errors import ClientStateError, ConfigError
@@ -180,7 +180,7 @@ class Gateway:
         self._servers = servers
         self._client_options = dict(client_options or {})
         self._tokenizer = tokenizer
-        self._state = "unopened"
+        self._life = Lifecycle("Gateway", error=ClientStateError)
         self.store = SessionStore(max_sessions=self.config.max_sessions, max_turns=self.config.max_turns_per_session)
         self._service: TurnService | None = None
         self._runner: Any = None
@@ -212,16 +212,7 @@ class Gateway:
 
     async def open(self) -> None:
         """Open the client (if owned), load the tokenizer, start listening.  A gateway opens once."""
-        if self._state != "unopened":
-            raise ClientStateError(f"a Gateway opens once (this one is {self._state})")
-        self._state = "opening"
-        try:
-            await self._open()
-        except BaseException:
-            await self._teardown()
-            self._state = "closed"
-            raise
-        self._state = "open"
+        await self._life.open_with(self._open, self._teardown)
 
     async def _open(self) -> None:
         try:
@@ -271,13 +262,7 @@ class Gateway:
 
     async def aclose(self) -> None:
         """Stop listening, finish every open session, stop the owned tasks and client.  Idempotent."""
-        if self._state in ("closed", "closing"):
-            return
-        self._state = "closing"
-        try:
-            await self._teardown()
-        finally:
-            self._state = "closed"
+        await self._life.close_with(self._teardown)
 
     async def _teardown(self) -> None:
         self._stopping.set()
@@ -297,8 +282,7 @@ class Gateway:
             await client.aclose()
 
     def _check_open(self) -> None:
-        if self._state != "open":
-            raise ClientStateError(f"the Gateway is {self._state}: use it inside 'async with Gateway() as gw'")
+        self._life.check_open("use it inside 'async with Gateway() as gw'")
 
     # -- addresses ---------------------------------------------------------------------------------
 
@@ -474,7 +458,7 @@ class Gateway:
         client = self._client
         alive = sum(1 for s in client.servers if s.alive) if client is not None else 0
         return {
-            "status": "ok" if self._state == "open" and alive else "unavailable",
+            "status": "ok" if self._life.is_open and alive else "unavailable",
             "model": self.model_name,
             "servers_alive": alive,
             "sessions": len(self.store.sessions),
