@@ -1,4 +1,4 @@
-"""One Lifecycle for the client, the server, the gateway and the bridge: misuse raises a typed error naming the state."""
+"""One Lifecycle for the client, server, gateway and bridge: misuse raises a typed error naming the state."""
 
 from __future__ import annotations
 
