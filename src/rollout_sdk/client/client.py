@@ -23,7 +23,6 @@ reports are in ``config.py`` and ``stats.py``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import time
@@ -55,11 +54,9 @@ from ..rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, a
 from ..rollouts.group import Agent, RewardFn, resolve_group_size
 from ..rollouts.results import ResultStream
 from ..rollouts.stream import GroupFilter, RolloutMode, RolloutStream
-from .admission import AdmissionConfig
 from .config import ClientConfig, ClientState
 from .connection import ServerConnection
 from .fleet import Fleet
-from .policies import Policy
 from .scheduler import Scheduler
 from .stats import ClientStats, ServerStatus, percentile, server_status
 from .weight_sync import WeightSync, broadcast_control, update_weights_ipc
@@ -91,8 +88,8 @@ class RolloutClient:
     ``servers`` (addresses) or ``discovery`` (a :class:`~rollout_sdk.discovery.Discovery`) say where the
     servers are; with neither, ``RolloutClient()`` starts the embedded default, a CPU-engine server in this
     process (configure its engine with ``engine=CpuEngineConfig(...)``).  The other keyword arguments
-    are the fields of :class:`ClientConfig` and :class:`SchedulerConfig`; each one given replaces the
-    value in ``config`` (default: ``ClientConfig()``).
+    (``options``) are the fields of :class:`ClientConfig` and :class:`SchedulerConfig`; each one given
+    replaces the value in ``config`` (default: ``ClientConfig()``), through :meth:`ClientConfig.with_options`.
 
     ``credentials`` (:class:`~rollout_sdk.auth.Credentials`) authenticate the client to servers that
     require it; by default they come from the discovery (the embedded default makes its own) or the
@@ -106,44 +103,12 @@ class RolloutClient:
         discovery: Discovery | None = None,
         engine: CpuEngineConfig | None = None,
         config: ClientConfig | None = None,
-        policy: str | Policy | UseClientDefault = USE_CLIENT_DEFAULT,
-        max_in_flight_per_server: int | UseClientDefault | None = USE_CLIENT_DEFAULT,
-        admission: AdmissionConfig | UseClientDefault | None = USE_CLIENT_DEFAULT,
-        max_waiting: int | UseClientDefault = USE_CLIENT_DEFAULT,
-        affinity_margin: float | UseClientDefault = USE_CLIENT_DEFAULT,
-        affinity_slack: int | UseClientDefault = USE_CLIENT_DEFAULT,
-        timeout_s: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
-        retries: int | UseClientDefault = USE_CLIENT_DEFAULT,
-        heartbeat_interval_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
-        heartbeat_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
-        connect_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
-        discovery_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
-        num_embedded_servers: int | UseClientDefault = USE_CLIENT_DEFAULT,
         credentials: Credentials | None = None,
+        **options: Any,
     ) -> None:
         if servers is not None and discovery is not None:
             raise ConfigError("servers", servers, "give servers or discovery, not both")
-        base = config or ClientConfig()
-        sched = _given(
-            policy=policy,
-            max_in_flight_per_server=max_in_flight_per_server,
-            admission=admission,
-            max_waiting=max_waiting,
-            affinity_margin=affinity_margin,
-            affinity_slack=affinity_slack,
-        )
-        own = _given(
-            timeout_s=timeout_s,
-            retries=retries,
-            heartbeat_interval_s=heartbeat_interval_s,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            discovery_timeout_s=discovery_timeout_s,
-            num_embedded_servers=num_embedded_servers,
-        )
-        if sched:
-            own["scheduler"] = dataclasses.replace(base.scheduler, **sched)
-        self.config = dataclasses.replace(base, **own) if own else base
+        self.config = (config or ClientConfig()).with_options(**options)
         if discovery is None:
             if servers is not None:
                 discovery = StaticServers(servers)
@@ -705,11 +670,6 @@ class RolloutClient:
             prefix_tokens_lost=s.prefix_tokens_lost,
             retired=[server_status(c) for c in self._fleet.retired],
         )
-
-
-def _given(**values: Any) -> dict[str, Any]:
-    """The keyword arguments the caller actually gave (not USE_CLIENT_DEFAULT)."""
-    return {k: v for k, v in values.items() if not isinstance(v, UseClientDefault)}
 
 
 def _resolve_credentials(explicit: Credentials | None, discovery: Discovery) -> Credentials | None:
