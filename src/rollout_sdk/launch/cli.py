@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import json
 import logging
 import signal
@@ -285,23 +284,18 @@ def _quiet_transformers() -> None:
 
 
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
+    """The engine ``rollout-sdk serve --engine kind`` runs, from its command line (engines.registry)."""
+    from ..engines.registry import EngineConfigs
+    from ..engines.registry import make_engine as make
+
+    configs = EngineConfigs()
     if kind == "cpu":
-        from ..engines.cpu import CpuEngine
-
-        cpu = config_from_args(CpuEngineConfig, args, prefix="cpu-")
-        return CpuEngine(dataclasses.replace(cpu, model_path=args.model) if args.model else cpu)
-    if kind == "fake":
-        from ..engines.fake import FakeEngine
-
-        return FakeEngine(config_from_args(FakeEngineConfig, args, prefix="fake-"))
-    from ..engines.sglang import SglangEngine, SglangEngineConfig
-
-    fields = sglang_fields(args)
-    if args.model:
-        fields["model_path"] = args.model
-    if not fields.get("model_path"):
-        raise ConfigError("--model", None, "is required with --engine sglang (a model directory or hub name)")
-    return SglangEngine(SglangEngineConfig(**fields))
+        configs.cpu = config_from_args(CpuEngineConfig, args, prefix="cpu-")
+    elif kind == "fake":
+        configs.fake = config_from_args(FakeEngineConfig, args, prefix="fake-")
+    else:
+        configs.sglang = sglang_fields(args)
+    return make(kind, configs, model=args.model)
 
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:

@@ -44,7 +44,7 @@ import signal
 import stat
 import tempfile
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +64,9 @@ from ..discovery.store import (
     unseal,
     wait_keys,
 )
+from ..engines import registry
 from ..engines.base import Engine
-from ..engines.cpu import CpuEngineConfig
-from ..engines.fake import FakeEngineConfig
+from ..engines.registry import EngineConfigs
 from ..errors import ConfigError
 from ..metrics import MetricsEndpoint, start_metrics_endpoint
 from ..server import EngineServer, ServerConfig
@@ -117,35 +117,12 @@ class LaunchConfig:
             raise ConfigError("dist_backend", self.dist_backend, "must be 'gloo' or 'nccl'")
 
 
-@dataclass(kw_only=True)
-class EngineConfigs:
-    cpu: CpuEngineConfig = field(default_factory=CpuEngineConfig)
-    fake: FakeEngineConfig = field(default_factory=FakeEngineConfig)
-    sglang: dict[str, Any] = field(default_factory=dict)
-
-
 def make_engine(cfg: LaunchConfig, engines: EngineConfigs, layout: Layout) -> Engine:
-    if cfg.engine == "cpu":
-        from dataclasses import replace
-
-        from ..engines.cpu import CpuEngine
-
-        cpu = replace(engines.cpu, model_path=cfg.model) if cfg.model else engines.cpu
-        return CpuEngine(cpu)
-    if cfg.engine == "fake":
-        from ..engines.fake import FakeEngine
-
-        return FakeEngine(engines.fake)
-    from ..engines.sglang import SglangEngine, SglangEngineConfig
-
-    fields = dict(engines.sglang)
-    if cfg.model:
-        fields["model_path"] = cfg.model
-    fields.setdefault("tp_size", layout.tp)
-    fields.setdefault("base_gpu_id", layout.local_rank)
-    if layout.tp_spans_nodes:
+    """This rank's engine (engines.registry), SGLang's TP layout defaulted from the job's."""
+    if cfg.engine == "sglang" and layout.tp_spans_nodes:
         raise ConfigError("tp", layout.tp, f"exceeds the GPUs per node ({layout.local_world_size})")
-    return SglangEngine(SglangEngineConfig(**fields))
+    tp = {"tp_size": layout.tp, "base_gpu_id": layout.local_rank}
+    return registry.make_engine(cfg.engine, engines, model=cfg.model, sglang_defaults=tp)
 
 
 def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None = None) -> int:

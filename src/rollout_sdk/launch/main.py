@@ -12,9 +12,10 @@ from typing import Any
 
 from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
+from ..engines.registry import EngineConfigs
 from ..errors import ConfigError
 from .args import OneLineErrors, add_config_args, add_sglang_args, config_from_args, sglang_fields
-from .job import EngineConfigs, LaunchConfig, Main, preflight, run_job
+from .job import LaunchConfig, Main, preflight, run_job
 from .layout import Layout
 
 __all__ = ["main", "parse_launch_args", "run"]
