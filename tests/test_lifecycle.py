@@ -97,3 +97,23 @@ def test_the_bridge_names_its_state() -> None:
         _ = bridge.client
     with pytest.raises(ClientStateError, match="opens once"):
         bridge.open()
+
+
+async def test_await_unless_with_a_timeout_keeps_a_result_and_cancels_the_rest() -> None:
+    import asyncio
+
+    from rollout_sdk._aio import await_unless
+
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    never = asyncio.Event()
+    assert await await_unless(queue.get(), never.wait(), timeout=0) is None  # nothing there: timed out
+    queue.put_nowait(7)
+    assert await await_unless(queue.get(), never.wait(), timeout=None) == 7
+    stop = asyncio.Event()
+    stop.set()
+    queue.put_nowait(8)
+    assert queue.qsize() == 1
+    with pytest.raises(LookupError):
+        await await_unless(asyncio.Event().wait(), stop.wait(), error=LookupError, timeout=30)
+    got = await await_unless(queue.get(), never.wait(), timeout=0)
+    assert got == 8 or queue.get_nowait() == 8  # taken and returned, or left in the queue: never lost

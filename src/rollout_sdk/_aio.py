@@ -59,21 +59,31 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
 
 
 @overload
-async def await_unless(aw: Awaitable[T], stop: Awaitable[object], *, error: Callable[[], BaseException]) -> T: ...
+async def await_unless(
+    aw: Awaitable[T], stop: Awaitable[object], *, error: Callable[[], BaseException], timeout: float | None = None
+) -> T: ...
 
 
 @overload
-async def await_unless(aw: Awaitable[T], stop: Awaitable[object], *, error: None = None) -> T | None: ...
+async def await_unless(
+    aw: Awaitable[T], stop: Awaitable[object], *, error: None = None, timeout: float | None = None
+) -> T | None: ...
 
 
 async def await_unless(
-    aw: Awaitable[T], stop: Awaitable[object], *, error: Callable[[], BaseException] | None = None
+    aw: Awaitable[T],
+    stop: Awaitable[object],
+    *,
+    error: Callable[[], BaseException] | None = None,
+    timeout: float | None = None,
 ) -> T | None:
     """Await ``aw`` unless ``stop`` completes first ("the call, unless the engine died meanwhile").
 
     ``aw`` finishing first: its result is returned (its exception raised).  ``stop`` finishing first (or
-    ``aw`` cancelled by someone else): ``aw`` is cancelled and ``error()`` is raised, or None is returned
-    when no ``error`` is given.  A coroutine passed as ``aw`` or ``stop`` runs in a task this call owns: it
+    ``aw`` cancelled by someone else, or ``timeout`` seconds passing first): ``aw`` is cancelled and
+    ``error()`` is raised, or None is returned when no ``error`` is given.  A result that ``aw`` has when
+    the race ends is never dropped: ``aw`` done is ``aw``'s answer, whatever else finished too.
+    A coroutine passed as ``aw`` or ``stop`` runs in a task this call owns: it
     is cancelled and waited for before the call returns.  A future or task passed as ``stop`` belongs to the
     caller and is only watched, never cancelled.  The caller's cancellation propagates (after the owned
     tasks are cancelled).
@@ -82,7 +92,7 @@ async def await_unless(
     watch_owned = not isinstance(stop, asyncio.Future)
     watcher = asyncio.ensure_future(stop)
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((task, watcher), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         leftover = [t for t in ((task, True), (watcher, watch_owned)) if t[1] and not t[0].done()]
         for t, _ in leftover:

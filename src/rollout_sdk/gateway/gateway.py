@@ -43,7 +43,7 @@ from typing import Any
 
 import msgspec
 
-from .._aio import Lifecycle, cancel_and_wait
+from .._aio import Lifecycle, await_unless, cancel_and_wait
 from ..agents import Trajectory
 from ..agents.parsers import get_reasoning_parser
 from ..errors import ClientStateError, ConfigError
@@ -403,16 +403,9 @@ class Gateway:
         while True:
             if end.is_set() and (http or queue.empty()):
                 return
-            getter = asyncio.ensure_future(queue.get())
-            closer = asyncio.ensure_future(end.wait())
-            try:
-                await asyncio.wait([getter, closer], timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                closer.cancel()
-                if not getter.done():
-                    getter.cancel()
-            if getter.done() and not getter.cancelled():
-                yield getter.result()
+            session = await await_unless(queue.get(), end.wait(), timeout=heartbeat_s)
+            if session is not None:
+                yield session
             elif not end.is_set():
                 yield None
 
