@@ -44,3 +44,15 @@ def test_client_keywords_replace_config_fields_in_one_place() -> None:
     assert base.with_options(retries=USE_CLIENT_DEFAULT, policy=USE_CLIENT_DEFAULT) is base
     with pytest.raises(TypeError, match="unexpected keyword arguments: bogus, scheduler"):
         RolloutClient(servers=["tcp://127.0.0.1:9"], bogus=1, scheduler=SchedulerConfig())
+
+
+def test_sglang_request_errors_map_in_one_place() -> None:
+    from rollout_sdk import InvalidRequestError, RequestFailedError
+    from rollout_sdk.engines.sglang.translate import request_error
+
+    bad = request_error(ValueError("context length 9000 > 8192"), "sampling", "<sampling>")
+    assert isinstance(bad, InvalidRequestError)
+    assert (bad.field, bad.reason) == ("sampling", "context length 9000 > 8192")
+    failed = request_error(RuntimeError("cuda oops"), "input_ids", "<3 tokens>", "score request")
+    assert isinstance(failed, RequestFailedError)
+    assert str(failed) == "SGLang failed the score request: RuntimeError: cuda oops"

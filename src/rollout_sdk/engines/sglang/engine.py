@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 
 from ..._aio import await_unless, cancel_and_wait
-from ...errors import EngineDeadError, EngineStartupError, InvalidRequestError, RequestFailedError
+from ...errors import EngineDeadError, EngineStartupError, InvalidRequestError
 from ...protocol import (
     EngineLimits,
     GenerateRequest,
@@ -52,7 +52,15 @@ from ..base import Engine, EngineLoad
 from . import radix_patch
 from .config import SglangEngineConfig
 from .control import Control, Flight
-from .translate import Parts, expand_images, load_from_snapshot, prompt_inputs, sampling_params, score_result
+from .translate import (
+    Parts,
+    expand_images,
+    load_from_snapshot,
+    prompt_inputs,
+    request_error,
+    sampling_params,
+    score_result,
+)
 
 __all__ = ["SglangEngine"]
 
@@ -352,10 +360,8 @@ class SglangEngine(Engine):
                         self._tm.abort_request(rid=flight.sid)  # our caller was cancelled: make SGLang stop too
                     task.cancel()
                     raise  # the caller's cancellation stays a cancellation, dead engine or not
-                except ValueError as exc:  # SGLang's own validation (context length, parameter ranges)
-                    raise InvalidRequestError("sampling", req.sampling, str(exc)) from exc
-                except Exception as exc:  # this request alone: the engine dies only by a child's death
-                    raise RequestFailedError(f"SGLang failed the request: {type(exc).__name__}: {exc}") from exc
+                except Exception as exc:  # SGLang's validation: the caller's error; the rest: this request's
+                    raise request_error(exc, "sampling", req.sampling) from exc
                 kind = parts.add(out, version)
                 if req.return_routed_experts:
                     n_out = len(out.get("output_ids") or [])
@@ -398,10 +404,8 @@ class SglangEngine(Engine):
                     self._tm.abort_request(rid=flight.sid)
                 task.cancel()
                 raise
-            except ValueError as exc:
-                raise InvalidRequestError("input_ids", f"<{len(req.input_ids)} tokens>", str(exc)) from exc
             except Exception as exc:
-                raise RequestFailedError(f"SGLang failed the score request: {type(exc).__name__}: {exc}") from exc
+                raise request_error(exc, "input_ids", f"<{len(req.input_ids)} tokens>", "score request") from exc
         finally:
             if self._flights.get(req.rid) is flight:
                 del self._flights[req.rid]
