@@ -184,7 +184,7 @@ class Gateway:
         self.store = SessionStore(max_sessions=self.config.max_sessions, max_turns=self.config.max_turns_per_session)
         self._service: TurnService | None = None
         self._runner: Any = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._background: asyncio.Task[None] | None = None  # runs the gateway's own tasks in one group
         self._closed = asyncio.Event()
         #: set when closing begins: export streams end then (the listener is going away)
         self._stopping = asyncio.Event()
@@ -254,11 +254,7 @@ class Gateway:
         site = web.SockSite(self._runner, sock, backlog=cfg.backlog)
         await site.start()
         self.host, self.port = sock.getsockname()[:2]
-        loop = asyncio.get_running_loop()
-        if cfg.session_idle_timeout_s is not None:
-            self._tasks.append(loop.create_task(self._reap(cfg.session_idle_timeout_s), name="gateway-reaper"))
-        if cfg.trajectories_jsonl:
-            self._tasks.append(loop.create_task(self._write_jsonl(cfg.trajectories_jsonl), name="gateway-jsonl"))
+        self._background = asyncio.get_running_loop().create_task(self._run_background(), name="gateway")
 
     async def aclose(self) -> None:
         """Stop listening, finish every open session, stop the owned tasks and client.  Idempotent."""
@@ -272,9 +268,9 @@ class Gateway:
         for session in list(self.store.sessions.values()):
             self.store.finish(session, reason="closed")
         self._closed.set()
-        for task in self._tasks:
-            await cancel_and_wait(task) if task.get_name() != "gateway-jsonl" else await _drain(task)
-        self._tasks = []
+        background, self._background = self._background, None
+        if background is not None:
+            await _drain(background)
         if self._service is not None:
             self._service.close()
         if self._owns_client and self._client is not None:
@@ -428,6 +424,20 @@ class Gateway:
             if trajs:
                 await asyncio.to_thread(_append_jsonl, path, trajs)
 
+    async def _run_background(self) -> None:
+        """The gateway's own tasks, in one task group: the idle-session reaper (cancelled at close) and the
+        JSONL writer (it ends by itself once closed and drained)."""
+        cfg = self.config
+        async with asyncio.TaskGroup() as tg:
+            reaper = None
+            if cfg.session_idle_timeout_s is not None:
+                reaper = tg.create_task(self._reap(cfg.session_idle_timeout_s), name="gateway-reaper")
+            if cfg.trajectories_jsonl:
+                tg.create_task(self._write_jsonl(cfg.trajectories_jsonl), name="gateway-jsonl")
+            await self._closed.wait()
+            if reaper is not None:
+                reaper.cancel()
+
     async def _reap(self, timeout_s: float) -> None:
         while True:
             await asyncio.sleep(min(timeout_s / 4, 30.0))
@@ -494,7 +504,8 @@ class _GatewayCollector:
 
 
 async def _drain(task: asyncio.Task[None]) -> None:
-    """The JSONL writer ends by itself once closed and drained; bound the wait, then cancel."""
+    """The gateway's tasks end by themselves once closed (the JSONL writer once drained); bound the wait,
+    then cancel."""
     try:
         await asyncio.wait_for(asyncio.shield(task), 60)
     except TimeoutError:
