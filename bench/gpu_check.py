@@ -117,6 +117,98 @@ def free_gib() -> float:
     return free / 2**30
 
 
+async def path_checks(engine: Any, vocab: int, n: int) -> dict[str, Any]:
+    """The engine's direct path to the scheduler (engines/sglang/direct.py) against its tokenizer-manager
+    path on the same engine: greedy ids and logprobs of the same prompts, score logprobs, then ``n`` short
+    requests (64 in / 16 out) through raw ``async_generate``, the direct path and the tokenizer manager, with
+    this process's CPU per request (the event loop the tokenizer manager and the server share)."""
+    from rollout_sdk import GenerateRequest, SamplingParams
+
+    direct = engine._path
+    out: dict[str, Any] = {"installed": direct is not None}
+    if direct is None:
+        return out
+    rnd = random.Random(7)
+    prompts = [[rnd.randrange(1000, vocab - 1000) for _ in range(96)] for _ in range(64)]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
+    got: dict[str, list[Any]] = {}
+    for name, path in (("direct", direct), ("tm", None)):
+        engine._path = path
+        try:
+            got[name] = await asyncio.gather(
+                *(
+                    engine.generate(
+                        GenerateRequest(rid=f"pp-{name}-{i}", input_ids=p, sampling=greedy, return_logprobs=True)
+                    )
+                    for i, p in enumerate(prompts)
+                )
+            )
+            got[name + "-score"] = await asyncio.gather(
+                *(
+                    engine.generate(GenerateRequest(rid=f"ps-{name}-{i}", input_ids=p, score_only=True))
+                    for i, p in enumerate(prompts[:16])
+                )
+            )
+        finally:
+            engine._path = direct
+    same = [a.output_ids == b.output_ids for a, b in zip(got["direct"], got["tm"], strict=True)]
+    first = [a.output_ids[:1] == b.output_ids[:1] for a, b in zip(got["direct"], got["tm"], strict=True)]
+    lp = [
+        abs(x - y)
+        for a, b in zip(got["direct"], got["tm"], strict=True)
+        if a.output_ids == b.output_ids
+        for x, y in zip(a.logprobs or [], b.logprobs or [], strict=True)
+    ]
+    sc = [
+        abs(x - y)
+        for a, b in zip(got["direct-score"], got["tm-score"], strict=True)
+        for x, y in zip(a.prompt_logprobs or [], b.prompt_logprobs or [], strict=True)
+    ]
+    out.update(
+        same_greedy_ids=round(sum(same) / len(same), 3),
+        same_first_token=round(sum(first) / len(first), 3),
+        greedy_logprob_max_diff=round(max(lp), 5) if lp else None,
+        score_logprob_max_diff=round(max(sc), 5) if sc else None,
+        finish=sorted({r.finish_reason for r in got["direct"]}),
+    )
+    short = [[rnd.randrange(1000, vocab - 1000) for _ in range(64)] for _ in range(n)]
+    sp = SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True)
+    raw_engine = engine._engine
+
+    async def raw_pass() -> int:
+        sp_raw = {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True}
+        outs = await asyncio.gather(
+            *(raw_engine.async_generate(input_ids=p, sampling_params=sp_raw, return_logprob=True) for p in short)
+        )
+        return sum(len(o["output_ids"]) for o in outs)
+
+    async def engine_pass(tag: str) -> int:
+        outs = await asyncio.gather(
+            *(
+                engine.generate(GenerateRequest(rid=f"{tag}-{i}", input_ids=p, sampling=sp, return_logprobs=True))
+                for i, p in enumerate(short)
+            )
+        )
+        return sum(len(o.output_ids) for o in outs)
+
+    rows: dict[str, list[tuple[float, float]]] = {"raw": [], "direct": [], "tm": []}
+    for rep in range(2):
+        for name in ("raw", "direct", "tm"):
+            await engine.flush_cache()
+            engine._path = None if name == "tm" else direct
+            c0, t0 = time.process_time(), time.perf_counter()
+            try:
+                toks = await (raw_pass() if name == "raw" else engine_pass(f"pt{rep}-{name}"))
+            finally:
+                engine._path = direct
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            rows[name].append((toks / wall, cpu / n * 1e6))
+    for name, v in rows.items():
+        out[f"short_{name}_tok_s"] = round(max(t for t, _ in v))
+        out[f"short_{name}_cpu_us_per_req"] = round(min(u for _, u in v))
+    return out
+
+
 async def run(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -147,6 +239,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         mem_fraction_static=a.mem_fraction,
         cuda_graph_max_bs=512,
         random_seed=0,
+        request_path=a.request_path,
         extra={"disable_prefill_cuda_graph": True},
     )
     engine = SglangEngine(cfg)
@@ -203,6 +296,9 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                 for r in sdk_outs
             )
             res["all_answered"] = len(sdk_outs) == (a.requests if a.repeats else 64) and ok
+            if a.path_checks:
+                res["paths"] = await path_checks(engine, vocab, a.path_requests)
+                print(f"[check] request paths {res['paths']}", flush=True)
 
             # -- abort ---------------------------------------------------------------------------
             long_sp = SamplingParams(max_new_tokens=8000, ignore_eos=True)
@@ -424,6 +520,19 @@ def table(res: dict[str, Any]) -> str:
         f"  cancel 64 in flight -> idle  {res['abort_64_s']} s",
         f"  pause(abort) -> partials     {res['pause_abort_s']} s  ok={res['pause_abort_partial']}",
     ]
+    pp = res.get("paths")
+    if pp and pp.get("installed"):
+        lines += [
+            f"  direct vs TM path: same greedy ids {pp['same_greedy_ids']}, same first token "
+            f"{pp['same_first_token']}, max |d logprob| greedy {pp['greedy_logprob_max_diff']} "
+            f"score {pp['score_logprob_max_diff']}",
+            "  short requests, tok/s (loop CPU us/req): "
+            + ", ".join(
+                f"{k} {pp[f'short_{k}_tok_s']} ({pp[f'short_{k}_cpu_us_per_req']})" for k in ("raw", "direct", "tm")
+            ),
+        ]
+    elif pp is not None:
+        lines.append("  direct path NOT installed (requests went through the tokenizer manager)")
     w = res.get("weights", {})
     if "dist_update_s" in w:
         lines.append(
@@ -490,6 +599,9 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=int, default=512)
     ap.add_argument("--no-trainer-checks", dest="trainer_checks", action="store_false")
     ap.add_argument("--bucket-sweep", type=int, nargs="*", default=[], help="also time full updates at these MiB")
+    ap.add_argument("--request-path", default="direct", choices=["direct", "tokenizer_manager"])
+    ap.add_argument("--no-path-checks", dest="path_checks", action="store_false")
+    ap.add_argument("--path-requests", type=int, default=8192, help="short requests per path in the path checks")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import uvloop

@@ -409,6 +409,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                 cuda_graph_max_bs=a.graph_bs,
                 random_seed=0,
                 max_running_requests=a.max_running or None,
+                request_path=a.request_path,
                 extra={"disable_prefill_cuda_graph": True, "max_total_tokens": max_total_tokens},
             )
         )
@@ -463,7 +464,10 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
 
                 return list(await asyncio.gather(*(one(p, n) for p, n in work)))
 
-            modes = ["raw", "sdk"] + (["http"] if http_url else [])
+            modes = ["raw", "sdk"] + (["sdktm"] if a.sdk_tm else []) + (["http"] if http_url else [])
+            direct = getattr(engine, "_path", None)
+            res["request_path"] = "direct" if direct is not None else "tokenizer_manager"
+            log(f"SDK request path: {res['request_path']}")
             works = {
                 w: make_workload(w, shape=a.shape, max_running=max_running, vocab=vocab, quick=a.quick)
                 for w in a.workloads
@@ -486,6 +490,13 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                 if mode == "raw":
                     outs = await raw_pass(works[w])
                     row = summarize(w, outs, time.perf_counter() - t, [n for _, n in works[w]])
+                elif mode == "sdktm":  # the same SDK path with the engine's direct path detached for this pass
+                    assert client is not None
+                    engine._path = None
+                    try:
+                        row = await client.run(mode="sdk", workload=w, max_running=max_running, vocab=vocab)
+                    finally:
+                        engine._path = direct
                 else:
                     assert client is not None
                     row = await client.run(mode=mode, workload=w, max_running=max_running, vocab=vocab)
@@ -575,7 +586,7 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         for mode, reps in by.items():
             v = list(reps.values())
             row[mode] = {"median": round(statistics.median(v)), "min": round(min(v)), "max": round(max(v))}
-        for num, den in (("sdk", "raw"), ("http", "raw"), ("sdk", "http")):
+        for num, den in (("sdk", "raw"), ("http", "raw"), ("sdk", "http"), ("sdktm", "raw"), ("sdk", "sdktm")):
             if num in by and den in by:
                 rs = [by[num][r] / by[den][r] for r in by[num] if r in by[den]]
                 if rs:
@@ -602,11 +613,17 @@ def table(res: dict[str, Any]) -> str:
             return "-"
         return f"{fmt.format(d['median'])} [{fmt.format(d['min'])}-{fmt.format(d['max'])}]"
 
+    tm = any("sdktm" in row for row in res["summary"].values())
+    if tm:
+        lines[1] += f" {'sdk(TM) tok/s':>22s} {'sdk/sdk(TM)':>20s}"
     for w, row in res["summary"].items():
-        lines.append(
+        line = (
             f"{w:9s} {cell(row.get('raw')):>22s} {cell(row.get('sdk')):>22s} {cell(row.get('http')):>22s} "
             f"{cell(row.get('sdk/raw'), '{:.3f}'):>20s} {cell(row.get('sdk/http'), '{:.2f}'):>20s} {row['all_ok']}"
         )
+        if tm:
+            line += f" {cell(row.get('sdktm')):>22s} {cell(row.get('sdk/sdktm'), '{:.3f}'):>20s}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -629,6 +646,8 @@ def main() -> None:
         "--max-running", type=int, default=0, help="the engines' max_running_requests (0: SGLang's own choice)"
     )
     ap.add_argument("--http-connections", type=int, default=20000)
+    ap.add_argument("--request-path", default="direct", choices=["direct", "tokenizer_manager"])
+    ap.add_argument("--sdk-tm", action="store_true", help="also the SDK through SGLang's tokenizer manager (sdktm)")
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--queue-fraction", type=float, default=None, help="the SDK client's AdmissionConfig")
     ap.add_argument("--fake-max-batch", type=int, default=256)

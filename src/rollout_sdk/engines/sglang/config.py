@@ -54,6 +54,11 @@ class SglangEngineConfig:
     #: incremental one (engines/sglang/radix_patch.py): with tens of thousands of cached requests the old one
     #: made every decode step O(leaves) and long passes several times slower (docs/benchmarks.md section 20)
     incremental_eviction: bool = True
+    #: how token-id requests reach SGLang: "direct" builds the scheduler's tokenized request itself and reads
+    #: its outputs (engines/sglang/direct.py: no per-request tokenizer-manager work on the server's loop);
+    #: "tokenizer_manager" goes through ``generate_request`` like ``Engine.async_generate``.  Images always
+    #: take the tokenizer manager (SGLang's multimodal processing lives there).
+    request_path: str = "direct"
     #: any other ServerArgs field, passed through unchanged
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -62,6 +67,8 @@ class SglangEngineConfig:
             raise ConfigError("tp_size", self.tp_size, "must be >= 1")
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError("node_rank", self.node_rank, f"must be in [0, nnodes={self.nnodes})")
+        if self.request_path not in ("direct", "tokenizer_manager"):
+            raise ConfigError("request_path", self.request_path, "must be 'direct' or 'tokenizer_manager'")
         if self.nnodes > 1 and not self.dist_init_addr:
             raise ConfigError("dist_init_addr", self.dist_init_addr, "is required when nnodes > 1")
 

@@ -49,7 +49,7 @@ class Flight:
 
     def __init__(self) -> None:
         self.sid = ""
-        self.task: asyncio.Future[dict[str, Any]] | None = None
+        self.task: asyncio.Future[Any] | None = None
         self.held = False  # checkpointed: its abort result means "continue after the gate opens"
         self.user_aborted = False
         self.wake: asyncio.Future[None] | None = None
@@ -76,6 +76,7 @@ class Host(Protocol):
     def flights(self) -> dict[str, Flight]: ...
     async def wait_dead(self) -> BaseException: ...
     async def set_weight_version(self, version: int) -> None: ...
+    def abort_part(self, sid: str) -> None: ...
 
 
 class Control:
@@ -124,7 +125,7 @@ class Control:
                 return
             for f in running:
                 f.held = hold and not f.user_aborted
-                self._tm.abort_request(rid=f.sid)
+                self._host.abort_part(f.sid)
             # an abort can miss a part SGLang has not registered yet: abort again until all have ended
             await self.call(asyncio.wait([f.task for f in running if f.task is not None], timeout=0.5))
 

@@ -52,8 +52,11 @@ from ..base import Engine, EngineLoad
 from . import radix_patch
 from .config import SglangEngineConfig
 from .control import Control, Flight
+from .direct import SchedulerPath, Unsupported
 from .translate import (
+    Done,
     Parts,
+    done_from_output,
     expand_images,
     load_from_snapshot,
     prompt_inputs,
@@ -86,9 +89,15 @@ class SglangEngine(Engine):
     backend = "sglang"
     supports_score = True
 
-    def __init__(self, config: SglangEngineConfig) -> None:
+    def __init__(self, config: SglangEngineConfig, *, launcher: Any = None) -> None:
+        """``launcher(**server_args)`` builds what ``sglang.Engine`` would (an object with
+        ``tokenizer_manager`` and ``shutdown()``): :class:`.standin.StandinEngine` on a CPU; None: SGLang."""
         super().__init__()
         self.config = config
+        self._launcher = launcher
+        self._path: SchedulerPath | None = None  # the direct path to the scheduler (direct.py), once started
+        self._sid_prefix = uuid.uuid4().hex[:20]
+        self._sid_count = 0
         self.supports_routed_experts = bool(config.extra.get("enable_return_routed_experts"))
         self._top_k = 0  # experts per token of an MoE model (num_experts_per_tok), read at start
         self._engine: Any = None
@@ -156,6 +165,13 @@ class SglangEngine(Engine):
         tm = self._tm = self._engine.tokenizer_manager
         tm.signal_handler_class = self._signal_handler_class()
         tm.auto_create_handle_loop()  # bind to this loop now, with our signal handlers
+        if self.config.request_path == "direct" and self.config.skip_tokenizer_init:
+            path = SchedulerPath(tm)
+            try:
+                path.install()
+                self._path = path
+            except Unsupported as exc:
+                log.warning("requests go through SGLang's tokenizer manager: %s", exc)
         mc = tm.model_config
         eos = sorted(getattr(mc, "hf_eos_token_id", None) or [])
         self._limits = EngineLimits(vocab_size=int(mc.vocab_size), max_context=int(tm.context_len), eos_token_ids=eos)
@@ -188,7 +204,7 @@ class SglangEngine(Engine):
         if self.config.incremental_eviction:  # read by our SGLang plugin in the processes SGLang starts
             os.environ.setdefault(radix_patch.ENV, "1")
         try:
-            return sglang.Engine(**self.config.server_args())
+            return (self._launcher or sglang.Engine)(**self.config.server_args())
         finally:  # sglang.Engine reconfigures the root logger (basicConfig(force=True)): undo that
             os.environ.update(hidden)
             for h in list(root.handlers):
@@ -220,6 +236,8 @@ class SglangEngine(Engine):
         err = EngineDeadError(f"an SGLang child process died {when}: {', '.join(procs) or 'see the engine log'}")
         log.error("%s", err)
         self._mark_dead(err)
+        if self._path is not None:
+            self._path.fail_all(err)
         for flight in list(self._flights.values()):
             if flight.task is not None:
                 flight.task.cancel()
@@ -235,6 +253,8 @@ class SglangEngine(Engine):
     async def close(self) -> None:
         task, self._load_task = self._load_task, None
         await cancel_and_wait(task)
+        if self._path is not None:
+            self._path.uninstall()
         for flight in list(self._flights.values()):
             flight.user_aborted = True
             if flight.task is not None:
@@ -315,8 +335,6 @@ class SglangEngine(Engine):
             raise EngineDeadError(str(self._dead))
         if req.rid in self._flights:
             raise InvalidRequestError("rid", req.rid, "already in flight")
-        from sglang.srt.managers.io_struct import GenerateReqInput
-
         if req.score_only:
             return await self._score(req)
         base = sampling_params(req.sampling, self.config)
@@ -339,33 +357,27 @@ class SglangEngine(Engine):
                 if "min_new_tokens" in sp:
                     sp["min_new_tokens"] = max(0, sp["min_new_tokens"] - len(parts.ids))
                 # no await between the gate and the submit: a checkpoint sees every running part
-                flight.sid = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
+                flight.sid = self._next_sid()
                 version = self._weight_version
-                obj = GenerateReqInput(
-                    rid=flight.sid,
-                    **prompt_inputs(req, parts, vision),  # input_ids (+ image_data: images)
-                    sampling_params=sp,
-                    return_logprob=req.return_logprobs,
-                    return_routed_experts=req.return_routed_experts,
-                )
-                seq_len = len(obj.input_ids)
-                flight.task = task = asyncio.ensure_future(self._one(obj))
                 try:
-                    out = await asyncio.shield(task)
+                    inputs = prompt_inputs(req, parts, vision)  # input_ids (+ image_data: images)
+                    seq_len = len(inputs["input_ids"])
+                    flight.task = task = self._submit(flight.sid, inputs, sp, req)
+                    done = await asyncio.shield(task)
                 except asyncio.CancelledError:
                     me = asyncio.current_task()
                     if self._dead is not None and (me is None or not me.cancelling()):
                         raise EngineDeadError(str(self._dead)) from None  # the engine's death cancelled it
                     if self._dead is None:
-                        self._tm.abort_request(rid=flight.sid)  # our caller was cancelled: make SGLang stop too
-                    task.cancel()
+                        self.abort_part(flight.sid)  # our caller was cancelled: make SGLang stop too
+                    if flight.task is not None:
+                        flight.task.cancel()
                     raise  # the caller's cancellation stays a cancellation, dead engine or not
                 except Exception as exc:  # SGLang's validation: the caller's error; the rest: this request's
                     raise request_error(exc, "sampling", req.sampling) from exc
-                kind = parts.add(out, version)
+                kind = parts.add(done, version)
                 if req.return_routed_experts:
-                    n_out = len(out.get("output_ids") or [])
-                    parts.add_routed(out.get("meta_info", {}), seq_len + n_out, self._top_k)
+                    parts.add_routed(done.routed, seq_len + len(done.ids), self._top_k)
                 if kind == "abort" and flight.held and not flight.user_aborted:
                     flight.held = False  # checkpointed: continue from its tokens once the gate opens
                     continue
@@ -376,56 +388,93 @@ class SglangEngine(Engine):
 
     async def _score(self, req: GenerateRequest) -> GenerateResult:
         """Prompt logprobs: a prefill-only request (``max_new_tokens=0``, ``logprob_start_len=0``); SGLang
-        returns ``input_token_logprobs`` as ``(logprob, id, text)``, the first one ``None`` (no context)."""
-        from sglang.srt.managers.io_struct import GenerateReqInput
-
+        returns one prompt logprob per position, the first one ``None`` (no context)."""
         if req.rid in self._flights:
             raise InvalidRequestError("rid", req.rid, "already in flight")
-        flight = self._flights[req.rid] = Flight()
         t0 = time.perf_counter()
+        vision = await expand_images(req, self.config)  # images: scored over the SDK's expansion, with pixels
+        if req.rid in self._flights:  # checked again: the expansion awaited
+            raise InvalidRequestError("rid", req.rid, "already in flight")
+        flight = self._flights[req.rid] = Flight()
         try:
             await self._control.wait_gate(flight)
             if self._dead is not None:
                 raise EngineDeadError(str(self._dead))
-            flight.sid = uuid.uuid4().hex
+            flight.sid = self._next_sid()
             version = self._weight_version
-            obj = GenerateReqInput(
-                rid=flight.sid,
-                input_ids=list(req.input_ids),
-                sampling_params={"max_new_tokens": 0},
-                return_logprob=True,
-                logprob_start_len=0,
-            )
-            flight.task = task = asyncio.ensure_future(self._one(obj))
             try:
-                out = await asyncio.shield(task)
+                inputs = prompt_inputs(req, Parts(False), vision)
+                flight.task = task = self._submit(flight.sid, inputs, {"max_new_tokens": 0}, req, logprob_start_len=0)
+                done = await asyncio.shield(task)
             except asyncio.CancelledError:
-                if self._tm is not None:
-                    self._tm.abort_request(rid=flight.sid)
-                task.cancel()
+                if self._dead is None:
+                    self.abort_part(flight.sid)
+                if flight.task is not None:
+                    flight.task.cancel()
                 raise
             except Exception as exc:
                 raise request_error(exc, "input_ids", f"<{len(req.input_ids)} tokens>", "score request") from exc
         finally:
             if self._flights.get(req.rid) is flight:
                 del self._flights[req.rid]
-        return score_result(req, out, version, time.perf_counter() - t0)
+        return score_result(req, done, version, time.perf_counter() - t0, vision)
 
-    async def _one(self, obj: Any) -> dict[str, Any]:
+    def _submit(
+        self, sid: str, inputs: dict[str, Any], sp: dict[str, Any], req: GenerateRequest, *, logprob_start_len: int = -1
+    ) -> asyncio.Future[Done]:
+        """Hand one part to SGLang: the direct path (direct.py) for token ids, the tokenizer manager for
+        images (SGLang's multimodal processing lives there) or where the direct path is off.  Raises
+        ValueError on what SGLang's own validation refuses."""
+        logprobs = req.return_logprobs or logprob_start_len >= 0
+        if self._path is not None and "image_data" not in inputs:
+            return self._path.submit(
+                sid,
+                inputs["input_ids"],
+                sp,
+                return_logprob=logprobs,
+                return_routed_experts=req.return_routed_experts,
+                logprob_start_len=logprob_start_len,
+            )
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        obj = GenerateReqInput(
+            rid=sid,
+            **inputs,
+            sampling_params=sp,
+            return_logprob=logprobs,
+            logprob_start_len=logprob_start_len,
+            return_routed_experts=req.return_routed_experts,
+        )
+        return asyncio.ensure_future(self._one(obj, logprobs))
+
+    async def _one(self, obj: Any, logprobs: bool) -> Done:
         agen = self._tm.generate_request(obj, None)
         try:
             out: dict[str, Any] = await agen.__anext__()
-            return out
+            return done_from_output(out, logprobs)
         finally:
             await agen.aclose()
+
+    def _next_sid(self) -> str:
+        """A fresh SGLang rid: fixed length (32 hex digits: SGLang aborts by rid *prefix*), unique per engine
+        start (a random prefix) without a system call per request."""
+        self._sid_count += 1
+        return f"{self._sid_prefix}{self._sid_count:012x}"
+
+    def abort_part(self, sid: str) -> None:
+        """Stop one SGLang request (fire and forget; its result comes back with reason abort)."""
+        if self._path is not None and self._path.owns(sid):
+            self._path.abort(sid)
+        elif self._tm is not None:
+            self._tm.abort_request(rid=sid)
 
     def abort(self, rid: str) -> None:
         flight = self._flights.get(rid)
         if flight is None:
             return
         flight.user_aborted = True
-        if flight.running and self._tm is not None:
-            self._tm.abort_request(rid=flight.sid)
+        if flight.running:
+            self.abort_part(flight.sid)
         flight.wake_up()
 
     # -- control hooks (control.py) ----------------------------------------------------------------

@@ -15,7 +15,62 @@ from ...protocol.segments import append_segments
 from ..base import EngineLoad
 from .config import SglangEngineConfig
 
-__all__ = ["Parts", "expand_images", "load_from_snapshot", "prompt_inputs", "request_error", "sampling_params"]
+__all__ = [
+    "Done",
+    "Parts",
+    "done_from_output",
+    "expand_images",
+    "load_from_snapshot",
+    "prompt_inputs",
+    "request_error",
+    "sampling_params",
+]
+
+
+class Done:
+    """One SGLang request's end, whichever path it took: its output ids, logprobs (None unless asked),
+    finish reason (SGLang's dict), prompt logprobs (score requests), routed experts (a tensor, or SGLang's
+    base64 on the tokenizer manager's path) and timings where SGLang measured them."""
+
+    __slots__ = ("cached_tokens", "e2e_s", "finish", "ids", "logprobs", "prompt_logprobs", "queue_s", "routed")
+
+    def __init__(
+        self,
+        *,
+        ids: list[int],
+        logprobs: list[float] | None,
+        finish: dict[str, Any] | None,
+        prompt_logprobs: list[float | None] | None = None,
+        routed: Any = None,
+        cached_tokens: int = 0,
+        queue_s: float | None = None,
+        e2e_s: float | None = None,
+    ) -> None:
+        self.ids = ids
+        self.logprobs = logprobs
+        self.finish = finish
+        self.prompt_logprobs = prompt_logprobs
+        self.routed = routed
+        self.cached_tokens = cached_tokens
+        self.queue_s = queue_s
+        self.e2e_s = e2e_s
+
+
+def done_from_output(out: dict[str, Any], logprobs: bool) -> Done:
+    """A :class:`Done` from the tokenizer manager's output dict (``async_generate``'s result)."""
+    meta = out.get("meta_info", {})
+    lps = [float(lp) if lp is not None else 0.0 for lp, *_ in meta.get("output_token_logprobs") or []]
+    prompt = meta.get("input_token_logprobs")
+    return Done(
+        ids=list(out.get("output_ids") or []),
+        logprobs=lps if logprobs else None,
+        finish=meta.get("finish_reason"),
+        prompt_logprobs=[e[0] for e in prompt] if prompt is not None else None,
+        routed=meta.get("routed_experts"),
+        cached_tokens=int(meta.get("cached_tokens") or 0),
+        queue_s=float(meta.get("queue_time") or 0.0),
+        e2e_s=float(meta.get("e2e_latency") or 0.0),
+    )
 
 
 def sampling_params(sp: SamplingParams, config: SglangEngineConfig) -> dict[str, Any]:
@@ -103,35 +158,35 @@ class Parts:
         self.matched: int | None = None
         self.routed: Any = None  # int32 [tokens, layers, top_k] over the sequence so far (MoE replay)
 
-    def add_routed(self, meta: dict[str, Any], seq_len: int, top_k: int) -> None:
-        """SGLang's routed experts of one part: base64 int32 ``[seq_len - 1, layers, top_k]`` (the last token
-        is never fed forward).  A later part re-prefills the sequence; keep what earlier parts measured and
-        take only the new positions from it."""
+    def add_routed(self, routed: Any, seq_len: int, top_k: int) -> None:
+        """SGLang's routed experts of one part: int32 ``[seq_len - 1, layers, top_k]`` (the last token is
+        never fed forward), as a tensor (direct path) or base64 (tokenizer manager).  A later part
+        re-prefills the sequence; keep what earlier parts measured and take only the new positions."""
         import numpy as np
 
-        b64 = meta.get("routed_experts")
-        if b64 is None:
+        if routed is None:
             raise RequestFailedError("SGLang returned no routed experts (start it with enable_return_routed_experts)")
-        flat = np.frombuffer(base64.b64decode(b64), dtype=np.int32)
+        if isinstance(routed, str | bytes):
+            flat = np.frombuffer(base64.b64decode(routed), dtype=np.int32)
+        else:
+            flat = np.asarray(routed.numpy() if hasattr(routed, "numpy") else routed, dtype=np.int32).ravel()
         tokens = max(0, seq_len - 1)
         if tokens == 0 or top_k <= 0 or flat.size % (tokens * top_k):
             raise RequestFailedError(f"routed experts of {flat.size} ids do not fit {tokens} tokens x top_k {top_k}")
         arr = flat.reshape(tokens, flat.size // (tokens * top_k), top_k)
         self.routed = arr if self.routed is None else np.concatenate([self.routed, arr[len(self.routed) :]])
 
-    def add(self, out: dict[str, Any], version: int) -> str:
-        meta = out.get("meta_info", {})
-        ids = list(out.get("output_ids") or [])
+    def add(self, done: Done, version: int) -> str:
+        ids = done.ids
         self.ids += ids
         if self.logprobs is not None:
-            lps = [float(lp) if lp is not None else 0.0 for lp, *_ in meta.get("output_token_logprobs") or []]
-            self.logprobs += lps[: len(ids)]
+            self.logprobs += [float(lp) if lp is not None else 0.0 for lp in (done.logprobs or ())][: len(ids)]
         append_segments(self.segments, ((version, len(ids)),))  # no run for a part without tokens
         if self.queue_s is None:
-            self.queue_s = float(meta.get("queue_time") or 0.0)
-        self.e2e_s = float(meta.get("e2e_latency") or 0.0)
+            self.queue_s = done.queue_s or 0.0
+        self.e2e_s = done.e2e_s or 0.0
         self.count += 1
-        fr = meta.get("finish_reason") or {}
+        fr = done.finish or {}
         self.matched = fr.get("matched") if isinstance(fr.get("matched"), int) else None
         kind = fr.get("type", "abort")
         return kind if kind in ("stop", "length", "abort") else "abort"
@@ -169,27 +224,25 @@ def _routed(arr: Any) -> RoutedExperts | None:
     return RoutedExperts(num_tokens=t, num_layers=layers, top_k=k, data=arr.astype("<i2").tobytes())
 
 
-def score_result(req: GenerateRequest, out: dict[str, Any], version: int, total_s: float) -> GenerateResult:
-    """A score request's result from SGLang's ``input_token_logprobs`` (the first entry, without context,
-    is dropped)."""
-    if req.images:  # the score path sends no image_data (yet): its logprobs would not have seen the images
-        raise InvalidRequestError(
-            "images", f"<{len(req.images)} images>", "score_only with images needs the CPU engine (for now)"
-        )
-    meta = out.get("meta_info", {})
-    entries = list(meta.get("input_token_logprobs") or [])
-    if len(entries) == len(req.input_ids):
+def score_result(req: GenerateRequest, done: Done, version: int, total_s: float, vision: Any = None) -> GenerateResult:
+    """A score request's result from SGLang's prompt logprobs (the first entry, without context, is
+    dropped); with images, over the expanded prompt (as the CPU engine scores it), with the expansion's
+    fields."""
+    prompt = req.input_ids if vision is None else vision.input_ids
+    entries = list(done.prompt_logprobs or ())
+    if len(entries) == len(prompt):
         entries = entries[1:]
-    if len(entries) != len(req.input_ids) - 1 or any(e[0] is None for e in entries):
-        raise RequestFailedError(f"SGLang returned {len(entries)} prompt logprobs for {len(req.input_ids)} tokens")
+    if len(entries) != len(prompt) - 1 or any(e is None for e in entries):
+        raise RequestFailedError(f"SGLang returned {len(entries)} prompt logprobs for {len(prompt)} tokens")
     return GenerateResult(
         rid=req.rid,
         output_ids=[],
         finish_reason="stop",
-        prompt_tokens=len(req.input_ids),
+        prompt_tokens=len(prompt),
         weight_version=version,
-        prompt_logprobs=[float(e[0]) for e in entries],
-        timings=Timings(queue_s=float(meta.get("queue_time") or 0.0), total_s=total_s),
+        prompt_logprobs=[float(e) for e in entries if e is not None],
+        timings=Timings(queue_s=done.queue_s or 0.0, total_s=total_s),
+        **(vision.result_fields() if vision is not None else {}),
     )
 
 

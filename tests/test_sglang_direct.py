@@ -1,0 +1,270 @@
+"""The SGLang engine's direct path to the scheduler (engines/sglang/direct.py) against its tokenizer-manager
+path, on SGLang's real TokenizerManager and io_struct over a stand-in scheduler process (standin.py).
+
+Needs sglang importable (CPU is enough); skipped elsewhere.  The stand-in's tokens are a fixed function of
+the sequence, so both paths (and a request checkpointed half way and continued) must give the same ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+pytest.importorskip("sglang.srt.managers.tokenizer_manager")
+
+import pytest_asyncio
+
+from rollout_sdk.engines.sglang import SglangEngine, SglangEngineConfig
+from rollout_sdk.engines.sglang.standin import (
+    StandinEngine,
+    StandinScheduler,
+    standin_logprob,
+    standin_next,
+    standin_seed,
+)
+from rollout_sdk.errors import InvalidRequestError
+from rollout_sdk.protocol import GenerateRequest, SamplingParams
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+LONG = 4000  # tokens: runs for seconds in the stand-in (context 4096)
+
+
+@contextlib.asynccontextmanager
+async def engine(
+    model: str, path: str = "direct", *, step_s: float = 0.0005, max_running: int = 1024
+) -> AsyncIterator[SglangEngine]:
+    cfg = SglangEngineConfig(model_path=model, request_path=path, freeze_gc=False)
+    eng = SglangEngine(
+        cfg,
+        launcher=StandinEngine.launcher(
+            StandinScheduler(step_s=step_s, max_running=max_running, vocab_size=_vocab(model))
+        ),
+    )
+    await eng.start()
+    try:
+        yield eng
+    finally:
+        await eng.close()
+
+
+def _vocab(model: str) -> int:
+    import json
+    from pathlib import Path
+
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    return int(cfg.get("vocab_size") or cfg["text_config"]["vocab_size"])  # a VL config nests it
+
+
+def expected(prompt: list[int], n: int, vocab: int, mm: tuple[object, ...] = ()) -> list[int]:
+    out, h = [], standin_seed(prompt, mm)
+    for _ in range(n):
+        tok, h = standin_next(h, vocab)
+        out.append(tok)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: object) -> str:
+    return str(tiny_model)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def eng(model: str) -> AsyncIterator[SglangEngine]:
+    """One direct-path engine for the module: four requests run at a time, the rest wait."""
+    async with engine(model, step_s=0.001, max_running=4) as e:
+        assert e._path is not None
+        yield e
+
+
+def started(eng: SglangEngine, rid: str) -> bool:
+    """The scheduler has sent tokens of ``rid`` (so it is running there, not waiting)."""
+    flight = eng.flights.get(rid)
+    part = eng._path._reqs.get(flight.sid) if flight is not None and eng._path is not None else None
+    return part is not None and len(part.ids) > 0
+
+
+def req(rid: str, prompt: list[int], n: int, **kw: object) -> GenerateRequest:
+    return GenerateRequest(
+        rid=rid, input_ids=prompt, sampling=SamplingParams(max_new_tokens=n, **kw), return_logprobs=True
+    )
+
+
+async def test_direct_and_tokenizer_manager_paths_agree(model: str, eng: SglangEngine) -> None:
+    prompts = [[1 + i, 2 + i, 3 + i * 7] for i in range(40)]
+    results = {}
+
+    async def run(e: SglangEngine) -> list[tuple[object, ...]]:
+        outs = await asyncio.gather(*(e.generate(req(f"r{i}", p, 5 + i % 70)) for i, p in enumerate(prompts)))
+        return [(o.output_ids, o.logprobs, o.finish_reason) for o in outs]
+
+    assert eng._path is not None
+    sent, messages = eng._path.sent, eng._path.messages
+    results["direct"] = await run(eng)
+    assert eng._path.sent - sent == len(prompts) and not eng._path._reqs
+    assert eng._path.messages - messages == 1  # submitted in one loop iteration: one message
+    async with engine(model, "tokenizer_manager") as tm_eng:
+        assert tm_eng._path is None
+        results["tokenizer_manager"] = await run(tm_eng)
+    assert results["direct"] == results["tokenizer_manager"]
+    vocab = _vocab(model)
+    for (ids, lps, reason), p, i in zip(results["direct"], prompts, range(len(prompts)), strict=True):
+        assert ids == expected(p, 5 + i % 70, vocab)
+        assert lps == [standin_logprob(t) for t in ids]
+        assert reason == "length"
+
+
+async def test_a_burst_goes_out_in_pieces(model: str, eng: SglangEngine) -> None:
+    from rollout_sdk.engines.sglang.direct import BATCH
+
+    assert eng._path is not None
+    messages = eng._path.messages
+    n = 2 * BATCH + 5
+    outs = await asyncio.gather(*(eng.generate(req(f"burst{i}", [i + 1], 2)) for i in range(n)))
+    assert [o.output_ids for o in outs] == [expected([i + 1], 2, _vocab(model)) for i in range(n)]
+    assert eng._path.messages - messages == 3
+
+
+async def test_abort_running_and_waiting_requests(model: str, eng: SglangEngine) -> None:
+    assert eng._path is not None
+    running = [asyncio.create_task(eng.generate(req(f"a{i}", [5, 6 + i], LONG))) for i in range(4)]
+    await _until(lambda: all(started(eng, f"a{i}") for i in range(4)))
+    waiting = asyncio.create_task(eng.generate(req("b", [7, 8], 10)))  # four run at a time: this one waits
+    await _until(lambda: eng.flights.get("b") is not None and eng._path.owns(eng.flights["b"].sid))
+    eng.abort("b")  # in the scheduler's waiting queue: SGLang echoes an AbortReq
+    for i in range(4):
+        eng.abort(f"a{i}")  # running: each ends with its tokens so far
+    outs = await asyncio.gather(*running)
+    rb = await waiting
+    for i, ra in enumerate(outs):
+        assert ra.finish_reason == "abort" and 0 < len(ra.output_ids) < LONG
+        assert ra.output_ids == expected([5, 6 + i], len(ra.output_ids), _vocab(model))
+    assert rb.finish_reason == "abort" and len(rb.output_ids) < 10
+    assert not eng._path._reqs
+    ok = await eng.generate(req("c", [9], 3))  # the engine keeps serving
+    assert ok.output_ids == expected([9], 3, _vocab(model))
+
+
+async def test_cancelled_caller_aborts_inside_the_scheduler(eng: SglangEngine) -> None:
+    assert eng._path is not None
+    task = asyncio.create_task(eng.generate(req("x", [3, 4], LONG)))
+    await _until(lambda: started(eng, "x"))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not eng._path._reqs and not eng.flights
+    # the scheduler dropped it: its flush succeeds only when nothing runs or waits there
+    await _until_async(lambda: _flushed(eng))
+
+
+async def test_checkpointed_request_continues_to_the_same_tokens(model: str, eng: SglangEngine) -> None:
+    task = asyncio.create_task(eng.generate(req("p", [11, 12, 13], 2000)))
+    await _until(lambda: started(eng, "p"))
+    before = eng._weight_version
+    await eng.pause("retract")  # checkpoint: aborted inside SGLang, its tokens kept
+    await eng.set_weight_version(before + 1)
+    await eng.resume()
+    out = await task
+    assert out.output_ids == expected([11, 12, 13], 2000, _vocab(model))
+    assert out.finish_reason == "length"
+    versions = [v for v, _ in out.version_segments]
+    assert versions[0] == before and versions[-1] == before + 1
+    assert sum(n for _, n in out.version_segments) == 2000
+
+
+async def test_score_and_validation(model: str, eng: SglangEngine) -> None:
+    ids = [4, 9, 16, 25, 36]
+    out = await eng.generate(GenerateRequest(rid="s", input_ids=ids, score_only=True))
+    assert out.prompt_logprobs == [standin_logprob(t) for t in ids[1:]]
+    too_long = eng.limits.max_context
+    with pytest.raises(InvalidRequestError):
+        await eng.generate(req("long", [1] * too_long, 4))
+    with pytest.raises(InvalidRequestError):
+        await eng.generate(req("over", [1, 2], too_long))
+    assert (await eng.generate(req("after", [1, 2], 2))).output_ids == expected([1, 2], 2, _vocab(model))
+
+
+async def test_direct_and_tokenizer_manager_requests_share_one_batch(model: str, eng: SglangEngine) -> None:
+    """Requests of both paths in flight at once: output batches hold rids of both."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    tm = eng.tm
+
+    async def raw(i: int) -> list[int]:
+        obj = GenerateReqInput(rid=f"raw-{i:028d}", input_ids=[i + 1, i + 2], sampling_params={"max_new_tokens": 60})
+        out = await tm.generate_request(obj, None).__anext__()
+        return list(out["output_ids"])
+
+    mine = [eng.generate(req(f"d{i}", [i + 1, i + 2], 60)) for i in range(20)]
+    theirs = [raw(i) for i in range(20)]
+    outs = await asyncio.gather(*mine, *theirs)
+    direct = [o.output_ids for o in outs[:20]]
+    assert direct == outs[20:]
+    assert direct == [expected([i + 1, i + 2], 60, _vocab(model)) for i in range(20)]
+    assert not tm.rid_to_state and not eng._path._reqs
+
+
+async def _until(cond, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.01)
+
+
+async def _until_async(cond, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not await cond():
+            await asyncio.sleep(0.05)
+
+
+async def _flushed(eng: SglangEngine) -> bool:
+    try:
+        await eng.flush_cache()
+        return True
+    except Exception:
+        return False
+
+
+# -- images: SGLang's real multimodal path of the tokenizer manager, with the SDK's expansion ------------
+
+
+@pytest.fixture(scope="module")
+def vl_model(sdk_home: object) -> str:
+    from rollout_sdk.models import ensure_tiny_vl_model
+
+    return str(ensure_tiny_vl_model(sdk_home))  # type: ignore[arg-type]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def vl_eng(vl_model: str) -> AsyncIterator[SglangEngine]:
+    async with engine(vl_model, step_s=0.001) as e:
+        yield e
+
+
+async def test_images_reach_the_scheduler_with_the_sdks_expansion(vl_model: str, vl_eng: SglangEngine) -> None:
+    """An image request takes SGLang's multimodal path (image_data with a processor_output item); the
+    scheduler gets the SDK's expanded ids (the stand-in scores exactly what it received) and the pixels
+    (its tokens change with the image)."""
+    from rollout_sdk.models.tiny_vl import noise_png
+    from rollout_sdk.models.vision import IMAGE_PAD_ID, VISION_END_ID, VISION_START_ID, load_image_processor
+
+    prompt = [151644, 872, 198, VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID, 100, 101]
+    a, b = noise_png(56, 84, 1), noise_png(56, 84, 2)
+    mine = load_image_processor(vl_model)
+    assert mine is not None
+    want = mine.expand(prompt, [a])
+
+    def gen(rid: str, image: bytes) -> GenerateRequest:
+        return GenerateRequest(rid=rid, input_ids=prompt, images=[image], sampling=SamplingParams(max_new_tokens=6))
+
+    ra1, ra2, rb = await asyncio.gather(
+        vl_eng.generate(gen("a1", a)), vl_eng.generate(gen("a2", a)), vl_eng.generate(gen("b", b))
+    )
+    assert ra1.input_ids == list(want.input_ids) and ra1.image_spans == list(want.spans)
+    assert ra1.prompt_tokens == len(want.input_ids) and ra1.image_grid_thw == list(want.grid_thw)
+    assert ra1.output_ids == ra2.output_ids and len(ra1.output_ids) == 6
+    assert rb.output_ids != ra1.output_ids  # the pixels reached the scheduler
+    scored = await vl_eng.generate(GenerateRequest(rid="s", input_ids=prompt, images=[a], score_only=True))
+    assert scored.prompt_logprobs == [standin_logprob(t) for t in want.input_ids[1:]]
+    assert scored.image_spans == list(want.spans)
