@@ -233,7 +233,7 @@ def _patched(self, *args, **kwargs):
     self.requests_seen = _Drop()
 
 fake.FakeEngine.__init__ = _patched
-from rollout_sdk.cli import main
+from rollout_sdk.launch.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -440,7 +440,7 @@ async def bench_memory_inflight(address: str, args: argparse.Namespace) -> dict[
     await asyncio.gather(*tasks, return_exceptions=True)
     del futs, tasks
 
-    from rollout_sdk.admission import AdmissionConfig
+    from rollout_sdk.client.admission import AdmissionConfig
 
     # the stalled engine runs one request at a time: let the client's window queue all N there anyway
     # (the default window is the engine's running limit plus a short queue; the rest would wait here)

@@ -15,9 +15,11 @@ import timeit
 import msgspec
 from prometheus_client import Histogram
 
-from rollout_sdk.metrics import LATENCY_BUCKETS, ClientMetrics, ServerMetrics, _Histogram
+from rollout_sdk.client.metrics import ClientMetrics
+from rollout_sdk.client.scheduler import _lifecycle
+from rollout_sdk.metrics import LATENCY_BUCKETS, _Histogram
 from rollout_sdk.protocol import GenerateResult, Timings
-from rollout_sdk.scheduler import _lifecycle
+from rollout_sdk.server.metrics import ServerMetrics
 
 
 def main() -> None:

@@ -169,7 +169,7 @@ class Report:
 
 def child_serve(spec_path: str, server_id: str) -> int:
     """``--child-serve``: one EngineServer around a scripted FakeEngine, until SIGTERM (like ``serve``)."""
-    from rollout_sdk.cli import run_async
+    from rollout_sdk.launch.cli import run_async
 
     spec = json.loads(Path(spec_path).read_text())
     return int(run_async(_child_main(spec, server_id)))

@@ -9,7 +9,7 @@ calculator only part of the time), samples groups of trajectories with real tool
 group-relative advantages from a 0/1 reward, takes one policy-gradient step with the trainer's own
 logprobs, and pushes the new weights into the engine (``client.update_weights``, gloo) every step.  It
 prints success rate, reward, tool-call rate and the engine/trainer logprob gap per step.  The loop is
-:func:`rollout_sdk.rl_demo.run_grpo` (read it: about 100 lines).
+:func:`rollout_sdk.demos.grpo.run_grpo` (read it: about 100 lines).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from rollout_sdk.rl_demo import GrpoConfig, run_grpo
+from rollout_sdk.demos.grpo import GrpoConfig, run_grpo
 
 
 def main() -> int:

@@ -46,9 +46,9 @@ def test_demo_and_grpo_configs_refuse_values_that_would_break_them() -> None:
 
     import pytest
 
-    from rollout_sdk.demo import DemoConfig
+    from rollout_sdk.demos.generate import DemoConfig
+    from rollout_sdk.demos.grpo import GrpoConfig
     from rollout_sdk.errors import ConfigError
-    from rollout_sdk.rl_demo import GrpoConfig
 
     for field, value in (("prompts", 0), ("group_size", -3), ("max_new_tokens", 0), ("show", -1)):
         with pytest.raises(ConfigError, match=f"{field}={value}"):

@@ -138,7 +138,7 @@ def test_routed_experts_reject_inconsistent_data() -> None:
 async def test_demo_writes_trajectories(tmp_path: Path, tool_model: Path) -> None:
     import io as _io
 
-    from rollout_sdk.demo import DemoConfig, run_demo
+    from rollout_sdk.demos.generate import DemoConfig, run_demo
 
     path = tmp_path / "demo.jsonl"
     cfg = DemoConfig(prompts=2, group_size=2, max_new_tokens=4, progress=False, export=str(path))

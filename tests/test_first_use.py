@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from rollout_sdk import RolloutClient
-from rollout_sdk.cli import main as cli_main
 from rollout_sdk.client import ClientConfig
 from rollout_sdk.errors import ConfigError, ServerUnavailableError
+from rollout_sdk.launch.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -319,7 +319,7 @@ async def test_discovery_timeout_names_the_missing_ranks() -> None:
     import msgspec
     import torch.distributed as dist
 
-    from rollout_sdk.launch.discovery import ServerRecord, StoreKeys
+    from rollout_sdk.discovery.store import ServerRecord, StoreKeys
 
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     keys = StoreKeys("rollout_sdk/a0")
@@ -442,7 +442,7 @@ def test_a_job_without_a_secret_acts_on_no_store_record_from_the_network(sdk_hom
     import msgspec
     import torch.distributed as dist
 
-    from rollout_sdk.launch.discovery import ServerRecord
+    from rollout_sdk.discovery.store import ServerRecord
 
     proc, store = _start_service(sdk_home, tag, "--tp", "2", "--engine", "fake")
     try:

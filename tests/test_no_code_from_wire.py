@@ -34,6 +34,11 @@ REVIEWED: dict[tuple[str, str, str], str] = {
         "torch attribute by name",
         "dtype = getattr(torch, self.config.dtype)",
     ): "CpuEngineConfig.dtype, set by the operator who starts the server (never by a message)",
+    (
+        "metrics.py",
+        "dynamic import",
+        "return getattr(importlib.import_module(_MOVED[name]), name)",
+    ): "the old names ClientMetrics/ServerMetrics: two constant module paths, keyed by a Python attribute name",
 }
 
 

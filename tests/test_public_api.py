@@ -99,7 +99,7 @@ def test_import_has_no_side_effects() -> None:
     code = (
         "import asyncio, sys, threading\n"
         "before = threading.active_count()\n"
-        "import rollout_sdk, rollout_sdk.cli, rollout_sdk.demo\n"
+        "import rollout_sdk, rollout_sdk.launch.cli, rollout_sdk.demos.generate\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "assert 'transformers' not in sys.modules, 'transformers imported'\n"
         "assert threading.active_count() == before, 'a thread started'\n"

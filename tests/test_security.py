@@ -33,8 +33,8 @@ from rollout_sdk import (
     RolloutClient,
     SamplingParams,
 )
+from rollout_sdk.discovery.store import seal, unseal
 from rollout_sdk.engines.fake import FakeEngine
-from rollout_sdk.launch.discovery import seal, unseal
 from rollout_sdk.protocol import (
     Abort,
     ClientMessage,

@@ -85,7 +85,7 @@ async def test_trained_model_solves_held_back_questions_greedily_with_real_tool_
 
 
 async def test_grpo_from_the_undertrained_model_raises_the_reward(sdk_home: Path, tool_model: Path) -> None:
-    from rollout_sdk.rl_demo import GrpoConfig, run_grpo
+    from rollout_sdk.demos.grpo import GrpoConfig, run_grpo
 
     lines: list[str] = []
     rows = await run_grpo(GrpoConfig(steps=8, prompts=8, group_size=8, eval_instances=0), say=lines.append)

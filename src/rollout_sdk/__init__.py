@@ -14,9 +14,11 @@ engine starts.
     asyncio.run(main())
 """
 
-from .admission import AdmissionConfig, AdmissionController
 from .auth import Credentials, JobSecret, ServerAuth
 from .client import USE_CLIENT_DEFAULT, ClientConfig, ClientState, ClientStats, RolloutClient, ServerStatus
+from .client.admission import AdmissionConfig, AdmissionController
+from .client.policies import LeastLoad, Policy, RoundRobin
+from .client.scheduler import SchedulerConfig
 from .discovery import Discovery, EmbeddedServers, StaticServers
 from .engines.base import Engine, EngineLoad
 from .engines.cpu import CpuEngine, CpuEngineConfig
@@ -31,6 +33,7 @@ from .errors import (
     EngineError,
     EngineStartupError,
     InvalidRequestError,
+    LifecycleError,
     MessageTooLargeError,
     NoServersError,
     PermissionDeniedError,
@@ -50,10 +53,8 @@ from .errors import (
     UnsupportedOperationError,
     WeightUpdateError,
 )
-from .policies import LeastLoad, Policy, RoundRobin
 from .protocol import GenerateRequest, GenerateResult, SamplingParams
 from .rollouts import Continuation, GenerateAgent, Group, ResultStream, RolloutBatch, RolloutStream
-from .scheduler import SchedulerConfig
 from .server import EngineServer, ServerConfig
 
 __version__ = "0.1.0"
@@ -90,6 +91,7 @@ __all__ = [
     "InvalidRequestError",
     "JobSecret",
     "LeastLoad",
+    "LifecycleError",
     "MessageTooLargeError",
     "NoServersError",
     "PermissionDeniedError",

@@ -1,12 +1,24 @@
-"""Small asyncio helpers shared by the streaming modules, the engines, the server and the client."""
+"""Small asyncio helpers shared by the streaming modules, the engines, the server and the client, and the
+one :class:`Lifecycle` that the client, the server, the gateway and the bridge keep their phase in."""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar, overload
 
-__all__ = ["await_unless", "cancel_and_wait", "ended_with", "first_exception", "iterate"]
+from .errors import LifecycleError
+
+__all__ = [
+    "Lifecycle",
+    "LifecycleState",
+    "await_unless",
+    "cancel_and_wait",
+    "ended_with",
+    "first_exception",
+    "iterate",
+]
 
 T = TypeVar("T")
 
@@ -47,21 +59,31 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
 
 
 @overload
-async def await_unless(aw: Awaitable[T], stop: Awaitable[object], *, error: Callable[[], BaseException]) -> T: ...
+async def await_unless(
+    aw: Awaitable[T], stop: Awaitable[object], *, error: Callable[[], BaseException], timeout: float | None = None
+) -> T: ...
 
 
 @overload
-async def await_unless(aw: Awaitable[T], stop: Awaitable[object], *, error: None = None) -> T | None: ...
+async def await_unless(
+    aw: Awaitable[T], stop: Awaitable[object], *, error: None = None, timeout: float | None = None
+) -> T | None: ...
 
 
 async def await_unless(
-    aw: Awaitable[T], stop: Awaitable[object], *, error: Callable[[], BaseException] | None = None
+    aw: Awaitable[T],
+    stop: Awaitable[object],
+    *,
+    error: Callable[[], BaseException] | None = None,
+    timeout: float | None = None,
 ) -> T | None:
     """Await ``aw`` unless ``stop`` completes first ("the call, unless the engine died meanwhile").
 
     ``aw`` finishing first: its result is returned (its exception raised).  ``stop`` finishing first (or
-    ``aw`` cancelled by someone else): ``aw`` is cancelled and ``error()`` is raised, or None is returned
-    when no ``error`` is given.  A coroutine passed as ``aw`` or ``stop`` runs in a task this call owns: it
+    ``aw`` cancelled by someone else, or ``timeout`` seconds passing first): ``aw`` is cancelled and
+    ``error()`` is raised, or None is returned when no ``error`` is given.  A result that ``aw`` has when
+    the race ends is never dropped: ``aw`` done is ``aw``'s answer, whatever else finished too.
+    A coroutine passed as ``aw`` or ``stop`` runs in a task this call owns: it
     is cancelled and waited for before the call returns.  A future or task passed as ``stop`` belongs to the
     caller and is only watched, never cancelled.  The caller's cancellation propagates (after the owned
     tasks are cancelled).
@@ -70,7 +92,7 @@ async def await_unless(
     watch_owned = not isinstance(stop, asyncio.Future)
     watcher = asyncio.ensure_future(stop)
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((task, watcher), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         leftover = [t for t in ((task, True), (watcher, watch_owned)) if t[1] and not t[0].done()]
         for t, _ in leftover:
@@ -91,3 +113,91 @@ def ended_with(task: asyncio.Future[Any], fallback: BaseException) -> BaseExcept
         if exc is not None:
             return exc
     return fallback
+
+
+# -- lifecycles ---------------------------------------------------------------------------------------
+
+
+class LifecycleState(enum.Enum):
+    """Where a component (client, server, gateway, bridge) is in its lifecycle; it never goes back."""
+
+    #: created; open() (or ``async with``, ``serve()``) has not been called
+    UNOPENED = "unopened"
+    #: opening: finding servers, starting the engine, binding
+    OPENING = "opening"
+    #: open: it serves or is used
+    OPEN = "open"
+    #: closing: aborting work, closing sockets
+    CLOSING = "closing"
+    #: closed for good: a component never reopens
+    CLOSED = "closed"
+
+
+class Lifecycle:
+    """One component's phase, ``unopened -> opening -> open -> closing -> closed``, and its misuse errors.
+
+    Each transition is one call; a misuse (opening twice, using it when it is not open) raises ``error``
+    (a :class:`~rollout_sdk.errors.LifecycleError`) naming the component and its state.  Closing is
+    idempotent: :meth:`closing` says whether this call is the one that closes.
+    """
+
+    __slots__ = ("_error", "owner", "state")
+
+    def __init__(self, owner: str, *, error: type[LifecycleError] = LifecycleError) -> None:
+        self.owner = owner
+        self.state = LifecycleState.UNOPENED
+        self._error = error
+
+    def opening(self) -> None:
+        """unopened -> opening; a second open raises."""
+        if self.state is not LifecycleState.UNOPENED:
+            raise self._error(f"a {self.owner} opens once (this one is {self.state.value})", state=self.state.value)
+        self.state = LifecycleState.OPENING
+
+    def opened(self) -> None:
+        """opening -> open (a close that came meanwhile wins)."""
+        if self.state is LifecycleState.OPENING:
+            self.state = LifecycleState.OPEN
+
+    def closing(self) -> bool:
+        """-> closing; False when it is closing or closed already (the caller has nothing to do)."""
+        if self.state in (LifecycleState.CLOSING, LifecycleState.CLOSED):
+            return False
+        self.state = LifecycleState.CLOSING
+        return True
+
+    def closed(self) -> None:
+        self.state = LifecycleState.CLOSED
+
+    async def open_with(self, start: Callable[[], Awaitable[None]], teardown: Callable[[], Awaitable[None]]) -> None:
+        """``opening``, await ``start()``, ``opened``; when ``start`` fails, ``teardown()`` runs (closing), then
+        the component is closed and the failure propagates."""
+        self.opening()
+        try:
+            await start()
+        except BaseException:
+            self.state = LifecycleState.CLOSING
+            try:
+                await teardown()
+            finally:
+                self.closed()
+            raise
+        self.opened()
+
+    async def close_with(self, teardown: Callable[[], Awaitable[None]]) -> None:
+        """``teardown()`` once, between closing and closed; later calls return at once (idempotent close)."""
+        if not self.closing():
+            return
+        try:
+            await teardown()
+        finally:
+            self.closed()
+
+    @property
+    def is_open(self) -> bool:
+        return self.state is LifecycleState.OPEN
+
+    def check_open(self, hint: str) -> None:
+        """Raise unless open: ``"<owner> is <state>: <hint>"``."""
+        if self.state is not LifecycleState.OPEN:
+            raise self._error(f"{self.owner} is {self.state.value}: {hint}", state=self.state.value)

@@ -39,6 +39,7 @@ from typing import Any
 
 import zmq
 
+from ._aio import await_unless
 from .auth import Credentials, ServerAuth
 from .errors import AuthenticationError, ConfigError, ServerUnavailableError
 
@@ -392,18 +393,13 @@ class DealerChannel:
         """
         try:
             async with asyncio.timeout(timeout):
-                ready = asyncio.ensure_future(self._ready.wait(_POLLOUT))
-                failed = asyncio.ensure_future(self._auth_failed.wait())
-                try:
-                    done, _ = await asyncio.wait([ready, failed], return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    ready.cancel()
-                    failed.cancel()
-                if ready not in done and self.auth_failure is not None:
-                    raise self.auth_failure
+                await await_unless(self._ready.wait(_POLLOUT), self._auth_failed.wait(), error=self._auth_error)
             return True
         except TimeoutError:
             return False
+
+    def _auth_error(self) -> BaseException:
+        return self.auth_failure or AuthenticationError(f"the handshake with {self.address} failed")
 
     def send(self, payload: bytes) -> None:
         try:

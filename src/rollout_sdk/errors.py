@@ -7,8 +7,9 @@
     ├── InvalidRequestError (ValueError)  a request field has a bad value; ``.field`` and ``.value`` name it
     │   ├── DuplicateRequestError         a request with this rid is already in flight (the first one is kept)
     │   └── MessageTooLargeError          the encoded message exceeds the server's size limit for its kind
-    ├── ClientStateError (RuntimeError)   the client is used outside its lifecycle (not open, closed, reopened)
-    │   └── StreamClosedError             a closed stream (generate_many, rollouts) is iterated or entered again
+    ├── LifecycleError (RuntimeError)     a server, gateway or bridge is used outside its lifecycle (names the state)
+    │   └── ClientStateError              the client is used outside its lifecycle (not open, closed, reopened)
+    │       └── StreamClosedError         a closed stream (generate_many, rollouts) is iterated or entered again
     ├── ProtocolError                     bytes that are not a valid message of the endpoint
     ├── RequestTimeoutError (TimeoutError) a per-call timeout expired; the request was aborted on the server
     ├── QueueFullError                    the client's bound on waiting requests is reached (back-pressure)
@@ -54,6 +55,7 @@ __all__ = [
     "EngineError",
     "EngineStartupError",
     "InvalidRequestError",
+    "LifecycleError",
     "MessageTooLargeError",
     "NoServersError",
     "PermissionDeniedError",
@@ -113,7 +115,20 @@ class MessageTooLargeError(InvalidRequestError):
     """The encoded message is larger than the server accepts for its kind (generate or control)."""
 
 
-class ClientStateError(RolloutError, RuntimeError):
+class LifecycleError(RolloutError, RuntimeError):
+    """A component (server, gateway, bridge, client) was used outside its lifecycle: before it opened, after
+    it closed, or opened twice.  ``state`` is the state it was in (``unopened``, ``opening``, ``open``,
+    ``closing``, ``closed``) when one is known."""
+
+    def __init__(self, message: str, state: str | None = None) -> None:
+        self.state = state
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.state))
+
+
+class ClientStateError(LifecycleError):
     """The client was used outside its lifecycle: before ``async with``, after close, or opened twice."""
 
 

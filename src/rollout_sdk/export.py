@@ -25,7 +25,7 @@ from typing import IO, Any
 import msgspec
 
 from .protocol import GenerateResult
-from .rollouts.segments import result_segments
+from .protocol.segments import result_segments
 from .rollouts.trajectory import Trajectory
 
 __all__ = ["ExportError", "iter_jsonl", "read_jsonl", "trajectory_from_result", "write_jsonl"]

@@ -14,8 +14,8 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_sdk import RolloutClient, SamplingParams
+from rollout_sdk.discovery.env import discovery_from_env
 from rollout_sdk.launch import parse_launch_args, run
-from rollout_sdk.launch_env import discovery_from_env
 
 
 def _completed(url: str) -> float:

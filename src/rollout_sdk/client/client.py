@@ -23,7 +23,6 @@ reports are in ``config.py`` and ``stats.py``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import time
@@ -33,14 +32,11 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
-from .._aio import await_unless, cancel_and_wait, ended_with
-from .._connection import ServerConnection
-from ..admission import AdmissionConfig
+from .._aio import Lifecycle, await_unless, cancel_and_wait, ended_with
 from ..auth import Credentials
 from ..discovery import Discovery, EmbeddedServers, StaticServers
 from ..engines.cpu import CpuEngineConfig
 from ..errors import ClientStateError, ConfigError, NoServersError, RemoteError, RequestTimeoutError
-from ..policies import Policy
 from ..protocol import (
     FlushCache,
     GenerateRequest,
@@ -58,14 +54,15 @@ from ..rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, a
 from ..rollouts.group import Agent, RewardFn, resolve_group_size
 from ..rollouts.results import ResultStream
 from ..rollouts.stream import GroupFilter, RolloutMode, RolloutStream
-from ..scheduler import Scheduler
-from ..weights.sync import WeightSync, broadcast_control, update_weights_ipc
 from .config import ClientConfig, ClientState
+from .connection import ServerConnection
 from .fleet import Fleet
+from .scheduler import Scheduler
 from .stats import ClientStats, ServerStatus, percentile, server_status
+from .weight_sync import WeightSync, broadcast_control, update_weights_ipc
 
 if TYPE_CHECKING:
-    from ..metrics import ClientMetrics
+    from .metrics import ClientMetrics
 
 __all__ = ["PauseMode", "RolloutClient", "WeightMethod"]
 
@@ -91,8 +88,8 @@ class RolloutClient:
     ``servers`` (addresses) or ``discovery`` (a :class:`~rollout_sdk.discovery.Discovery`) say where the
     servers are; with neither, ``RolloutClient()`` starts the embedded default, a CPU-engine server in this
     process (configure its engine with ``engine=CpuEngineConfig(...)``).  The other keyword arguments
-    are the fields of :class:`ClientConfig` and :class:`SchedulerConfig`; each one given replaces the
-    value in ``config`` (default: ``ClientConfig()``).
+    (``options``) are the fields of :class:`ClientConfig` and :class:`SchedulerConfig`; each one given
+    replaces the value in ``config`` (default: ``ClientConfig()``), through :meth:`ClientConfig.with_options`.
 
     ``credentials`` (:class:`~rollout_sdk.auth.Credentials`) authenticate the client to servers that
     require it; by default they come from the discovery (the embedded default makes its own) or the
@@ -106,44 +103,12 @@ class RolloutClient:
         discovery: Discovery | None = None,
         engine: CpuEngineConfig | None = None,
         config: ClientConfig | None = None,
-        policy: str | Policy | UseClientDefault = USE_CLIENT_DEFAULT,
-        max_in_flight_per_server: int | UseClientDefault | None = USE_CLIENT_DEFAULT,
-        admission: AdmissionConfig | UseClientDefault | None = USE_CLIENT_DEFAULT,
-        max_waiting: int | UseClientDefault = USE_CLIENT_DEFAULT,
-        affinity_margin: float | UseClientDefault = USE_CLIENT_DEFAULT,
-        affinity_slack: int | UseClientDefault = USE_CLIENT_DEFAULT,
-        timeout_s: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
-        retries: int | UseClientDefault = USE_CLIENT_DEFAULT,
-        heartbeat_interval_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
-        heartbeat_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
-        connect_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
-        discovery_timeout_s: float | UseClientDefault = USE_CLIENT_DEFAULT,
-        num_embedded_servers: int | UseClientDefault = USE_CLIENT_DEFAULT,
         credentials: Credentials | None = None,
+        **options: Any,
     ) -> None:
         if servers is not None and discovery is not None:
             raise ConfigError("servers", servers, "give servers or discovery, not both")
-        base = config or ClientConfig()
-        sched = _given(
-            policy=policy,
-            max_in_flight_per_server=max_in_flight_per_server,
-            admission=admission,
-            max_waiting=max_waiting,
-            affinity_margin=affinity_margin,
-            affinity_slack=affinity_slack,
-        )
-        own = _given(
-            timeout_s=timeout_s,
-            retries=retries,
-            heartbeat_interval_s=heartbeat_interval_s,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            discovery_timeout_s=discovery_timeout_s,
-            num_embedded_servers=num_embedded_servers,
-        )
-        if sched:
-            own["scheduler"] = dataclasses.replace(base.scheduler, **sched)
-        self.config = dataclasses.replace(base, **own) if own else base
+        self.config = (config or ClientConfig()).with_options(**options)
         if discovery is None:
             if servers is not None:
                 discovery = StaticServers(servers)
@@ -153,7 +118,7 @@ class RolloutClient:
             raise ConfigError("engine", engine, "only configures the embedded default (no servers/discovery)")
         self._discovery = discovery
         self._credentials = credentials
-        self._state = ClientState.UNOPENED
+        self._life = Lifecycle("RolloutClient", error=ClientStateError)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that opened it: its tasks live there
         self._scheduler = Scheduler(self.config.scheduler)
         self._supervisor: asyncio.Task[None] | None = None
@@ -172,10 +137,10 @@ class RolloutClient:
             self.config,
             own=lambda coro, name: self._own(coro, name=name),
             check_open=self._check_open,
-            is_open=lambda: self._state is ClientState.OPEN,
+            is_open=lambda: self._life.is_open,
             pushed_version=lambda: self.weight_version,
         )
-        from ..metrics import ClientMetrics  # prometheus-client loads with the first client, not on import
+        from .metrics import ClientMetrics  # prometheus-client loads with the first client, not on import
 
         #: Prometheus metrics (its own registry: ``client.metrics.registry``; see docs/observability.md)
         self.metrics: ClientMetrics = ClientMetrics(lambda: (self.stats(), self.weight_version))
@@ -192,17 +157,8 @@ class RolloutClient:
 
     async def open(self) -> None:
         """Find and connect to the servers.  Called by ``async with``; a client opens once."""
-        if self._state is not ClientState.UNOPENED:
-            raise ClientStateError(f"a RolloutClient opens once (this one is {self._state.value})")
-        self._state = ClientState.OPENING
         self._loop = asyncio.get_running_loop()
-        try:
-            await self._open()
-        except BaseException:
-            self._state = ClientState.CLOSED
-            await self._teardown()
-            raise
-        self._state = ClientState.OPEN
+        await self._life.open_with(self._open, self._teardown)
 
     async def _open(self) -> None:
         cfg = self.config
@@ -240,17 +196,11 @@ class RolloutClient:
 
     async def aclose(self) -> None:
         """Abort this client's requests, stop its tasks, close its sockets.  Idempotent."""
-        if self._state in (ClientState.CLOSED, ClientState.CLOSING):
-            return
-        self._state = ClientState.CLOSING
-        try:
-            await self._teardown()
-        finally:
-            self._state = ClientState.CLOSED
+        await self._life.close_with(self._teardown)
 
     @property
     def state(self) -> ClientState:
-        return self._state
+        return self._life.state
 
     async def _teardown(self) -> None:
         """Release everything, in order.  If the caller is cancelled meanwhile, the rest of the
@@ -290,10 +240,7 @@ class RolloutClient:
             raise cancelled
 
     def _check_open(self) -> None:
-        if self._state is not ClientState.OPEN:
-            raise ClientStateError(
-                f"RolloutClient is {self._state.value}: use it inside 'async with RolloutClient() as client'"
-            )
+        self._life.check_open("use it inside 'async with RolloutClient() as client'")
         if self._broken is not None:
             raise ClientStateError(f"RolloutClient failed: {self._broken!r}")
         try:
@@ -725,11 +672,6 @@ class RolloutClient:
         )
 
 
-def _given(**values: Any) -> dict[str, Any]:
-    """The keyword arguments the caller actually gave (not USE_CLIENT_DEFAULT)."""
-    return {k: v for k, v in values.items() if not isinstance(v, UseClientDefault)}
-
-
 def _resolve_credentials(explicit: Credentials | None, discovery: Discovery) -> Credentials | None:
     """``credentials=``, else what the discovery hands out (the embedded default's own keys), else the
     environment (``ROLLOUT_SDK_CREDENTIALS`` / the job secret), else none (a loopback server without auth)."""
@@ -761,7 +703,7 @@ def _say_embedded_model(discovery: Discovery) -> None:
 
 def _default_discovery(engine: CpuEngineConfig | None, num: int) -> Discovery:
     """The embedded default, unless this process runs under ``rollout_sdk.launch`` (torchrun)."""
-    from ..launch_env import discovery_from_env
+    from ..discovery.env import discovery_from_env
 
     found = discovery_from_env()
     if found is not None:

@@ -3,34 +3,28 @@ lifecycle (``ClientState``)."""
 
 from __future__ import annotations
 
-import enum
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
+from .._aio import LifecycleState
 from ..errors import ConfigError
-from ..scheduler import SchedulerConfig
+from ..rollouts.generator import UseClientDefault
+from .scheduler import SchedulerConfig
 
 __all__ = ["ClientConfig", "ClientState"]
 
 
-class ClientState(enum.Enum):
-    """Where a :class:`RolloutClient` is in its lifecycle (``client.state``); see :mod:`rollout_sdk.client.client`."""
-
-    #: created; open() (or ``async with``) has not been called
-    UNOPENED = "unopened"
-    #: open() is finding and connecting to the servers
-    OPENING = "opening"
-    #: connected: requests and streams can run
-    OPEN = "open"
-    #: aclose() is aborting requests and closing sockets
-    CLOSING = "closing"
-    #: closed for good: a client never reopens
-    CLOSED = "closed"
+#: Where a :class:`RolloutClient` is in its lifecycle (``client.state``): the one
+#: :class:`~rollout_sdk._aio.LifecycleState` that the server, the gateway and the bridge share.
+ClientState = LifecycleState
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClientConfig:
     """Everything a :class:`RolloutClient` can be told.  The client takes each field (and each of
-    :class:`SchedulerConfig`'s: policy, max_in_flight_per_server, ...) as a keyword argument."""
+    :class:`SchedulerConfig`'s: policy, max_in_flight_per_server, ...) as a keyword argument
+    (:meth:`with_options`)."""
 
     #: routing, back-pressure and affinity: the scheduler's own config, held as is
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -69,6 +63,22 @@ class ClientConfig:
 
     def scheduler_config(self) -> SchedulerConfig:
         return self.scheduler
+
+    def with_options(self, **options: Any) -> ClientConfig:
+        """This config with ``options`` replaced, the one place ``RolloutClient(**options)`` lands: any field
+        of ClientConfig, or of :class:`SchedulerConfig` (those go into ``scheduler``); an option given as
+        ``USE_CLIENT_DEFAULT`` keeps the config's value.  An unknown name is a TypeError, as in any call."""
+        own_names = {f.name for f in dataclasses.fields(self)} - {"scheduler"}
+        sched_names = {f.name for f in dataclasses.fields(SchedulerConfig)}
+        unknown = sorted(set(options) - own_names - sched_names)
+        if unknown:
+            raise TypeError(f"RolloutClient() got unexpected keyword arguments: {', '.join(unknown)}")
+        given = {k: v for k, v in options.items() if not isinstance(v, UseClientDefault)}
+        own = {k: v for k, v in given.items() if k in own_names}
+        sched = {k: v for k, v in given.items() if k in sched_names}
+        if sched:
+            own["scheduler"] = dataclasses.replace(self.scheduler, **sched)
+        return dataclasses.replace(self, **own) if own else self
 
     @property
     def max_in_flight_per_server(self) -> int | None:

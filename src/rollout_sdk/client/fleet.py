@@ -2,7 +2,7 @@
 servers join and leave while it runs (docs/design.md, "Fleet membership").
 
 The :class:`Fleet` owns the client's ZMQ context and every channel it opened, makes one
-:class:`~rollout_sdk._connection.ServerConnection` per member, and keeps the scheduler's member list
+:class:`~rollout_sdk.client.connection.ServerConnection` per member, and keeps the scheduler's member list
 (``scheduler.servers``) up to date.  Everything runs on the client's event loop::
 
     connection loops ... one task per member, in the client's supervisor task group (``start``); a
@@ -33,12 +33,12 @@ from typing import Any
 
 from .. import _transport
 from .._aio import cancel_and_wait
-from .._connection import ServerConnection
 from ..auth import Credentials
 from ..discovery import StaticServers
 from ..errors import ConfigError
-from ..scheduler import Scheduler
 from .config import ClientConfig
+from .connection import ServerConnection
+from .scheduler import Scheduler
 
 __all__ = ["Fleet"]
 

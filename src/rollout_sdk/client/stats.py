@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from .._connection import ServerConnection
+from .connection import ServerConnection
 
 __all__ = ["ClientStats", "ServerStatus", "percentile", "server_status"]
 

@@ -38,7 +38,7 @@ from ..errors import (
     WeightUpdateError,
 )
 from ..protocol import EngineLimits, GenerateRequest, GenerateResult, InitWeightGroup, PauseMode, Timings
-from ..rollouts.segments import append_segments
+from ..protocol.segments import append_segments
 from .base import Engine, EngineLoad, NamedTensors
 
 __all__ = ["FakeEngine", "FakeEngineConfig"]

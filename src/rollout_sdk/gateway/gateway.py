@@ -43,7 +43,7 @@ from typing import Any
 
 import msgspec
 
-from .._aio import cancel_and_wait
+from .._aio import Lifecycle, await_unless, cancel_and_wait
 from ..agents import Trajectory
 from ..agents.parsers import get_reasoning_parser
 from ..errors import ClientStateError, ConfigError
@@ -180,11 +180,11 @@ class Gateway:
         self._servers = servers
         self._client_options = dict(client_options or {})
         self._tokenizer = tokenizer
-        self._state = "unopened"
+        self._life = Lifecycle("Gateway", error=ClientStateError)
         self.store = SessionStore(max_sessions=self.config.max_sessions, max_turns=self.config.max_turns_per_session)
         self._service: TurnService | None = None
         self._runner: Any = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._background: asyncio.Task[None] | None = None  # runs the gateway's own tasks in one group
         self._closed = asyncio.Event()
         #: set when closing begins: export streams end then (the listener is going away)
         self._stopping = asyncio.Event()
@@ -212,16 +212,7 @@ class Gateway:
 
     async def open(self) -> None:
         """Open the client (if owned), load the tokenizer, start listening.  A gateway opens once."""
-        if self._state != "unopened":
-            raise ClientStateError(f"a Gateway opens once (this one is {self._state})")
-        self._state = "opening"
-        try:
-            await self._open()
-        except BaseException:
-            await self._teardown()
-            self._state = "closed"
-            raise
-        self._state = "open"
+        await self._life.open_with(self._open, self._teardown)
 
     async def _open(self) -> None:
         try:
@@ -263,21 +254,11 @@ class Gateway:
         site = web.SockSite(self._runner, sock, backlog=cfg.backlog)
         await site.start()
         self.host, self.port = sock.getsockname()[:2]
-        loop = asyncio.get_running_loop()
-        if cfg.session_idle_timeout_s is not None:
-            self._tasks.append(loop.create_task(self._reap(cfg.session_idle_timeout_s), name="gateway-reaper"))
-        if cfg.trajectories_jsonl:
-            self._tasks.append(loop.create_task(self._write_jsonl(cfg.trajectories_jsonl), name="gateway-jsonl"))
+        self._background = asyncio.get_running_loop().create_task(self._run_background(), name="gateway")
 
     async def aclose(self) -> None:
         """Stop listening, finish every open session, stop the owned tasks and client.  Idempotent."""
-        if self._state in ("closed", "closing"):
-            return
-        self._state = "closing"
-        try:
-            await self._teardown()
-        finally:
-            self._state = "closed"
+        await self._life.close_with(self._teardown)
 
     async def _teardown(self) -> None:
         self._stopping.set()
@@ -287,9 +268,9 @@ class Gateway:
         for session in list(self.store.sessions.values()):
             self.store.finish(session, reason="closed")
         self._closed.set()
-        for task in self._tasks:
-            await cancel_and_wait(task) if task.get_name() != "gateway-jsonl" else await _drain(task)
-        self._tasks = []
+        background, self._background = self._background, None
+        if background is not None:
+            await _drain(background)
         if self._service is not None:
             self._service.close()
         if self._owns_client and self._client is not None:
@@ -297,8 +278,7 @@ class Gateway:
             await client.aclose()
 
     def _check_open(self) -> None:
-        if self._state != "open":
-            raise ClientStateError(f"the Gateway is {self._state}: use it inside 'async with Gateway() as gw'")
+        self._life.check_open("use it inside 'async with Gateway() as gw'")
 
     # -- addresses ---------------------------------------------------------------------------------
 
@@ -419,16 +399,9 @@ class Gateway:
         while True:
             if end.is_set() and (http or queue.empty()):
                 return
-            getter = asyncio.ensure_future(queue.get())
-            closer = asyncio.ensure_future(end.wait())
-            try:
-                await asyncio.wait([getter, closer], timeout=heartbeat_s, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                closer.cancel()
-                if not getter.done():
-                    getter.cancel()
-            if getter.done() and not getter.cancelled():
-                yield getter.result()
+            session = await await_unless(queue.get(), end.wait(), timeout=heartbeat_s)
+            if session is not None:
+                yield session
             elif not end.is_set():
                 yield None
 
@@ -450,6 +423,20 @@ class Gateway:
             trajs = self._export(session).trajectories
             if trajs:
                 await asyncio.to_thread(_append_jsonl, path, trajs)
+
+    async def _run_background(self) -> None:
+        """The gateway's own tasks, in one task group: the idle-session reaper (cancelled at close) and the
+        JSONL writer (it ends by itself once closed and drained)."""
+        cfg = self.config
+        async with asyncio.TaskGroup() as tg:
+            reaper = None
+            if cfg.session_idle_timeout_s is not None:
+                reaper = tg.create_task(self._reap(cfg.session_idle_timeout_s), name="gateway-reaper")
+            if cfg.trajectories_jsonl:
+                tg.create_task(self._write_jsonl(cfg.trajectories_jsonl), name="gateway-jsonl")
+            await self._closed.wait()
+            if reaper is not None:
+                reaper.cancel()
 
     async def _reap(self, timeout_s: float) -> None:
         while True:
@@ -474,7 +461,7 @@ class Gateway:
         client = self._client
         alive = sum(1 for s in client.servers if s.alive) if client is not None else 0
         return {
-            "status": "ok" if self._state == "open" and alive else "unavailable",
+            "status": "ok" if self._life.is_open and alive else "unavailable",
             "model": self.model_name,
             "servers_alive": alive,
             "sessions": len(self.store.sessions),
@@ -517,7 +504,8 @@ class _GatewayCollector:
 
 
 async def _drain(task: asyncio.Task[None]) -> None:
-    """The JSONL writer ends by itself once closed and drained; bound the wait, then cancel."""
+    """The gateway's tasks end by themselves once closed (the JSONL writer once drained); bound the wait,
+    then cancel."""
     try:
         await asyncio.wait_for(asyncio.shield(task), 60)
     except TimeoutError:

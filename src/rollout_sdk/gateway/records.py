@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from ..agents import Trajectory
-from ..rollouts.segments import append_segments, result_segments
+from ..protocol.segments import append_segments, result_segments
 from .sessions import Session
 
 __all__ = ["SESSION_RECORD_VERSION", "SessionRecord", "TurnSlice", "discounted_returns", "session_record"]

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from .._aio import Lifecycle, LifecycleState
 from ..client import RolloutClient
 from ..errors import ClientStateError
 
@@ -40,7 +41,7 @@ class RolloutBridge:
         self._stack: contextlib.ExitStack | None = None
         self._portal: Any = None
         self._client: RolloutClient | None = None
-        self._state = "unopened"
+        self._life = Lifecycle("RolloutBridge", error=ClientStateError)
         self._lock = threading.Lock()
         self._tasks: set[concurrent.futures.Future[Any]] = set()
         self._weight_sync_ready = False
@@ -51,9 +52,7 @@ class RolloutBridge:
         from anyio.from_thread import start_blocking_portal
 
         with self._lock:
-            if self._state != "unopened":
-                raise ClientStateError(f"a RolloutBridge opens once (this one is {self._state})")
-            self._state = "opening"
+            self._life.opening()
         stack = contextlib.ExitStack()
         try:
             self._portal = stack.enter_context(start_blocking_portal(backend="asyncio"))
@@ -61,19 +60,19 @@ class RolloutBridge:
             self._client = stack.enter_context(self._portal.wrap_async_context_manager(client))
         except BaseException:
             stack.close()
-            self._state = "closed"
+            self._life.closed()
             raise
         self._stack = stack
-        self._state = "open"
+        self._life.opened()
         return self
 
     def close(self) -> None:
         """Cancel started tasks, close the client and stop the loop thread.  Idempotent."""
         with self._lock:
-            if self._state in ("closed", "unopened"):
-                self._state = "closed"
+            started = self._life.state in (LifecycleState.OPENING, LifecycleState.OPEN)
+            self._life.closed()  # at once: run() and start() refuse from here on
+            if not started:
                 return
-            self._state = "closed"
         for fut in list(self._tasks):
             fut.cancel()
         for fut in list(self._tasks):
@@ -95,8 +94,8 @@ class RolloutBridge:
     @property
     def client(self) -> RolloutClient:
         """The client; use it only inside functions passed to :meth:`run` / :meth:`start`."""
-        if self._state != "open" or self._client is None:
-            raise ClientStateError(f"RolloutBridge is {self._state}: open it first")
+        self._life.check_open("open it first")
+        assert self._client is not None
         return self._client
 
     # -- calls -------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 See docs/launch.md.
 """
 
-from .discovery import ServerRecord, StoreDiscovery
+from ..discovery.store import ServerRecord, StoreDiscovery
 from .job import LaunchConfig, run_job
 from .layout import Layout
 from .main import parse_launch_args, run

@@ -44,21 +44,15 @@ import signal
 import stat
 import tempfile
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._aio import cancel_and_wait
+from .._aio import cancel_and_wait, first_exception
 from .._transport import local_ip
 from ..auth import HOW_TO_ENABLE, JobSecret, is_loopback
-from ..engines.base import Engine
-from ..engines.cpu import CpuEngineConfig
-from ..engines.fake import FakeEngineConfig
-from ..errors import ConfigError
-from ..launch_env import ENV_NUM_SERVERS, ENV_PREFIX, ENV_STORE
-from ..metrics import MetricsEndpoint, ServerMetrics, start_metrics_endpoint
-from ..server import EngineServer, ServerConfig
-from .discovery import (
+from ..discovery.env import ENV_NUM_SERVERS, ENV_PREFIX, ENV_STORE
+from ..discovery.store import (
     ENV_JOB_KEY_FILE,
     ROOT,
     ServerRecord,
@@ -70,6 +64,13 @@ from .discovery import (
     unseal,
     wait_keys,
 )
+from ..engines import registry
+from ..engines.base import Engine
+from ..engines.registry import EngineConfigs
+from ..errors import ConfigError
+from ..metrics import MetricsEndpoint, start_metrics_endpoint
+from ..server import EngineServer, ServerConfig
+from ..server.metrics import ServerMetrics
 from .layout import Layout
 
 __all__ = ["LaunchConfig", "run_job"]
@@ -116,35 +117,12 @@ class LaunchConfig:
             raise ConfigError("dist_backend", self.dist_backend, "must be 'gloo' or 'nccl'")
 
 
-@dataclass(kw_only=True)
-class EngineConfigs:
-    cpu: CpuEngineConfig = field(default_factory=CpuEngineConfig)
-    fake: FakeEngineConfig = field(default_factory=FakeEngineConfig)
-    sglang: dict[str, Any] = field(default_factory=dict)
-
-
 def make_engine(cfg: LaunchConfig, engines: EngineConfigs, layout: Layout) -> Engine:
-    if cfg.engine == "cpu":
-        from dataclasses import replace
-
-        from ..engines.cpu import CpuEngine
-
-        cpu = replace(engines.cpu, model_path=cfg.model) if cfg.model else engines.cpu
-        return CpuEngine(cpu)
-    if cfg.engine == "fake":
-        from ..engines.fake import FakeEngine
-
-        return FakeEngine(engines.fake)
-    from ..engines.sglang import SglangEngine, SglangEngineConfig
-
-    fields = dict(engines.sglang)
-    if cfg.model:
-        fields["model_path"] = cfg.model
-    fields.setdefault("tp_size", layout.tp)
-    fields.setdefault("base_gpu_id", layout.local_rank)
-    if layout.tp_spans_nodes:
+    """This rank's engine (engines.registry), SGLang's TP layout defaulted from the job's."""
+    if cfg.engine == "sglang" and layout.tp_spans_nodes:
         raise ConfigError("tp", layout.tp, f"exceeds the GPUs per node ({layout.local_world_size})")
-    return SglangEngine(SglangEngineConfig(**fields))
+    tp = {"tp_size": layout.tp, "base_gpu_id": layout.local_rank}
+    return registry.make_engine(cfg.engine, engines, model=cfg.model, sglang_defaults=tp)
 
 
 def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None = None) -> int:
@@ -152,7 +130,7 @@ def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ..cli import THREADS_GRACE_S, run_async
+    from .cli import THREADS_GRACE_S, run_async
 
     layout, secret = preflight(cfg)
     engines = engines or EngineConfigs()
@@ -279,7 +257,7 @@ class _RankJob:
             self._stop.set()
 
     async def run(self, main: Main | None) -> int:
-        layout, cfg = self.layout, self.cfg
+        layout = self.layout
         loop = self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop, signal.Signals(sig).name)
@@ -292,34 +270,38 @@ class _RankJob:
                 self.store_address,
                 self.store_address,
             )
+        try:
+            async with asyncio.TaskGroup() as tg:  # the rank's tasks: shutdown watch, engine keeper, driver
+                return await self._run_tasks(tg, main)
+        except BaseExceptionGroup as group:
+            raise first_exception(group) from group
+
+    async def _run_tasks(self, tg: asyncio.TaskGroup, main: Main | None) -> int:
+        layout, cfg = self.layout, self.cfg
         # Wakes when any rank publishes {p}/shutdown; this rank publishes it too when it stops, which
         # also ends its own wait.
-        watcher = asyncio.create_task(in_daemon_thread(self._watch_shutdown), name="shutdown-watch")
+        watcher = tg.create_task(in_daemon_thread(self._watch_shutdown), name="shutdown-watch")
         code = 0
         keeper: asyncio.Task[None] | None = None
         try:
             if layout.is_leader:
                 await self._start_server()
-                keeper = asyncio.create_task(self._keep_engine(), name="engine-keeper")
-            driver: asyncio.Task[Any] | None = None
+                keeper = tg.create_task(self._keep_engine(), name="engine-keeper")
+            driver: asyncio.Task[int] | None = None
             if layout.is_driver and main is not None:
                 os.environ[ENV_STORE] = self.store_address
                 os.environ[ENV_NUM_SERVERS] = str(layout.dp)
                 os.environ[ENV_PREFIX] = cfg.store_prefix
-                driver = asyncio.create_task(main(), name="driver")
-                driver.add_done_callback(lambda _t: self.stop("driver finished"))
+                driver = tg.create_task(self._drive(main), name="driver")
             await self._stop.wait()
             log.info("rank %d stopping: %s", layout.rank, self._stop_reason)
             if driver is not None:
                 if not driver.done():
                     driver.cancel()
                 try:
-                    await driver
+                    code = await driver
                 except asyncio.CancelledError:
                     code = 1 if self._stop_reason != "driver finished" else 0
-                except Exception:
-                    log.exception("the driver failed")
-                    code = 1
         finally:
             if keeper is not None:
                 await cancel_and_wait(keeper)
@@ -332,6 +314,18 @@ class _RankJob:
                 await self.metrics_endpoint.aclose()
             await watcher
         return code
+
+    async def _drive(self, main: Main) -> int:
+        """The driver's exit code (its failure is logged here, not raised into the rank's task group); its
+        end, whatever it is, stops the rank."""
+        try:
+            await main()
+            return 0
+        except Exception:
+            log.exception("the driver failed")
+            return 1
+        finally:
+            self.stop("driver finished")
 
     def _set(self, name: str, body: bytes) -> None:
         """Write a store value, sealed with the job secret when there is one (blocking)."""

@@ -10,11 +10,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._cli_config import OneLineErrors, add_config_args, add_sglang_args, config_from_args, sglang_fields
 from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
+from ..engines.registry import EngineConfigs
 from ..errors import ConfigError
-from .job import EngineConfigs, LaunchConfig, Main, preflight, run_job
+from .args import OneLineErrors, add_config_args, add_sglang_args, config_from_args, sglang_fields
+from .job import LaunchConfig, Main, preflight, run_job
 from .layout import Layout
 
 __all__ = ["main", "parse_launch_args", "run"]

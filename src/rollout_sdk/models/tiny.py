@@ -71,32 +71,42 @@ def write_tokenizer(out: Path) -> None:
     (out / "tokenizer").rmdir()
 
 
-def _write_model(out: Path, seed: int) -> None:
+def write_seeded_weights(
+    model: Any, out: Path, *, seed: int, std: float, ones: tuple[str, ...], skip: tuple[str, ...] = ()
+) -> None:
+    """``out/model.safetensors``: every weight of ``model`` re-drawn from our own generator, so the model
+    depends on the seed alone, not on the order in which a transformers version initialises modules:
+    names ending in ``ones`` are ones, biases zeros, the rest N(0, std); ``skip`` (tied weights) is left out."""
     import torch
     from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    state = model.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    for name in sorted(state):
+        t = state[name]
+        if name in skip:
+            continue
+        if name.endswith(ones):
+            tensors[name] = torch.ones_like(t)
+        elif name.endswith(".bias"):
+            tensors[name] = torch.zeros_like(t)
+        else:
+            tensors[name] = (torch.randn(t.shape, generator=gen) * std).to(t.dtype)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _write_model(out: Path, seed: int) -> None:
+    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     fields: dict[str, Any] = {k: v for k, v in TINY_MODEL_CONFIG.items() if k not in ("architectures", "model_type")}
     config = Qwen2Config(**fields)
     config.architectures = ["Qwen2ForCausalLM"]
-    gen = torch.Generator().manual_seed(seed)
     with torch.device("cpu"):
         model = Qwen2ForCausalLM(config)
-    state = model.state_dict()
-    # Re-draw every weight from our own generator so the model depends on the seed alone, not on the
-    # order in which a transformers version happens to initialise modules.
-    tensors: dict[str, torch.Tensor] = {}
-    for name in sorted(state):
-        t = state[name]
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        if name.endswith("norm.weight"):
-            tensors[name] = torch.ones_like(t)
-        elif name.endswith(".bias"):
-            tensors[name] = torch.zeros_like(t)
-        else:
-            tensors[name] = (torch.randn(t.shape, generator=gen) * config.initializer_range).to(t.dtype)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tied = ("lm_head.weight",) if config.tie_word_embeddings else ()
+    write_seeded_weights(model, out, seed=seed, std=config.initializer_range, ones=("norm.weight",), skip=tied)
     cfg = dict(TINY_MODEL_CONFIG)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))

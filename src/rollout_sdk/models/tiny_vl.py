@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._cache import build_once, default_home
-from .tiny import GENERATION_CONFIG, write_tokenizer
+from .tiny import GENERATION_CONFIG, write_seeded_weights, write_tokenizer
 
 __all__ = ["TINY_VL_CONFIG", "TINY_VL_PREPROCESSOR", "VL_CHAT_TEMPLATE", "ensure_tiny_vl_model", "noise_png"]
 
@@ -143,7 +143,6 @@ def ensure_tiny_vl_model(home: str | os.PathLike[str] | None = None, *, seed: in
 
 def _write_model(out: Path, seed: int) -> None:
     import torch
-    from safetensors.torch import save_file
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     config = Qwen2_5_VLConfig(
@@ -151,23 +150,10 @@ def _write_model(out: Path, seed: int) -> None:
         vision_config=dict(_VISION),
         **{k: v for k, v in TINY_VL_CONFIG.items() if k not in ("text_config", "vision_config", "model_type")},
     )
-    gen = torch.Generator().manual_seed(seed)
     with torch.device("cpu"):
         model = Qwen2_5_VLForConditionalGeneration(config)
-    state = model.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
-    # every weight from our own generator (the model depends on the seed alone, not on init order)
-    for name in sorted(state):
-        t = state[name]
-        if name == "lm_head.weight":  # tied to the input embeddings
-            continue
-        if name.endswith("norm.weight") or name.endswith(("norm1.weight", "norm2.weight", "ln_q.weight")):
-            tensors[name] = torch.ones_like(t)
-        elif name.endswith(".bias"):
-            tensors[name] = torch.zeros_like(t)
-        else:
-            tensors[name] = (torch.randn(t.shape, generator=gen) * 0.02).to(t.dtype)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    norms = ("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")
+    write_seeded_weights(model, out, seed=seed, std=0.02, ones=norms, skip=("lm_head.weight",))  # lm_head: tied
     (out / "config.json").write_text(json.dumps(TINY_VL_CONFIG, indent=2))
     (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
 

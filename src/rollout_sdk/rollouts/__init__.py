@@ -3,6 +3,7 @@
 See docs/architecture.md.  Importing this package starts nothing.
 """
 
+from ..protocol.segments import append_segments, result_segments
 from .context import RolloutContext
 from .continuation import Continuation
 from .generator import USE_CLIENT_DEFAULT, Generator, Prompt, UseClientDefault, as_request
@@ -10,7 +11,6 @@ from .group import Agent, RewardFn, Sample, group_stats, reward_of, rollout_grou
 from .producer import ProducerStatistics, StreamState
 from .results import Group, ResultStream
 from .seeds import sample_seed
-from .segments import append_segments, result_segments
 from .stream import GenerateAgent, RolloutBatch, RolloutStream
 from .trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
 

@@ -27,8 +27,8 @@ import msgspec
 
 from ..errors import StalenessError
 from ..protocol import GenerateRequest, GenerateResult, Timings
+from ..protocol.segments import append_segments, result_segments
 from .seeds import sample_seed
-from .segments import append_segments, result_segments
 
 __all__ = ["Continuation"]
 

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from ..protocol import GenerateResult, Lifecycle, RoutedExperts
-from .segments import append_segments, result_segments
+from ..protocol.segments import append_segments, result_segments
 
 __all__ = ["TRAJECTORY_SCHEMA_VERSION", "ToolCallRecord", "Trajectory", "TrajectoryBuilder", "Turn"]
 

@@ -1,7 +1,7 @@
 """The clients a server hears from: each one's fair share of the server, and the requests of a client that
 has gone (orphans), aborted so their results do not go nowhere.
 
-Not the client-side ``rollout_sdk.admission`` (a client's in-flight window per server): this is the
+Not the client-side ``rollout_sdk.client.admission`` (a client's in-flight window per server): this is the
 server refusing a client beyond its share.  The server owns one :class:`Peers` and calls it on its event
 loop; one task of the server's task group runs :meth:`Peers.sweep`::
 

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .. import _transport
-from .._aio import await_unless, ended_with
+from .._aio import Lifecycle, LifecycleState, await_unless, ended_with
 from ..engines.base import Engine
 from ..errors import (
     DuplicateRequestError,
@@ -115,7 +115,7 @@ from .peers import Peers
 from .stall import Sample, StallDetector
 
 if TYPE_CHECKING:
-    from ..metrics import ServerMetrics
+    from .metrics import ServerMetrics
 
 __all__ = ["EngineServer", "ServerConfig", "authorize"]
 
@@ -189,6 +189,7 @@ class EngineServer:
         self._draining = False
         self._stop = asyncio.Event()
         self._stopped = asyncio.Event()
+        self._life = Lifecycle("EngineServer")  # serve() runs once; `state` says where it is
         self._endpoint: _transport.RouterEndpoint | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -223,7 +224,8 @@ class EngineServer:
     # -- running -----------------------------------------------------------------------------------
 
     async def serve(self, *, on_ready: Callable[[str], Any] | None = None) -> None:
-        """Start the engine, bind, serve until :meth:`stop`, then shut down cleanly."""
+        """Start the engine, bind, serve until :meth:`stop`, then shut down cleanly.  A server serves once."""
+        self._life.opening()
         ctx = _transport.new_context()
         try:
             await self.engine.start()
@@ -259,9 +261,11 @@ class EngineServer:
                         self._peers.sweep(self._endpoint, self.stats), name=f"{self.server_id}-sweeper"
                     )
                     stall = tg.create_task(self._watch_progress(), name=f"{self.server_id}-stall")
+                    self._life.opened()
                     if on_ready is not None:
                         on_ready(self.address)
                     await self._stop.wait()
+                    self._life.closing()
                     await self._drain()
                     recv.cancel()
                     watch.cancel()
@@ -280,6 +284,7 @@ class EngineServer:
                     log.warning("server %s: engine did not close within the shutdown bound", self.server_id)
         finally:
             await asyncio.to_thread(ctx.term)  # waits (bounded by linger) for the last replies to leave
+            self._life.closed()
             self._stopped.set()
 
     def stop(self) -> None:
@@ -295,6 +300,10 @@ class EngineServer:
         if self._stop_deadline is None:
             return self.config.shutdown_timeout_s
         return max(0.0, self._stop_deadline - reserve - time.monotonic())
+
+    @property
+    def state(self) -> LifecycleState:
+        return self._life.state
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

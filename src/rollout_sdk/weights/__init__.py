@@ -5,10 +5,11 @@ broadcast in a weight-update process group (NCCL on GPU, gloo on CPU) or, coloca
 """
 
 from .buckets import Bucket, plan_buckets, receive_buckets, send_buckets, unflatten
-from .group import destroy_weight_group, init_weight_group, master_store
+from .group import Rendezvous, destroy_weight_group, init_weight_group, master_store
 
 __all__ = [
     "Bucket",
+    "Rendezvous",
     "destroy_weight_group",
     "init_weight_group",
     "master_store",

@@ -13,10 +13,14 @@ function is called.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["WeightGroup", "destroy_weight_group", "init_weight_group", "master_store"]
+from ..protocol import InitWeightGroup
+
+__all__ = ["Rendezvous", "WeightGroup", "destroy_weight_group", "init_weight_group", "master_store"]
 
 
 class WeightGroup:
@@ -56,22 +60,36 @@ def master_store(host: str, world_size: int, timeout_s: float = 300.0) -> Any:
     )
 
 
-def init_weight_group(
-    *,
-    master_address: str,
-    master_port: int,
-    rank: int,
-    world_size: int,
-    group_name: str,
-    backend: str = "gloo",
-    timeout_s: float = 300.0,
-    store: Any = None,
-) -> WeightGroup:
-    """Join the group (blocking until every rank joined).  Rank 0 passes the store it made with
+@dataclass(frozen=True, kw_only=True)
+class Rendezvous:
+    """Where and how the ranks of one weight-update group meet: the settings every rank shares (the trainer
+    makes them, each engine gets them in its :class:`~rollout_sdk.protocol.InitWeightGroup`)."""
+
+    master_address: str
+    master_port: int
+    world_size: int
+    group_name: str = "rollout_weights"
+    backend: str = "gloo"
+    timeout_s: float = 300.0
+
+    @classmethod
+    def of(cls, msg: InitWeightGroup) -> Rendezvous:
+        """The settings an InitWeightGroup message carries."""
+        return cls(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(cls)})
+
+    def message(self, call_id: str, rank_offset: int) -> InitWeightGroup:
+        """The InitWeightGroup that asks one engine (its ranks from ``rank_offset``) to join."""
+        return InitWeightGroup(call_id=call_id, rank_offset=rank_offset, **dataclasses.asdict(self))
+
+
+def init_weight_group(rendezvous: Rendezvous, *, rank: int, store: Any = None) -> WeightGroup:
+    """Join the group as ``rank`` (blocking until every rank joined).  Rank 0 passes the store it made with
     :func:`master_store`; the other ranks connect to ``master_address:master_port``."""
     import torch.distributed as dist
 
-    timeout = datetime.timedelta(seconds=timeout_s)
+    master_address, master_port, world_size = rendezvous.master_address, rendezvous.master_port, rendezvous.world_size
+    group_name, backend = rendezvous.group_name, rendezvous.backend
+    timeout = datetime.timedelta(seconds=rendezvous.timeout_s)
     if store is None:
         store = dist.TCPStore(  # type: ignore[attr-defined]
             master_address, master_port, world_size, is_master=False, timeout=timeout

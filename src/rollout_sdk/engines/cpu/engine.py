@@ -355,21 +355,12 @@ class CpuEngine(Engine):
             self._weight_version = version
 
     async def init_weight_group(self, msg: InitWeightGroup) -> None:
-        from ...weights import init_weight_group
+        from ...weights import Rendezvous, init_weight_group
 
         if msg.group_name in self._groups:
             raise WeightUpdateError(f"weight group {msg.group_name!r} already exists", applied=False)
         # Blocking rendezvous: runs in the default thread pool, not on the loop nor the model worker.
-        group = await asyncio.to_thread(
-            init_weight_group,
-            master_address=msg.master_address,
-            master_port=msg.master_port,
-            rank=msg.rank_offset,
-            world_size=msg.world_size,
-            group_name=msg.group_name,
-            backend=msg.backend,
-            timeout_s=msg.timeout_s,
-        )
+        group = await asyncio.to_thread(init_weight_group, Rendezvous.of(msg), rank=msg.rank_offset)
         self._groups[msg.group_name] = group
 
     async def update_weights_distributed(self, msg: UpdateWeightsDistributed) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...protocol import FinishReason, GenerateRequest, GenerateResult, SamplingParams, Timings
-from ...rollouts.segments import append_segments
+from ...protocol.segments import append_segments
 
 __all__ = ["Sequence", "vision_fields"]
 

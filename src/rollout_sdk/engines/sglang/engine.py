@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 
 from ..._aio import await_unless, cancel_and_wait
-from ...errors import EngineDeadError, EngineStartupError, InvalidRequestError, RequestFailedError
+from ...errors import EngineDeadError, EngineStartupError, InvalidRequestError
 from ...protocol import (
     EngineLimits,
     GenerateRequest,
@@ -60,6 +60,7 @@ from .translate import (
     expand_images,
     load_from_snapshot,
     prompt_inputs,
+    request_error,
     sampling_params,
     score_result,
 )
@@ -372,10 +373,8 @@ class SglangEngine(Engine):
                     if flight.task is not None:
                         flight.task.cancel()
                     raise  # the caller's cancellation stays a cancellation, dead engine or not
-                except ValueError as exc:  # SGLang's own validation (context length, parameter ranges)
-                    raise InvalidRequestError("sampling", req.sampling, str(exc)) from exc
-                except Exception as exc:  # this request alone: the engine dies only by a child's death
-                    raise RequestFailedError(f"SGLang failed the request: {type(exc).__name__}: {exc}") from exc
+                except Exception as exc:  # SGLang's validation: the caller's error; the rest: this request's
+                    raise request_error(exc, "sampling", req.sampling) from exc
                 kind = parts.add(done, version)
                 if req.return_routed_experts:
                     parts.add_routed(done.routed, seq_len + len(done.ids), self._top_k)
@@ -413,10 +412,8 @@ class SglangEngine(Engine):
                 if flight.task is not None:
                     flight.task.cancel()
                 raise
-            except ValueError as exc:
-                raise InvalidRequestError("input_ids", f"<{len(req.input_ids)} tokens>", str(exc)) from exc
             except Exception as exc:
-                raise RequestFailedError(f"SGLang failed the score request: {type(exc).__name__}: {exc}") from exc
+                raise request_error(exc, "input_ids", f"<{len(req.input_ids)} tokens>", "score request") from exc
         finally:
             if self._flights.get(req.rid) is flight:
                 del self._flights[req.rid]

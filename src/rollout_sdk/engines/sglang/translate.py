@@ -9,9 +9,9 @@ import base64
 import time
 from typing import Any
 
-from ...errors import InvalidRequestError, RequestFailedError
+from ...errors import InvalidRequestError, RequestFailedError, RolloutError
 from ...protocol import PENALTY_RANGE, GenerateRequest, GenerateResult, RoutedExperts, SamplingParams, Timings
-from ...rollouts.segments import append_segments
+from ...protocol.segments import append_segments
 from ..base import EngineLoad
 from .config import SglangEngineConfig
 
@@ -22,6 +22,7 @@ __all__ = [
     "expand_images",
     "load_from_snapshot",
     "prompt_inputs",
+    "request_error",
     "sampling_params",
 ]
 
@@ -262,3 +263,12 @@ def load_from_snapshot(s: Any, config: SglangEngineConfig) -> EngineLoad:
         kv_capacity_tokens=num("max_total_num_tokens"),
         kv_used_tokens=int(getattr(s, "num_used_tokens", 0) or 0),
     )
+
+
+def request_error(exc: Exception, field: str, value: Any, what: str = "request") -> RolloutError:
+    """SGLang's exception for one request, in our tree: its own validation (ValueError: context length,
+    parameter ranges) is the caller's InvalidRequestError naming ``field``; anything else fails this
+    request alone (RequestFailedError): the engine dies only by a child's death."""
+    if isinstance(exc, ValueError):
+        return InvalidRequestError(field, value, str(exc))
+    return RequestFailedError(f"SGLang failed the {what}: {type(exc).__name__}: {exc}")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["AdmissionConfig", "AdmissionController"]
 

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._aio import cancel_and_wait
-from .client import ClientConfig, RolloutClient
-from .engines.cpu import CpuEngineConfig
-from .errors import ConfigError
-from .rollouts.group import deprecated_group_field
+from .._aio import cancel_and_wait
+from ..client import ClientConfig, RolloutClient
+from ..engines.cpu import CpuEngineConfig
+from ..errors import ConfigError
+from ..rollouts.group import deprecated_group_field
 
 __all__ = ["DemoConfig", "run_demo"]
 
@@ -81,9 +81,9 @@ async def run_demo(
 
     from transformers import AutoTokenizer
 
-    from .agents import group_stats, rollout_group
-    from .tasks import calculator as task
-    from .tasks.tool_model import ensure_tool_model_async
+    from ..agents import group_stats, rollout_group
+    from ..tasks import calculator as task
+    from ..tasks.tool_model import ensure_tool_model_async
 
     out = out or sys.stdout
 
@@ -133,7 +133,7 @@ async def run_demo(
 
     trajs = [t for g in groups for t in g]
     if demo.export:
-        from .export import write_jsonl
+        from ..export import write_jsonl
 
         n = await asyncio.to_thread(write_jsonl, trajs, demo.export)
         say(f"wrote {n} trajectories to {demo.export}")

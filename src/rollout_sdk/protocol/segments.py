@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..protocol import GenerateResult
+from . import GenerateResult
 
 __all__ = ["append_segments", "result_segments"]
 

@@ -5,7 +5,7 @@
   and stops them on close: the embedded default of ``RolloutClient()``.  They authenticate with keys made
   for this process alone (a fresh job secret), which the client picks up from ``credentials``, so another
   local user cannot drive them.
-* :class:`StoreDiscovery` (in :mod:`rollout_sdk.launch.discovery`) — servers launched by torchrun that
+* :class:`StoreDiscovery` (in :mod:`rollout_sdk.discovery.store`) — servers launched by torchrun that
   registered in the job's c10d store.
 """
 
@@ -15,12 +15,12 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .auth import Credentials, JobSecret
-    from .engines.cpu import CpuEngineConfig
-    from .server import EngineServer
+    from ..auth import Credentials, JobSecret
+    from ..engines.cpu import CpuEngineConfig
+    from ..server import EngineServer
 
 __all__ = ["Discovery", "EmbeddedServers", "StaticServers"]
 
@@ -77,9 +77,9 @@ class EmbeddedServers:
         self.credentials: Credentials | None = None
 
     async def open(self, timeout: float) -> list[str]:
-        from .auth import JobSecret
-        from .engines.cpu import CpuEngine
-        from .server import EngineServer, ServerConfig
+        from ..auth import JobSecret
+        from ..engines.cpu import CpuEngine
+        from ..server import EngineServer, ServerConfig
 
         secret = self._secret or JobSecret.generate()
         auth = secret.server_auth()

@@ -15,10 +15,10 @@ import asyncio
 import os
 import signal
 
-from .._cli_config import add_config_args, config_from_args
 from ..client import ClientConfig
 from ..engines.cpu import CpuEngineConfig
-from .gateway import GatewayConfig
+from ..gateway.gateway import GatewayConfig
+from .args import add_config_args, config_from_args
 
 __all__ = ["add_parser", "run"]
 
@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 async def run(args: argparse.Namespace) -> int:
     from ..client import RolloutClient
-    from .gateway import Gateway
+    from ..gateway.gateway import Gateway
 
     config = config_from_args(GatewayConfig, args)
     client_cfg = config_from_args(ClientConfig, args, prefix="client-")

@@ -32,7 +32,6 @@ from ..protocol import (
     ControlReply,
     ControlRequest,
     DestroyWeightGroup,
-    InitWeightGroup,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
 )
@@ -40,7 +39,7 @@ from ..protocol import (
 if TYPE_CHECKING:
     import torch
 
-    from .._connection import ServerConnection
+    from .connection import ServerConnection
 
 __all__ = ["WeightSync", "broadcast_control"]
 
@@ -90,7 +89,7 @@ class WeightSync:
         device: Any = None,
         timeout_s: float = 300.0,
     ) -> WeightSync:
-        from .group import init_weight_group, master_store
+        from ..weights.group import Rendezvous, init_weight_group, master_store
 
         if not servers:
             raise ConfigError("servers", [], "no live server to sync weights with")
@@ -100,33 +99,18 @@ class WeightSync:
         port = int(store.port)
         offsets = [1 + sum(tps[:i]) for i in range(len(servers))]
         by_id = {id(s): off for s, off in zip(servers, offsets, strict=True)}
-        join = asyncio.ensure_future(
-            asyncio.to_thread(
-                init_weight_group,
-                master_address=master_address,
-                master_port=port,
-                rank=0,
-                world_size=world,
-                group_name=group_name,
-                backend=backend,
-                timeout_s=timeout_s,
-                store=store,
-            )
+        rendezvous = Rendezvous(
+            master_address=master_address,
+            master_port=port,
+            world_size=world,
+            group_name=group_name,
+            backend=backend,
+            timeout_s=timeout_s,
         )
+        join = asyncio.ensure_future(asyncio.to_thread(init_weight_group, rendezvous, rank=0, store=store))
         try:
             await broadcast_control(
-                servers,
-                lambda s: InitWeightGroup(
-                    call_id=s.next_call_id(),
-                    master_address=master_address,
-                    master_port=port,
-                    rank_offset=by_id[id(s)],
-                    world_size=world,
-                    group_name=group_name,
-                    backend=backend,
-                    timeout_s=timeout_s,
-                ),
-                timeout=timeout_s,
+                servers, lambda s: rendezvous.message(s.next_call_id(), by_id[id(s)]), timeout=timeout_s
             )
         except BaseException:
             join.cancel()
@@ -145,7 +129,7 @@ class WeightSync:
         """Broadcast ``named`` in flattened buckets; every server loads them and takes ``version``."""
         import time
 
-        from .buckets import plan_buckets, send_buckets
+        from ..weights.buckets import plan_buckets, send_buckets
 
         t0 = time.perf_counter()
         buckets = plan_buckets(named, bucket_bytes)
@@ -181,7 +165,7 @@ class WeightSync:
         }
 
     async def close(self) -> None:
-        from .group import destroy_weight_group
+        from ..weights.group import destroy_weight_group
 
         live = [s for s in self.servers if s.alive]
         try:
@@ -209,8 +193,8 @@ async def update_weights_ipc(
 
     import torch
 
-    from .buckets import plan_buckets
-    from .ipc import export_cuda_ipc
+    from ..weights.buckets import plan_buckets
+    from ..weights.ipc import export_cuda_ipc
 
     t0 = time.perf_counter()
     buckets = plan_buckets(named, bucket_bytes)

@@ -39,9 +39,8 @@ from typing import Any
 
 import msgspec
 
-from . import _transport
-from .admission import AdmissionConfig, AdmissionController
-from .errors import (
+from .. import _transport
+from ..errors import (
     ClientStateError,
     EngineDeadError,
     MessageTooLargeError,
@@ -49,7 +48,7 @@ from .errors import (
     ServerUnavailableError,
     error_from_reply,
 )
-from .protocol import (
+from ..protocol import (
     Abort,
     ControlReply,
     ControlRequest,
@@ -63,6 +62,7 @@ from .protocol import (
     decode_server_message,
     encode,
 )
+from .admission import AdmissionConfig, AdmissionController
 
 __all__ = ["ServerConnection"]
 

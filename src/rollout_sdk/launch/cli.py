@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import json
 import logging
 import signal
@@ -28,15 +27,15 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from ._cli_config import OneLineErrors, add_config_args, add_sglang_args, config_from_args, port_number, sglang_fields
-from .client import ClientConfig
-from .demo import DemoConfig, run_demo
-from .engines.cpu import CpuEngineConfig
-from .engines.fake import FakeEngineConfig
-from .errors import ConfigError, RolloutError
-from .rl_demo import GrpoConfig, run_grpo
-from .scheduler import SchedulerConfig
-from .server import ServerConfig
+from ..client import ClientConfig
+from ..client.scheduler import SchedulerConfig
+from ..demos.generate import DemoConfig, run_demo
+from ..demos.grpo import GrpoConfig, run_grpo
+from ..engines.cpu import CpuEngineConfig
+from ..engines.fake import FakeEngineConfig
+from ..errors import ConfigError, RolloutError
+from ..server import ServerConfig
+from .args import OneLineErrors, add_config_args, add_sglang_args, config_from_args, port_number, sglang_fields
 
 __all__ = ["THREADS_GRACE_S", "leave_if_threads_hang", "main", "run_async"]
 
@@ -158,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
         "--secret-file", default=None, help="job secret: require CURVE keys (default: $ROLLOUT_SDK_SECRET_FILE)"
     )
 
-    from .gateway import cli as gateway_cli
+    from . import gateway_cli
 
     gateway_cli.add_parser(sub)
 
@@ -186,7 +185,7 @@ def _add_key_commands(sub: Any) -> None:
 
 
 def _key_command(args: argparse.Namespace) -> int:
-    from .auth import JobSecret
+    from ..auth import JobSecret
 
     if args.command == "secret":
         JobSecret.generate().write(args.out)
@@ -210,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("rollout-sdk: interrupted", file=sys.stderr)
         return 130
     except (RolloutError, OSError, ValueError) as exc:  # expected situations: one line, not a traceback
-        logging.getLogger("rollout_sdk.cli").debug("failed", exc_info=exc)
+        logging.getLogger("rollout_sdk.launch.cli").debug("failed", exc_info=exc)
         print(f"rollout-sdk {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
@@ -245,7 +244,7 @@ def _command(args: argparse.Namespace) -> int:
             return 2
         return int(run_async(_serve(args, config), threads_grace_s=THREADS_GRACE_S))
     if args.command == "gateway":
-        from .gateway import cli as gateway_cli
+        from . import gateway_cli
 
         _quiet_transformers()
         return int(run_async(gateway_cli.run(args)))
@@ -256,13 +255,13 @@ def _command(args: argparse.Namespace) -> int:
             print(f"rollout-sdk: {exc}", file=sys.stderr)
             return 2
     if args.command == "make-model":
-        from .models import ensure_tiny_model
-        from .tasks import ensure_tool_model
+        from ..models import ensure_tiny_model
+        from ..tasks import ensure_tool_model
 
         if args.which == "tiny":
             print(ensure_tiny_model(args.home))
         elif args.which == "tiny-vl":
-            from .models import ensure_tiny_vl_model
+            from ..models import ensure_tiny_vl_model
 
             print(ensure_tiny_vl_model(args.home))
         else:
@@ -285,38 +284,34 @@ def _quiet_transformers() -> None:
 
 
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
+    """The engine ``rollout-sdk serve --engine kind`` runs, from its command line (engines.registry)."""
+    from ..engines.registry import EngineConfigs
+    from ..engines.registry import make_engine as make
+
+    configs = EngineConfigs()
     if kind == "cpu":
-        from .engines.cpu import CpuEngine
-
-        cpu = config_from_args(CpuEngineConfig, args, prefix="cpu-")
-        return CpuEngine(dataclasses.replace(cpu, model_path=args.model) if args.model else cpu)
-    if kind == "fake":
-        from .engines.fake import FakeEngine
-
-        return FakeEngine(config_from_args(FakeEngineConfig, args, prefix="fake-"))
-    from .engines.sglang import SglangEngine, SglangEngineConfig
-
-    fields = sglang_fields(args)
-    if args.model:
-        fields["model_path"] = args.model
-    if not fields.get("model_path"):
-        raise ConfigError("--model", None, "is required with --engine sglang (a model directory or hub name)")
-    return SglangEngine(SglangEngineConfig(**fields))
+        configs.cpu = config_from_args(CpuEngineConfig, args, prefix="cpu-")
+    elif kind == "fake":
+        configs.fake = config_from_args(FakeEngineConfig, args, prefix="fake-")
+    else:
+        configs.sglang = sglang_fields(args)
+    return make(kind, configs, model=args.model)
 
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:
-    from .auth import JobSecret
+    from ..auth import JobSecret
 
     secret = JobSecret.read(args.secret_file) if args.secret_file else JobSecret.from_env()
     return config_from_args(ServerConfig, args, auth=secret.server_auth() if secret is not None else None)
 
 
 async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
-    from .server import EngineServer
+    from ..server import EngineServer
 
     metrics = endpoint = None
     if args.metrics_port is not None:
-        from .metrics import ServerMetrics, start_metrics_endpoint
+        from ..metrics import start_metrics_endpoint
+        from ..server.metrics import ServerMetrics
 
         metrics = ServerMetrics()
         host = args.metrics_host or config.host

@@ -141,7 +141,7 @@ def add_sglang_args(parser: argparse.ArgumentParser) -> None:
     """SGLang engine options: ``--sglang-<field>`` flags (each scalar field of ``SglangEngineConfig``; the
     model is ``--model``) and ``--sglang '<JSON>'`` for any field, flags winning.  Shared by
     ``rollout-sdk serve`` and ``python -m rollout_sdk.launch`` so both take the same options."""
-    from .engines.sglang import SglangEngineConfig
+    from ..engines.sglang import SglangEngineConfig
 
     add_config_args(
         parser, SglangEngineConfig, prefix="sglang-", title="sglang engine (--engine sglang)", skip=("model_path",),
@@ -156,8 +156,8 @@ def sglang_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The SglangEngineConfig fields the command line gives (JSON first, then the flags)."""
     import json
 
-    from .engines.sglang import SglangEngineConfig
-    from .errors import ConfigError
+    from ..engines.sglang import SglangEngineConfig
+    from ..errors import ConfigError
 
     try:
         fields = json.loads(args.sglang)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .discovery import Discovery
+from . import Discovery
 
 __all__ = ["ENV_NUM_SERVERS", "ENV_PREFIX", "ENV_STORE", "discovery_from_env"]
 
@@ -21,7 +21,7 @@ def discovery_from_env() -> Discovery | None:
     store = os.environ.get(ENV_STORE)
     if not store:
         return None
-    from .launch.discovery import StoreDiscovery
+    from .store import StoreDiscovery
 
     num = os.environ.get(ENV_NUM_SERVERS)
     return StoreDiscovery(

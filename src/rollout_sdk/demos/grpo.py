@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .client import RolloutClient
-from .engines.cpu import CpuEngineConfig
-from .errors import ConfigError
-from .rollouts.group import deprecated_group_field
+from ..client import RolloutClient
+from ..engines.cpu import CpuEngineConfig
+from ..errors import ConfigError
+from ..rollouts.group import deprecated_group_field
 
 __all__ = ["GrpoConfig", "run_grpo"]
 
@@ -67,9 +67,9 @@ async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) ->
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .models import quiet_weight_loading
-    from .tasks import calculator as task
-    from .tasks.tool_model import TaskHead, ensure_tool_model_async, shared_prefix_hidden
+    from ..models import quiet_weight_loading
+    from ..tasks import calculator as task
+    from ..tasks.tool_model import TaskHead, ensure_tool_model_async, shared_prefix_hidden
 
     model_dir = await ensure_tool_model_async(stage="undertrained")
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(model_dir))
@@ -135,7 +135,7 @@ async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) ->
 
 
 async def _greedy(client: RolloutClient, tokenizer: Any, n: int) -> float:
-    from .tasks import calculator as task
+    from ..tasks import calculator as task
 
     groups = await task.run_groups(client, task.make_agent(tokenizer), task.samples(n, split="test"))
     return sum(t.reward or 0.0 for g in groups for t in g) / n
@@ -154,7 +154,7 @@ def _policy_step(
     """One policy-gradient step on the trajectories (in a worker thread); returns (loss, max logprob gap)."""
     import torch
 
-    from .tasks.tool_model import common_prefix
+    from ..tasks.tool_model import common_prefix
 
     seqs = [t.prompt_ids + t.response_ids for t in trajs]
     first = seqs[0]

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ._connection import ServerConnection as ServerHandle
-    from .protocol import GenerateRequest
+    from ..protocol import GenerateRequest
+    from .connection import ServerConnection as ServerHandle
 
 __all__ = ["LeastLoad", "Policy", "RoundRobin", "make_policy"]
 
@@ -74,6 +74,6 @@ def make_policy(name: str | Policy) -> Policy:
         return LeastLoad()
     if name == "round_robin":
         return RoundRobin()
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     raise ConfigError("policy", name, "must be 'least_load', 'round_robin' or a Policy object")

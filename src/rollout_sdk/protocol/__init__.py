@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from .errors import InvalidRequestError, ProtocolError, RolloutError, error_code
+from ..errors import InvalidRequestError, ProtocolError, RolloutError, error_code
 
 __all__ = [
     "DEFAULT_MAX_CONTROL_BYTES",

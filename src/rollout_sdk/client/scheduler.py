@@ -52,9 +52,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ._connection import ServerConnection
-from .admission import AdmissionConfig
-from .errors import (
+from ..errors import (
     ConfigError,
     DuplicateRequestError,
     EngineDeadError,
@@ -65,8 +63,10 @@ from .errors import (
     ServerShuttingDownError,
     ServerUnavailableError,
 )
+from ..protocol import GenerateRequest, GenerateResult, Lifecycle
+from .admission import AdmissionConfig
+from .connection import ServerConnection
 from .policies import Policy, make_policy
-from .protocol import GenerateRequest, GenerateResult, Lifecycle
 
 __all__ = ["Scheduler", "SchedulerConfig", "ServerHandle"]
 

@@ -1,0 +1,1 @@
+"""Runnable demos (``rollout-sdk demo``, ``rollout-sdk grpo``): read them as examples of the public API."""

@@ -1,0 +1,58 @@
+"""The package's shape: the root holds only the public face; the client's keywords land in its config once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import rollout_sdk
+from rollout_sdk import USE_CLIENT_DEFAULT, AdmissionConfig, ClientConfig, RolloutClient, SchedulerConfig
+
+ROOT = Path(rollout_sdk.__file__).parent
+
+
+def test_the_package_root_holds_at_most_eight_modules() -> None:
+    modules = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(modules) <= 8, modules
+
+
+def test_old_public_import_paths_still_work() -> None:
+    from rollout_sdk.discovery import Discovery, EmbeddedServers, StaticServers
+    from rollout_sdk.export import iter_jsonl, write_jsonl
+    from rollout_sdk.launch import ServerRecord, StoreDiscovery
+    from rollout_sdk.metrics import ClientMetrics, ServerMetrics, render_metrics, serve_metrics
+
+    assert {Discovery, EmbeddedServers, StaticServers, iter_jsonl, write_jsonl, ServerRecord, StoreDiscovery}
+    assert ClientMetrics.__module__ == "rollout_sdk.client.metrics"
+    assert ServerMetrics.__module__ == "rollout_sdk.server.metrics"
+    assert callable(render_metrics) and callable(serve_metrics)
+    with pytest.raises(AttributeError):
+        _ = rollout_sdk.metrics.NoSuchMetric  # type: ignore[attr-defined]
+
+
+def test_client_keywords_replace_config_fields_in_one_place() -> None:
+    base = ClientConfig(retries=3, scheduler=SchedulerConfig(max_waiting=7))
+    adm = AdmissionConfig(min_queue=2)
+    client = RolloutClient(
+        servers=["tcp://127.0.0.1:9"], config=base, timeout_s=5.0, max_in_flight_per_server=4, admission=adm
+    )
+    cfg = client.config
+    assert (cfg.retries, cfg.timeout_s) == (3, 5.0)  # kept from the config, replaced by the keyword
+    assert (cfg.scheduler.max_waiting, cfg.scheduler.max_in_flight_per_server) == (7, 4)
+    assert cfg.scheduler.admission is adm
+    assert base.with_options(retries=USE_CLIENT_DEFAULT, policy=USE_CLIENT_DEFAULT) is base
+    with pytest.raises(TypeError, match="unexpected keyword arguments: bogus, scheduler"):
+        RolloutClient(servers=["tcp://127.0.0.1:9"], bogus=1, scheduler=SchedulerConfig())
+
+
+def test_sglang_request_errors_map_in_one_place() -> None:
+    from rollout_sdk import InvalidRequestError, RequestFailedError
+    from rollout_sdk.engines.sglang.translate import request_error
+
+    bad = request_error(ValueError("context length 9000 > 8192"), "sampling", "<sampling>")
+    assert isinstance(bad, InvalidRequestError)
+    assert (bad.field, bad.reason) == ("sampling", "context length 9000 > 8192")
+    failed = request_error(RuntimeError("cuda oops"), "input_ids", "<3 tokens>", "score request")
+    assert isinstance(failed, RequestFailedError)
+    assert str(failed) == "SGLang failed the score request: RuntimeError: cuda oops"
