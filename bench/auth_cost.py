@@ -34,7 +34,6 @@ import tempfile
 from pathlib import Path
 
 import zmq
-
 from _machine import ServerProcs
 
 ROOT = Path(__file__).resolve().parent.parent
