@@ -13,9 +13,10 @@ What is measured
    returns ``{"output_ids", "logprobs", "finish_reason"}`` at once; the driver (same event loop kind) issues
    ``await actor.generate.remote(...)`` from ``c`` coroutines, round-robin over the actors.
    **Authentication on vs off** (``--auth both``, the default): every rollout-sdk cell is measured twice
-   in alternation, ``--auth-reps`` times each: servers without keys, and servers started with
-   ``--secret-file`` (CURVE + ZAP, the client holding the control key; docs/security.md).  The table
-   shows the medians side by side, auth/off req/s and the added p50 latency.
+   in alternation, ``--auth-reps`` times each (ABBA order: off on, on off, ...): servers without keys, and
+   servers started with ``--secret-file`` (CURVE + ZAP, the client holding the control key;
+   docs/security.md).  The table shows the medians side by side, auth/off req/s (of the medians, and the
+   median of each repetition's pair) and the added p50 latency.
 3. **Client memory** (rollout-sdk): (a) ``N`` requests held in flight on a fake server that never finishes
    them (``--fake-step-base-s 3600 --fake-max-batch 1``): growth of tracemalloc's current size and of RSS
    divided by ``N``, then they are cancelled; for scale, the same is measured for ``N`` bare asyncio tasks
@@ -399,8 +400,11 @@ async def bench_sdk(procs: FakeServers, args: argparse.Namespace, report: Report
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.auth]
     for n in args.servers:
         for c in args.concurrency:
-            for _ in range(args.auth_reps):  # alternating off / on, so drift on a shared machine hits both
-                for auth in modes:
+            for rep in range(args.auth_reps):
+                # alternating off / on in ABBA order (off on, on off, off on, ...): a drift through the run
+                # (the machine's load, the VM's) hits both modes alike, where off-then-on every time put
+                # each auth cell after its off cell and charged the drift to auth
+                for auth in modes if rep % 2 == 0 else modes[::-1]:
                     report.cells.append(await measure(functools.partial(one_cell, n, c, auth), args))
 
 
@@ -762,7 +766,7 @@ def _render_auth(report: Report, ray_rate: dict[tuple[int, int], float]) -> list
     if not keys:
         return []
     hdr = (
-        f"{'servers':>8}{'conc':>6}{'reps':>6}{'off req/s':>11}{'auth req/s':>12}{'auth/off':>10}"
+        f"{'servers':>8}{'conc':>6}{'reps':>6}{'off req/s':>11}{'auth req/s':>12}{'auth/off':>10}{'paired':>8}"
         f"{'off p50 ms':>12}{'auth p50 ms':>13}{'added ms':>10}{'cpu us/req off':>16}{'auth':>7}{'ray':>7}"
         f"{'auth/ray':>10}"
     )
@@ -773,17 +777,20 @@ def _render_auth(report: Report, ray_rate: dict[tuple[int, int], float]) -> list
         if not off:
             continue
         r_off, r_on = _median([x.req_per_s for x in off]), _median([x.req_per_s for x in on])
+        # each repetition's auth cell against the off cell measured next to it, then the median of those
+        paired = _median([a.req_per_s / b.req_per_s for a, b in zip(on, off, strict=False) if b.req_per_s])
         p_off, p_on = _median([x.p50_ms for x in off]), _median([x.p50_ms for x in on])
         base = ray_rate.get((n, c))
         vs_ray = f"{r_on / base:.2f}x" if base else "-"
         ray = [x for x in report.cells if (x.system, x.servers, x.concurrency) == ("ray", n, c)]
         lines.append(
-            f"{n:>8}{c:>6}{len(on):>6}{r_off:>11,.0f}{r_on:>12,.0f}{r_on / r_off:>10.2f}"
+            f"{n:>8}{c:>6}{len(on):>6}{r_off:>11,.0f}{r_on:>12,.0f}{r_on / r_off:>10.2f}{paired:>8.2f}"
             f"{p_off:>12.3f}{p_on:>13.3f}{p_on - p_off:>10.3f}{_cpu_us(off):>16}{_cpu_us(on):>7}{_cpu_us(ray):>7}"
             f"{vs_ray:>10}"
         )
     lines.append(
-        "  cpu us/req: CPU time of the client and its servers per completed request (median), which other "
+        "  paired: median over the repetitions of auth req/s / the off req/s measured beside it (ABBA order).  "
+        "cpu us/req: CPU time of the client and its servers per completed request (median), which other "
         "people's load on the cores disturbs less than req/s does"
     )
     return lines
