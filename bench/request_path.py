@@ -39,7 +39,8 @@ other      the loop thread's CPU time less all of the above and less the stand-i
 =========  ===========================================================================================
 
 Each stage is microseconds of the loop thread's CPU time per completed request over the measured window
-(the timer's own cost, calibrated at start, is taken out).  ``cpu/req`` is the loop thread's CPU per request; ``req/s`` is what the client counted.
+(the timer's own cost, calibrated at start, is taken out).  ``cpu/req`` is the loop thread's CPU per
+request; ``req/s`` is what the client counted.
 
 Run::
 
@@ -449,8 +450,7 @@ def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
             argv += ["--engine-cost-us", str(args.engine_cost_us), "--in-flight", str(args.in_flight)]
             server, address = procs.spawn(f"server-{rep}", argv, pipe_stdin=True)
             try:
-                for clients in args.clients:
-                    rows.append({"rep": rep, **_cell(server, address, clients, args)})
+                rows.extend({"rep": rep, **_cell(server, address, c, args)} for c in args.clients)
             finally:
                 procs.stop([server])
     finally:
