@@ -48,6 +48,7 @@ Run::
     python bench/request_path.py --quick                 # < 1 minute
     python bench/request_path.py                         # medians of 5 repetitions
     python bench/request_path.py --engine-cost-us 0      # the server alone
+    python bench/request_path.py --gc-threshold none     # the collector at CPython's default (700)
 
 Numbers go to ``--json`` (default ``bench/results/request_path.json``); the table is printed last.  Every
 process this script starts is stopped at the end, also on Ctrl-C, SIGTERM or an error.
@@ -265,7 +266,10 @@ async def _serve(args: argparse.Namespace) -> None:
     clock = StageClock()
     clock.calibrate()
     engine = ENGINES[args.engine](args, clock)
-    server = EngineServer(engine, ServerConfig(max_requests=max(4096, 2 * args.in_flight)))
+    gc_kw: dict[str, Any] = {}  # "server": its default
+    if args.gc_threshold != "server":
+        gc_kw["gc_threshold"] = None if args.gc_threshold == "none" else args.gc_threshold
+    server = EngineServer(engine, ServerConfig(max_requests=max(4096, 2 * args.in_flight), **gc_kw))
     on_bound = instrument(server, engine, clock)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, server.stop)
@@ -454,6 +458,7 @@ def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
         for rep in range(args.reps):
             argv = [sys.executable, __file__, "--serve", "--engine", args.engine]
             argv += ["--engine-cost-us", str(args.engine_cost_us), "--in-flight", str(args.in_flight)]
+            argv += ["--gc-threshold", str(args.gc_threshold)]
             server, address = procs.spawn(f"server-{rep}", argv, pipe_stdin=True)
             try:
                 rows.extend({"rep": rep, **_cell(server, address, c, args)} for c in args.clients)
@@ -488,6 +493,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--address", default="", help=argparse.SUPPRESS)
     p.add_argument("--engine", choices=sorted(ENGINES), default="fake")
     p.add_argument("--engine-cost-us", type=float, default=150.0, help="the stand-in's CPU per request (us)")
+    p.add_argument(
+        "--gc-threshold",
+        type=lambda s: s if s in ("server", "none") else int(s),
+        default="server",
+        help="the server's ServerConfig.gc_threshold: 'server' (its default), 'none' (CPython's 700), or a number",
+    )
     p.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
     p.add_argument("--in-flight", type=int, default=2048, help="requests in flight, shared by the connections")
     p.add_argument("--prompt-tokens", type=int, default=256)
