@@ -190,22 +190,9 @@ class _TimedSocket:
     """The server's ROUTER socket with its receive and send calls timed; everything else passed through."""
 
     def __init__(self, sock: Any, clock: StageClock) -> None:
-        object.__setattr__(self, "_sock", sock)
-        object.__setattr__(self, "_clock", clock)
-
-    def recv_multipart(self, *args: Any, **kwargs: Any) -> Any:
-        self._clock.push("receive")
-        try:
-            return self._sock.recv_multipart(*args, **kwargs)
-        finally:
-            self._clock.pop()
-
-    def send(self, *args: Any, **kwargs: Any) -> Any:
-        self._clock.push("send")
-        try:
-            return self._sock.send(*args, **kwargs)
-        finally:
-            self._clock.pop()
+        self._sock = sock
+        self.recv_multipart = _timed(clock, "receive", sock.recv_multipart)
+        self.send = _timed(clock, "send", sock.send)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)

@@ -124,6 +124,8 @@ class FakeEngine(Engine):
         self.aborted_rids: collections.deque[str] = collections.deque(maxlen=10_000)
         self.weights: dict[str, list[float]] = {n: [0.0] for n in self.config.weight_shapes}
         self.memory_released: set[str] = set()
+        self._limits: EngineLimits | None = None
+        self._limits_of: FakeEngineConfig | None = None
         self._reqs: dict[str, _Req] = {}
         self._waiting: collections.deque[_Req] = collections.deque()
         self._running: list[_Req] = []
@@ -153,7 +155,12 @@ class FakeEngine(Engine):
     @property
     def limits(self) -> EngineLimits:
         c = self.config
-        return EngineLimits(vocab_size=c.vocab_size, max_context=c.max_context, eos_token_ids=list(c.eos_token_ids))
+        if self._limits is None or self._limits_of is not c:  # read per request by the server: made once
+            self._limits_of = c
+            self._limits = EngineLimits(
+                vocab_size=c.vocab_size, max_context=c.max_context, eos_token_ids=list(c.eos_token_ids)
+            )
+        return self._limits
 
     @property
     def model_name(self) -> str:
