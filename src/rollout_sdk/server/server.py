@@ -37,7 +37,9 @@ Concurrency (all on one event loop; the engine's model work runs in its own thre
     yields to the event loop every ``_HANDLE_BUDGET_S`` of handling; at most ``max_requests`` requests are
     accepted, and a client beyond its fair share (``max_requests`` / clients that sent requests recently,
     counted by credential when authentication is on) is answered ``busy`` (ServerBusyError) without running
-    anything (peers.py).
+    anything (peers.py).  While it serves, the garbage collector's young threshold is raised
+    (``ServerConfig.gc_threshold``, :func:`raise_gc_threshold`): thousands of requests in flight would otherwise run
+    collections on this loop every few dozen requests.
 
 This module is the serving state machine; ``ServerConfig`` is in config.py, the per-client bookkeeping
 (fair share, orphans) in peers.py, size limits and off-loop decoding in frames.py.
