@@ -147,11 +147,15 @@ class ServerProcs:
         self._logdir = logdir
         self._cwd = cwd
 
-    def spawn(self, name: str, argv: Sequence[str], timeout: float = 60.0) -> tuple[subprocess.Popen[str], str]:
+    def spawn(
+        self, name: str, argv: Sequence[str], timeout: float = 60.0, *, pipe_stdin: bool = False
+    ) -> tuple[subprocess.Popen[str], str]:
+        """Start ``argv`` and wait for its READY line; ``pipe_stdin``: its stdin is a pipe (commands)."""
         log_path = self._logdir / f"{name}.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
                 list(argv),
+                stdin=subprocess.PIPE if pipe_stdin else None,
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,

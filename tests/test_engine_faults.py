@@ -132,3 +132,24 @@ async def test_server_answers_an_engine_exception_with_a_typed_error_and_keeps_s
         assert all(r.output_ids == [1, 2, 3] for r in ok)
         assert client.stats().servers[0].alive
     assert server.engine.dead is None
+
+
+async def test_the_fake_engines_request_cost_is_cpu_on_the_calling_thread() -> None:
+    """``request_cost_s`` (bench/request_path.py's stand-in for an engine front end's Python) holds the
+    loop's thread for at least that much CPU time per request; the limits the server reads per request
+    are made once per config."""
+    import dataclasses
+    import time
+
+    from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
+
+    engine = FakeEngine(FakeEngineConfig(request_cost_s=0.02))
+    await engine.start()
+    t0 = time.thread_time()
+    r = await engine.generate(GenerateRequest(input_ids=[5], sampling=SamplingParams(max_new_tokens=2), rid="a"))
+    assert time.thread_time() - t0 >= 0.02
+    assert r.output_ids == [6, 7]
+    assert engine.limits is engine.limits
+    engine.config = dataclasses.replace(engine.config, vocab_size=64)
+    assert engine.limits.vocab_size == 64
+    await engine.close()

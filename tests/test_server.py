@@ -273,3 +273,49 @@ def test_a_gone_client_is_forgotten_once_not_once_per_undeliverable_abort(caplog
     running[b"c1"] = 1
     peers.forget(b"c1", "it disconnected")
     assert calls == [b"c1", b"c1"]
+
+
+@pytest.fixture
+def gc_threshold():
+    """The interpreter's collector thresholds, put back after the test whatever it did."""
+    import gc
+
+    saved = gc.get_threshold()
+    yield gc
+    gc.set_threshold(*saved)
+
+
+async def test_serving_raises_the_gc_threshold_and_stop_puts_it_back(gc_threshold) -> None:
+    """A server raises the young-generation threshold while it serves (thousands of requests in flight
+    would run a collection every few dozen requests) and puts the old one back when it stops."""
+    from rollout_sdk import EngineServer, ServerConfig
+    from rollout_sdk.engines.fake import FakeEngine
+
+    gc_threshold.set_threshold(700, 10, 10)
+    async with EngineServer(FakeEngine(), ServerConfig(gc_threshold=12_345)) as server:
+        assert gc_threshold.get_threshold() == (12_345, 10, 10)
+        async with RolloutClient(servers=[server.address]) as client:
+            r = await client.generate([5, 6, 7], sampling=SamplingParams(max_new_tokens=2))
+        assert r.output_ids == [8, 9]
+    assert gc_threshold.get_threshold() == (700, 10, 10)
+
+
+def test_the_gc_threshold_is_only_raised_and_a_disabled_or_changed_one_is_left_alone(gc_threshold) -> None:
+    from rollout_sdk import ConfigError, ServerConfig
+    from rollout_sdk.server.server import raise_gc_threshold, restore_gc_threshold
+
+    gc_threshold.set_threshold(50_000, 10, 10)
+    assert raise_gc_threshold(10_000) is None  # never lowered
+    assert gc_threshold.get_threshold() == (50_000, 10, 10)
+    gc_threshold.set_threshold(0, 10, 10)  # the user disabled automatic collection: stays disabled
+    assert raise_gc_threshold(10_000) is None
+    assert gc_threshold.get_threshold()[0] == 0
+    gc_threshold.set_threshold(700, 10, 10)
+    assert raise_gc_threshold(None) is None
+    saved = raise_gc_threshold(10_000)
+    assert saved == (700, 10, 10) and gc_threshold.get_threshold()[0] == 10_000
+    gc_threshold.set_threshold(20_000, 10, 10)  # someone else changed it meanwhile: theirs stays
+    restore_gc_threshold(saved, 10_000)
+    assert gc_threshold.get_threshold()[0] == 20_000
+    with pytest.raises(ConfigError, match="gc_threshold"):
+        ServerConfig(gc_threshold=0)

@@ -54,6 +54,10 @@ class FakeEngineConfig:
     step_base_s: float = 0.0
     step_per_seq_s: float = 0.0
     max_batch: int = 256
+    #: CPU burnt on the event loop for each request as it arrives (a busy wait, seconds): a stand-in for an
+    #: engine front end's per-request Python on the server's loop (SGLang's tokenizer manager), for
+    #: bench/request_path.py
+    request_cost_s: float = 0.0
     #: fail start() with this message (tests of start-up failure)
     fail_start: str | None = None
     #: fault injection: the engine dies (kill()) once it has accepted this many requests
@@ -67,6 +71,14 @@ class FakeEngineConfig:
     @property
     def instant(self) -> bool:
         return self.step_base_s == 0.0 and self.step_per_seq_s == 0.0
+
+
+def _burn(seconds: float) -> None:
+    """Hold the CPU (and the event loop) for ``seconds`` of this thread's CPU time, as Python work would
+    (CPU time: on a busy machine the work takes longer, not less)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
 
 
 class _Req:
@@ -112,6 +124,8 @@ class FakeEngine(Engine):
         self.aborted_rids: collections.deque[str] = collections.deque(maxlen=10_000)
         self.weights: dict[str, list[float]] = {n: [0.0] for n in self.config.weight_shapes}
         self.memory_released: set[str] = set()
+        self._limits: EngineLimits | None = None
+        self._limits_of: FakeEngineConfig | None = None
         self._reqs: dict[str, _Req] = {}
         self._waiting: collections.deque[_Req] = collections.deque()
         self._running: list[_Req] = []
@@ -141,7 +155,12 @@ class FakeEngine(Engine):
     @property
     def limits(self) -> EngineLimits:
         c = self.config
-        return EngineLimits(vocab_size=c.vocab_size, max_context=c.max_context, eos_token_ids=list(c.eos_token_ids))
+        if self._limits is None or self._limits_of is not c:  # read per request by the server: made once
+            self._limits_of = c
+            self._limits = EngineLimits(
+                vocab_size=c.vocab_size, max_context=c.max_context, eos_token_ids=list(c.eos_token_ids)
+            )
+        return self._limits
 
     @property
     def model_name(self) -> str:
@@ -171,6 +190,8 @@ class FakeEngine(Engine):
         if req.rid in self._reqs:
             raise InvalidRequestError("rid", req.rid, "a request with this rid is already in flight")
         self.requests_seen.append(req)
+        if self.config.request_cost_s > 0.0:
+            _burn(self.config.request_cost_s)
         fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
         r = _Req(req, self._target(req), fut, self.config.eos_token_ids)
         self._reqs[req.rid] = r

@@ -52,6 +52,11 @@ class ServerConfig:
     stall_window_s: float | None = 10.0
     stall_ratio: float = 0.25
     stall_loop_lag_s: float = 2.0
+    #: the garbage collector's youngest-generation threshold while the server serves (process-wide: the
+    #: interpreter has one; only ever raised, and put back on stop).  With thousands of requests in flight
+    #: the default 700 runs a collection every few dozen requests and a full one every few seconds
+    #: (bench/request_path.py: ~20 us of a ~110 us request; docs/design.md).  None leaves it alone
+    gc_threshold: int | None = 10_000
 
     #: CURVE keys and roles (``ServerAuth.from_env()``, ``JobSecret.server_auth()``); None: no
     #: authentication, which only a loopback bind allows
@@ -79,5 +84,7 @@ class ServerConfig:
             raise ConfigError("port", self.port, "must be in [0, 65535] (0: a free port)")
         if self.dp_rank < 0 or self.tp_size < 1:
             raise ConfigError("dp_rank/tp_size", (self.dp_rank, self.tp_size), "must be >= 0 and >= 1")
+        if self.gc_threshold is not None and self.gc_threshold < 1:
+            raise ConfigError("gc_threshold", self.gc_threshold, "must be >= 1, or None to leave the collector alone")
         if self.offload_decode_bytes < 0:
             raise ConfigError("offload_decode_bytes", self.offload_decode_bytes, "must be >= 0")

@@ -37,7 +37,9 @@ Concurrency (all on one event loop; the engine's model work runs in its own thre
     yields to the event loop every ``_HANDLE_BUDGET_S`` of handling; at most ``max_requests`` requests are
     accepted, and a client beyond its fair share (``max_requests`` / clients that sent requests recently,
     counted by credential when authentication is on) is answered ``busy`` (ServerBusyError) without running
-    anything (peers.py).
+    anything (peers.py).  While it serves, the garbage collector's young threshold is raised
+    (``ServerConfig.gc_threshold``, :func:`raise_gc_threshold`): thousands of requests in flight would otherwise run
+    collections on this loop every few dozen requests.
 
 This module is the serving state machine; ``ServerConfig`` is in config.py, the per-client bookkeeping
 (fair share, orphans) in peers.py, size limits and off-loop decoding in frames.py.
@@ -56,6 +58,7 @@ cancelled (they answer ``shutting_down``), and only then the socket closes.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
@@ -132,6 +135,30 @@ _PEEK_BURST_S = 0.025
 
 #: what a generate-only credential may send; everything else needs the control role
 _GENERATE_ROLE_MESSAGES = (GenerateRequest, Abort, Ping, GetInfo)
+
+
+def raise_gc_threshold(threshold0: int | None) -> tuple[int, int, int] | None:
+    """Raise the garbage collector's youngest-generation threshold to ``threshold0`` (never lower it, and
+    leave a disabled collector alone); return the thresholds to put back, or None when nothing changed.
+
+    Why: a server holds thousands of requests in flight, each a handful of tracked objects (its task, its
+    request, its ids), so the live count swings by thousands as batches arrive and finish; at CPython's
+    default 700 that runs a young collection every few dozen requests, and every tenth of the tenth a full
+    one over the whole heap (a stall of the loop).  Objects of a finished request are freed by reference
+    counting; the collector only finds cycles, and fewer, larger young collections find the same ones."""
+    if threshold0 is None:
+        return None
+    old = gc.get_threshold()
+    if old[0] == 0 or old[0] >= threshold0:
+        return None
+    gc.set_threshold(threshold0, old[1], old[2])
+    return old
+
+
+def restore_gc_threshold(saved: tuple[int, int, int] | None, threshold0: int | None) -> None:
+    """Undo :func:`raise_gc_threshold`, unless someone changed the threshold since."""
+    if saved is not None and gc.get_threshold()[0] == threshold0:
+        gc.set_threshold(*saved)
 
 
 def authorize(msg: msgspec.Struct, role: str | None) -> None:
@@ -227,8 +254,10 @@ class EngineServer:
         """Start the engine, bind, serve until :meth:`stop`, then shut down cleanly.  A server serves once."""
         self._life.opening()
         ctx = _transport.new_context()
+        gc_saved: tuple[int, int, int] | None = None
         try:
             await self.engine.start()
+            gc_saved = raise_gc_threshold(self.config.gc_threshold)
             try:
                 self._endpoint = _transport.bind_router(
                     ctx,
@@ -283,6 +312,7 @@ class EngineServer:
                 except TimeoutError:
                     log.warning("server %s: engine did not close within the shutdown bound", self.server_id)
         finally:
+            restore_gc_threshold(gc_saved, self.config.gc_threshold)
             await asyncio.to_thread(ctx.term)  # waits (bounded by linger) for the last replies to leave
             self._life.closed()
             self._stopped.set()
