@@ -50,14 +50,18 @@ async def train(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     async with RolloutClient() as client:
+        # each phase says it starts: on a loaded 2-core machine each takes seconds
+        print(f"engine ready; loading the trainer's copy of {client.model_path}", flush=True)
         with quiet_weight_loading():  # no "Loading weights" bar in the example's output
             policy = await asyncio.to_thread(
                 AutoModelForCausalLM.from_pretrained, client.model_path, dtype=torch.float32
             )
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
+        print("joining the engines' weight-sync group (gloo)", flush=True)
         await client.init_weight_sync(backend="gloo")  # trainer = rank 0 of a group with every engine
         prompts = [[151644, 872, 198, 1000 + 17 * i] for i in range(args.prompts)]
         sampling = SamplingParams(max_new_tokens=args.max_new_tokens, top_k=8, ignore_eos=True)
+        print(f"training: {args.steps} steps of {args.prompts} prompts x {args.group_size} samples", flush=True)
         for step in range(args.steps):
             t0 = time.perf_counter()
             # seeded per step and prompt (each of a group's samples gets seed+k): a reproducible run

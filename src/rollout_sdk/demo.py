@@ -10,8 +10,10 @@ and one trajectory's token ids, loss mask and logprobs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,28 +109,18 @@ async def run_demo(
             tokenizer, temperature=demo.temperature, seed=demo.seed, max_new_tokens=demo.max_new_tokens
         )
         instances = task.samples(demo.prompts, seed=demo.seed, split="test")
-        bar = _progress(demo.prompts * demo.group_size, demo.progress)
-
-        async def group(i: int, sample: dict[str, Any]) -> list[Any]:
-            g = await rollout_group(rc, agent, sample, group_size=demo.group_size, reward=task.reward, sample_index=i)
-            bar.update(len(g))
-            return g
-
-        async def tick() -> None:  # trajectories end together (one batch): say what the engine is doing
-            while True:
-                st = rc.stats()
-                done = sum(x.completed for x in st.servers)
-                bar.set_postfix_str(f"model turns answered {done}, running {st.in_flight}", refresh=True)
-                await asyncio.sleep(1.0)
-
         t0 = time.perf_counter()
-        ticker = asyncio.get_running_loop().create_task(tick(), name="demo-progress")
-        try:
+        async with rollout_progress(rc, demo.prompts * demo.group_size, demo.progress) as bar:
+
+            async def group(i: int, sample: dict[str, Any]) -> list[Any]:
+                g = await rollout_group(
+                    rc, agent, sample, group_size=demo.group_size, reward=task.reward, sample_index=i
+                )
+                bar.update(len(g))
+                return g
+
             groups = await asyncio.gather(*(group(i, s) for i, s in enumerate(instances)))
-        finally:
-            await cancel_and_wait(ticker)
         wall = time.perf_counter() - t0
-        bar.close()
         stats = rc.stats()
 
     trajs = [t for g in groups for t in g]
@@ -224,7 +216,32 @@ class _NoBar:
         return None
 
 
-def _progress(total: int, enabled: bool) -> Any:
+@contextlib.asynccontextmanager
+async def rollout_progress(
+    rc: RolloutClient, total: int, enabled: bool, *, desc: str = "rollouts", leave: bool = True
+) -> AsyncIterator[Any]:
+    """A bar of trajectories done (``update(n)``) that also says, every second, how many model turns the
+    engines have answered since it opened: the trajectories of one batch end together, so without it the
+    bar would sit at 0 for the whole batch."""
+    bar = _progress(total, enabled, desc=desc, leave=leave)
+    first = sum(x.completed for x in rc.stats().servers)
+
+    async def tick() -> None:
+        while True:
+            st = rc.stats()
+            done = sum(x.completed for x in st.servers) - first
+            bar.set_postfix_str(f"model turns answered {done}, running {st.in_flight}", refresh=True)
+            await asyncio.sleep(1.0)
+
+    ticker = asyncio.get_running_loop().create_task(tick(), name="demo-progress")
+    try:
+        yield bar
+    finally:
+        await cancel_and_wait(ticker)
+        bar.close()
+
+
+def _progress(total: int, enabled: bool, *, desc: str = "rollouts", leave: bool = True) -> Any:
     if not enabled:
         return _NoBar()
     from tqdm import tqdm
@@ -233,7 +250,8 @@ def _progress(total: int, enabled: bool) -> Any:
     # from the first ones is wrong by orders of magnitude (20 minutes shown for 40 s)
     return tqdm(
         total=total,
-        desc="rollouts",
+        desc=desc,
         mininterval=0.2,
+        leave=leave,
         bar_format="{desc}: {n_fmt}/{total_fmt} trajectories done, {elapsed} elapsed{postfix}",
     )

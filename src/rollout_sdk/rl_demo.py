@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .client import RolloutClient
+from .demo import rollout_progress
 from .engines.cpu import CpuEngineConfig
 from .errors import ConfigError
 from .rollouts.group import deprecated_group_field
@@ -58,8 +59,11 @@ class GrpoConfig:
             raise ConfigError("lr", self.lr, "must be finite and > 0")
 
 
-async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) -> list[dict[str, float]]:
-    """Run GRPO; print a row per step; return the rows (success, reward, ... per step)."""
+async def run_grpo(
+    config: GrpoConfig, *, say: Callable[[str], None] = print, progress: bool = True
+) -> list[dict[str, float]]:
+    """Run GRPO; print a row per step; return the rows (success, reward, ... per step).  ``progress``: a
+    bar on stderr while a step's rollouts run (seconds each on CPU), gone when its row is printed."""
     say(
         f"GRPO on CPU: {config.steps} steps of {config.prompts} questions x {config.group_size} trajectories; "
         "loading the policy and starting the engine..."
@@ -97,7 +101,9 @@ async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) ->
             t0 = time.perf_counter()
             agent = task.make_agent(tokenizer, temperature=1.0, seed=config.seed * 1_000_003 + 7919 * step)
             instances = task.samples(config.prompts, seed=config.seed * 1000 + step, split="train")
-            groups = await task.run_groups(client, agent, instances, group_size=config.group_size)
+            total = config.prompts * config.group_size
+            async with rollout_progress(client, total, progress, desc=f"step {step} rollouts", leave=False):
+                groups = await task.run_groups(client, agent, instances, group_size=config.group_size)
             t1 = time.perf_counter()
             trajs = [t for g in groups for t in g]
             rewards = [t.reward or 0.0 for t in trajs]
