@@ -214,10 +214,13 @@ def _wait_ready(proc: subprocess.Popen[str], timeout: float) -> str:
 
 @pytest.fixture
 def spawn_server(sdk_home: Path) -> Iterator:
-    """Start ``python -m rollout_sdk serve ...`` processes; every one is stopped at teardown."""
+    """Start ``python -m rollout_sdk serve ...`` processes; every one is stopped at teardown.
+
+    ``spawn(*args)`` starts one and waits for its READY line; ``spawn.many(n, *args)`` starts n at once and
+    then waits for each (their start-ups overlap: a CPU-engine server takes seconds to import and load)."""
     procs: list[subprocess.Popen[str]] = []
 
-    def spawn(*args: str, timeout: float = 300) -> ServerProcess:  # a hang guard: loaded machines are slow
+    def start(*args: str) -> subprocess.Popen[str]:
         env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
         proc = subprocess.Popen(
             [sys.executable, "-m", "rollout_sdk", "serve", *args],
@@ -228,8 +231,17 @@ def spawn_server(sdk_home: Path) -> Iterator:
             cwd=ROOT,
         )
         procs.append(proc)
+        return proc
+
+    def spawn(*args: str, timeout: float = 300) -> ServerProcess:  # a hang guard: loaded machines are slow
+        proc = start(*args)
         return ServerProcess(proc, _wait_ready(proc, timeout))
 
+    def many(n: int, *args: str, timeout: float = 300) -> list[ServerProcess]:
+        started = [start(*args) for _ in range(n)]
+        return [ServerProcess(p, _wait_ready(p, timeout)) for p in started]
+
+    spawn.many = many  # type: ignore[attr-defined]
     yield spawn
     for p in procs:
         if p.poll() is None:

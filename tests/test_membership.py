@@ -155,9 +155,12 @@ def _free_port() -> int:
 
 @pytest.fixture
 def cpu_serve(spawn_server, tiny_model):
-    def start(*extra: str):
-        return spawn_server("--engine", "cpu", "--cpu-model-path", str(tiny_model), "--cpu-max-running", "16", *extra)
+    args = ("--engine", "cpu", "--cpu-model-path", str(tiny_model), "--cpu-max-running", "16")
 
+    def start(*extra: str):
+        return spawn_server(*args, *extra)
+
+    start.many = lambda n: spawn_server.many(n, *args)
     return start
 
 
@@ -173,7 +176,7 @@ async def test_restarted_servers_serve_only_after_the_weights_reach_them(cpu_ser
     def weights(scale: float) -> list[tuple[str, torch.Tensor]]:
         return [(n, t.detach() + scale * torch.randn(t.shape, generator=g)) for n, t in model.named_parameters()]
 
-    procs = [cpu_serve() for _ in range(3)]
+    procs = cpu_serve.many(3)
     sp = SamplingParams(max_new_tokens=6, temperature=1.0)
     async with RolloutClient(servers=[p.address for p in procs], heartbeat_interval_s=0.1) as client:
         await client.init_weight_sync(backend="gloo")
@@ -185,7 +188,7 @@ async def test_restarted_servers_serve_only_after_the_weights_reach_them(cpu_ser
         procs[0].kill()
         for r in await asyncio.gather(*running):
             assert r.weight_version == 1
-        fresh = cpu_serve()
+        fresh = await asyncio.to_thread(cpu_serve)  # the client's loop (heartbeats) runs meanwhile
         status = await client.add_server(fresh.address)
         assert status.alive and not status.admitted and "weight version 0" in status.admission
         assert procs[0].address in [s.address for s in client.stats().retired] or not any(
@@ -208,7 +211,7 @@ async def test_restarted_servers_serve_only_after_the_weights_reach_them(cpu_ser
         port = victim.address.rsplit(":", 1)[1]
         old_inc = next(c.incarnation for c in client.servers if c.address == victim.address)
         victim.kill()
-        again = cpu_serve("--port", port)
+        again = await asyncio.to_thread(cpu_serve, "--port", port)
         await until(
             lambda: any(c.address == victim.address and c.alive and c.incarnation != old_inc for c in client.servers),
             "the same-port restart rejoins",
