@@ -212,16 +212,18 @@ def _wait_ready(proc: subprocess.Popen[str], timeout: float) -> str:
     raise RuntimeError(f"server did not become ready; output:\n{''.join(seen)}")
 
 
-@pytest.fixture
-def spawn_server(sdk_home: Path) -> Iterator:
-    """Start ``python -m rollout_sdk serve ...`` processes; every one is stopped at teardown.
+class _Spawner:
+    """Starts ``python -m rollout_sdk serve ...`` processes; ``close()`` stops every one.
 
     ``spawn(*args)`` starts one and waits for its READY line; ``spawn.many(n, *args)`` starts n at once and
     then waits for each (their start-ups overlap: a CPU-engine server takes seconds to import and load)."""
-    procs: list[subprocess.Popen[str]] = []
 
-    def start(*args: str) -> subprocess.Popen[str]:
-        env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
+    def __init__(self, sdk_home: Path) -> None:
+        self.sdk_home = sdk_home
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        env = dict(os.environ, ROLLOUT_SDK_HOME=str(self.sdk_home), PYTHONUNBUFFERED="1")
         proc = subprocess.Popen(
             [sys.executable, "-m", "rollout_sdk", "serve", *args],
             stdout=subprocess.PIPE,
@@ -230,31 +232,47 @@ def spawn_server(sdk_home: Path) -> Iterator:
             env=env,
             cwd=ROOT,
         )
-        procs.append(proc)
+        self.procs.append(proc)
         return proc
 
-    def spawn(*args: str, timeout: float = 300) -> ServerProcess:  # a hang guard: loaded machines are slow
-        proc = start(*args)
+    def __call__(self, *args: str, timeout: float = 300) -> ServerProcess:  # a hang guard: loaded machines
+        proc = self.start(*args)
         return ServerProcess(proc, _wait_ready(proc, timeout))
 
-    def many(n: int, *args: str, timeout: float = 300) -> list[ServerProcess]:
-        started = [start(*args) for _ in range(n)]
+    def many(self, n: int, *args: str, timeout: float = 300) -> list[ServerProcess]:
+        started = [self.start(*args) for _ in range(n)]
         return [ServerProcess(p, _wait_ready(p, timeout)) for p in started]
 
-    spawn.many = many  # type: ignore[attr-defined]
-    yield spawn
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
-        with contextlib.suppress(Exception):
-            assert p.stdout is not None
-            p.stdout.close()
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+            with contextlib.suppress(Exception):
+                assert p.stdout is not None
+                p.stdout.close()
+
+
+@pytest.fixture
+def spawn_server(sdk_home: Path) -> Iterator[_Spawner]:
+    """Server processes for one test (``_Spawner``), all stopped at its teardown."""
+    spawner = _Spawner(sdk_home)
+    yield spawner
+    spawner.close()
+
+
+@pytest.fixture(scope="module")
+def module_spawn_server(sdk_home: Path) -> Iterator[_Spawner]:
+    """Server processes shared by a module's tests (``_Spawner``), stopped after its last test: for the
+    tests that leave a server as they found it (a CPU-engine server costs seconds of CPU to start)."""
+    spawner = _Spawner(sdk_home)
+    yield spawner
+    spawner.close()
 
 
 @pytest.fixture

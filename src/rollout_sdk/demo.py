@@ -10,14 +10,12 @@ and one trajectory's token ids, loss mask and logprobs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from ._aio import cancel_and_wait
+from ._progress import rollout_progress
 from .client import ClientConfig, RolloutClient
 from .engines.cpu import CpuEngineConfig
 from .errors import ConfigError
@@ -81,16 +79,18 @@ async def run_demo(
     """Run the demo; print a report to ``out`` (stdout by default); return the numbers."""
     import sys
 
+    out = out or sys.stdout
+
+    def say(*parts: object) -> None:
+        print(*parts, file=out, flush=True)
+
+    # the first line before the imports and the model: both take seconds on a loaded machine
+    say(f"rollout-sdk demo: {demo.prompts} questions x {demo.group_size} trajectories, through ToolAgent")
     from transformers import AutoTokenizer
 
     from .agents import group_stats, rollout_group
     from .tasks import calculator as task
     from .tasks.tool_model import ensure_tool_model_async
-
-    out = out or sys.stdout
-
-    def say(*parts: object) -> None:
-        print(*parts, file=out, flush=True)
 
     t_start = time.perf_counter()
     if not servers:
@@ -99,7 +99,6 @@ async def run_demo(
             path = await ensure_tool_model_async(engine.home, progress=demo.progress)
             engine = dataclasses.replace(engine, model_path=str(path))
     where = ", ".join(servers) if servers else "embedded CPU engine"
-    say(f"rollout-sdk demo: {demo.prompts} questions x {demo.group_size} trajectories, through ToolAgent")
     async with RolloutClient(servers, engine=engine if not servers else None, config=client) as rc:
         t_ready = time.perf_counter()
         say(_model_line(rc.model_path or ""))
@@ -203,55 +202,3 @@ def _tool_result(t: Any, k: int) -> str:
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f}ms"
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        return None
-
-    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-@contextlib.asynccontextmanager
-async def rollout_progress(
-    rc: RolloutClient, total: int, enabled: bool, *, desc: str = "rollouts", leave: bool = True
-) -> AsyncIterator[Any]:
-    """A bar of trajectories done (``update(n)``) that also says, every second, how many model turns the
-    engines have answered since it opened: the trajectories of one batch end together, so without it the
-    bar would sit at 0 for the whole batch."""
-    bar = _progress(total, enabled, desc=desc, leave=leave)
-    first = sum(x.completed for x in rc.stats().servers)
-
-    async def tick() -> None:
-        while True:
-            st = rc.stats()
-            done = sum(x.completed for x in st.servers) - first
-            bar.set_postfix_str(f"model turns answered {done}, running {st.in_flight}", refresh=True)
-            await asyncio.sleep(1.0)
-
-    ticker = asyncio.get_running_loop().create_task(tick(), name="demo-progress")
-    try:
-        yield bar
-    finally:
-        await cancel_and_wait(ticker)
-        bar.close()
-
-
-def _progress(total: int, enabled: bool, *, desc: str = "rollouts", leave: bool = True) -> Any:
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    # no rate or remaining-time estimate: the trajectories of one batch finish together, so an estimate
-    # from the first ones is wrong by orders of magnitude (20 minutes shown for 40 s)
-    return tqdm(
-        total=total,
-        desc=desc,
-        mininterval=0.2,
-        leave=leave,
-        bar_format="{desc}: {n_fmt}/{total_fmt} trajectories done, {elapsed} elapsed{postfix}",
-    )

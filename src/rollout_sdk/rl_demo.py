@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._progress import rollout_progress
 from .client import RolloutClient
-from .demo import rollout_progress
 from .engines.cpu import CpuEngineConfig
 from .errors import ConfigError
 from .rollouts.group import deprecated_group_field
@@ -79,6 +79,7 @@ async def run_grpo(
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(model_dir))
     with quiet_weight_loading():
         policy: Any = await asyncio.to_thread(AutoModelForCausalLM.from_pretrained, str(model_dir), dtype=torch.float32)
+    say("policy loaded; starting the engine and the weight-sync group (gloo)...")
     head = TaskHead.of(model_dir)
     body = policy.model
     emb = body.embed_tokens.weight
