@@ -46,6 +46,24 @@ def response_logprobs(policy: torch.nn.Module, prompt: list[int], response: list
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
 
 
+def policy_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: list) -> tuple:
+    """One GRPO step on the groups' samples; returns (loss, rewards, engine/trainer logprob gaps)."""
+    loss_terms, rewards, gaps = [], [], []
+    for g in groups:
+        rs = torch.tensor([reward(r.output_ids) for r in g.results])
+        adv = (rs - rs.mean()) / (rs.std() + 1e-6)  # GRPO: group-relative advantage
+        rewards.extend(rs.tolist())
+        for a, r in zip(adv, g.results, strict=True):
+            lp = response_logprobs(policy, g.request.input_ids, r.output_ids)
+            gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
+            loss_terms.append(-(a * lp).mean())
+    loss = torch.stack(loss_terms).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item(), rewards, gaps
+
+
 async def train(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -71,24 +89,13 @@ async def train(args: argparse.Namespace) -> None:
             ]
             groups = await client.generate_many(requests, group_size=args.group_size).collect()
             t_gen = time.perf_counter() - t0
-            loss_terms, rewards, gaps = [], [], []
-            for g in groups:
-                rs = torch.tensor([reward(r.output_ids) for r in g.results])
-                adv = (rs - rs.mean()) / (rs.std() + 1e-6)  # GRPO: group-relative advantage
-                rewards.extend(rs.tolist())
-                for a, r in zip(adv, g.results, strict=True):
-                    lp = response_logprobs(policy, g.request.input_ids, r.output_ids)
-                    gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
-                    loss_terms.append(-(a * lp).mean())
-            loss = torch.stack(loss_terms).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            # in a worker thread: the event loop (and an embedded engine's server on it) keeps running
+            loss, rewards, gaps = await asyncio.to_thread(policy_step, policy, optimizer, groups)
             named = [(n, p.detach()) for n, p in policy.named_parameters()]
             sync = await client.update_weights(named, version=step + 1)  # every later result says v(step+1)
             print(
                 f"step {step}: reward {sum(rewards) / len(rewards):.3f}  engine/trainer logprob gap "
-                f"{max(gaps):.1e}  loss {loss.item():+.4f}  generate {t_gen:.2f}s  weight sync "
+                f"{max(gaps):.1e}  loss {loss:+.4f}  generate {t_gen:.2f}s  weight sync "
                 f"{sync['seconds']:.2f}s ({sync['bytes'] / 2**20:.0f} MiB)  served by "
                 f"{sorted({r.server_id for g in groups for r in g.results})}",
                 flush=True,
