@@ -63,6 +63,13 @@ def _needs_tool_model(item: pytest.Item) -> bool:
     return "tool_model" in getattr(item, "fixturenames", ())
 
 
+def default_sigint() -> None:
+    """A ``preexec_fn``: the child gets Ctrl-C (SIGINT) as from a terminal, even where this pytest was
+    started in the background by a shell (`pytest &`, nohup, some CI runners), which ignores SIGINT in it
+    and so in every child it starts."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class _ToolModelBuild:
     """The trained tool model, built in a subprocess that starts before the first test.
 
@@ -91,6 +98,7 @@ class _ToolModelBuild:
                     stderr=subprocess.STDOUT,
                     cwd=ROOT,
                     env=dict(os.environ, ROLLOUT_SDK_HOME=str(self.home)),
+                    preexec_fn=default_sigint,  # stop() sends it Ctrl-C
                 )
 
     def wait(self, say: Callable[[str], None]) -> None:
