@@ -201,23 +201,29 @@ class ServerProcess:
 
 
 def _wait_ready(proc: subprocess.Popen[str], timeout: float) -> str:
-    """Read the server's stdout until its READY line (a handshake, not a sleep)."""
+    """Read the server's stdout until its READY line (a handshake, not a sleep).
+
+    It reads the pipe's bytes itself (``os.read``): a buffered ``readline`` can take the READY line into
+    its buffer together with the line before it, where ``select`` no longer sees it (a server started
+    beside others, ``_Spawner.many``, has written both by the time it is read)."""
     assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
+    sel.register(fd, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout
-    seen = []
+    seen = b""
     while time.monotonic() < deadline:
         if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
             continue
-        line = proc.stdout.readline()
-        if not line:
+        chunk = os.read(fd, 65536)
+        if not chunk:
             break
-        seen.append(line)
-        if line.startswith("READY "):
-            return line.split()[1]
+        seen += chunk
+        for line in seen.split(b"\n")[:-1]:
+            if line.startswith(b"READY "):
+                return line.split()[1].decode()
     proc.kill()
-    raise RuntimeError(f"server did not become ready; output:\n{''.join(seen)}")
+    raise RuntimeError(f"server did not become ready; output:\n{seen.decode(errors='replace')}")
 
 
 class _Spawner:
