@@ -46,18 +46,40 @@ def response_logprobs(policy: torch.nn.Module, prompt: list[int], response: list
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
 
 
+def policy_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: list) -> tuple:
+    """One GRPO step on the groups' samples; returns (loss, rewards, engine/trainer logprob gaps)."""
+    loss_terms, rewards, gaps = [], [], []
+    for g in groups:
+        rs = torch.tensor([reward(r.output_ids) for r in g.results])
+        adv = (rs - rs.mean()) / (rs.std() + 1e-6)  # GRPO: group-relative advantage
+        rewards.extend(rs.tolist())
+        for a, r in zip(adv, g.results, strict=True):
+            lp = response_logprobs(policy, g.request.input_ids, r.output_ids)
+            gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
+            loss_terms.append(-(a * lp).mean())
+    loss = torch.stack(loss_terms).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item(), rewards, gaps
+
+
 async def train(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     async with RolloutClient() as client:
+        # each phase says it starts: on a loaded 2-core machine each takes seconds
+        print(f"engine ready; loading the trainer's copy of {client.model_path}", flush=True)
         with quiet_weight_loading():  # no "Loading weights" bar in the example's output
             policy = await asyncio.to_thread(
                 AutoModelForCausalLM.from_pretrained, client.model_path, dtype=torch.float32
             )
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
+        print("joining the engines' weight-sync group (gloo)", flush=True)
         await client.init_weight_sync(backend="gloo")  # trainer = rank 0 of a group with every engine
         prompts = [[151644, 872, 198, 1000 + 17 * i] for i in range(args.prompts)]
         sampling = SamplingParams(max_new_tokens=args.max_new_tokens, top_k=8, ignore_eos=True)
+        print(f"training: {args.steps} steps of {args.prompts} prompts x {args.group_size} samples", flush=True)
         for step in range(args.steps):
             t0 = time.perf_counter()
             # seeded per step and prompt (each of a group's samples gets seed+k): a reproducible run
@@ -67,24 +89,13 @@ async def train(args: argparse.Namespace) -> None:
             ]
             groups = await client.generate_many(requests, group_size=args.group_size).collect()
             t_gen = time.perf_counter() - t0
-            loss_terms, rewards, gaps = [], [], []
-            for g in groups:
-                rs = torch.tensor([reward(r.output_ids) for r in g.results])
-                adv = (rs - rs.mean()) / (rs.std() + 1e-6)  # GRPO: group-relative advantage
-                rewards.extend(rs.tolist())
-                for a, r in zip(adv, g.results, strict=True):
-                    lp = response_logprobs(policy, g.request.input_ids, r.output_ids)
-                    gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
-                    loss_terms.append(-(a * lp).mean())
-            loss = torch.stack(loss_terms).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            # in a worker thread: the event loop (and an embedded engine's server on it) keeps running
+            loss, rewards, gaps = await asyncio.to_thread(policy_step, policy, optimizer, groups)
             named = [(n, p.detach()) for n, p in policy.named_parameters()]
             sync = await client.update_weights(named, version=step + 1)  # every later result says v(step+1)
             print(
                 f"step {step}: reward {sum(rewards) / len(rewards):.3f}  engine/trainer logprob gap "
-                f"{max(gaps):.1e}  loss {loss.item():+.4f}  generate {t_gen:.2f}s  weight sync "
+                f"{max(gaps):.1e}  loss {loss:+.4f}  generate {t_gen:.2f}s  weight sync "
                 f"{sync['seconds']:.2f}s ({sync['bytes'] / 2**20:.0f} MiB)  served by "
                 f"{sorted({r.server_id for g in groups for r in g.results})}",
                 flush=True,

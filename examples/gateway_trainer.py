@@ -54,6 +54,27 @@ def masked_logprobs(policy: torch.nn.Module, traj: Trajectory) -> tuple[torch.Te
     return lp, torch.tensor(traj.loss_mask, dtype=torch.float32)
 
 
+def policy_step(
+    policy: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: list[list[Trajectory]]
+) -> tuple[float, list[float]]:
+    """GRPO: advantages relative to the other rollouts of the same question; one optimizer step.  Returns
+    (loss, the largest engine/trainer logprob gap of each trajectory)."""
+    loss_terms, gaps = [], []
+    for group in groups:
+        rs = torch.tensor([float(t.reward or 0.0) for t in group])
+        adv = (rs - rs.mean()) / (rs.std() + 1e-6)
+        for a, t in zip(adv, group, strict=True):
+            lp, mask = masked_logprobs(policy, t)
+            engine_lp = torch.tensor(t.logprobs)
+            gaps.append(float(((lp.detach() - engine_lp).abs() * mask).max()))
+            loss_terms.append(-(a * lp * mask).sum() / mask.sum())
+    loss = torch.stack(loss_terms).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return float(loss.item()), gaps
+
+
 async def train(args: argparse.Namespace) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
@@ -83,21 +104,13 @@ async def train(args: argparse.Namespace) -> dict[str, float]:
                 if len(by_session) == len(sessions):
                     break
             t_rollout = time.perf_counter() - t0
-            # GRPO: advantages relative to the other rollouts of the same question
-            loss_terms, gaps = [], []
-            for i in range(len(questions)):
-                group = [by_session[s.id] for _, s in sessions[i * args.group : (i + 1) * args.group]]
-                rs = torch.tensor([float(t.reward or 0.0) for t in group])
-                adv = (rs - rs.mean()) / (rs.std() + 1e-6)
-                for a, t in zip(adv, group, strict=True):
-                    lp, mask = masked_logprobs(policy, t)
-                    engine_lp = torch.tensor(t.logprobs)
-                    gaps.append(float(((lp.detach() - engine_lp).abs() * mask).max()))
-                    loss_terms.append(-(a * lp * mask).sum() / mask.sum())
-            loss = torch.stack(loss_terms).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            # a group per question: its `group` rollouts
+            groups = [
+                [by_session[s.id] for _, s in sessions[i * args.group : (i + 1) * args.group]]
+                for i in range(len(questions))
+            ]
+            # in a worker thread: the event loop (the gateway, the embedded engine's server) keeps running
+            loss, gaps = await asyncio.to_thread(policy_step, policy, optimizer, groups)
             sync = await client.update_weights(
                 [(n, p.detach()) for n, p in policy.named_parameters()], version=step + 1
             )
@@ -108,13 +121,13 @@ async def train(args: argparse.Namespace) -> dict[str, float]:
                 "turns": sum(len(t.turns) for t in trajs) / len(trajs),
                 "model_tokens": float(sum(sum(t.loss_mask) for t in trajs)),
                 "logprob_gap": max(gaps),
-                "loss": float(loss.item()),
+                "loss": loss,
                 "weight_version": float(min(v for t in trajs for v, _ in t.weight_versions)),
             }
             print(
                 f"step {step}: {len(trajs)} trajectories, {summary['turns']:.1f} turns each, "
                 f"{int(summary['model_tokens'])} model tokens, engine/trainer logprob gap {max(gaps):.1e}, "
-                f"loss {loss.item():+.4f}, rollout {t_rollout:.1f}s, weight sync {sync['seconds']:.2f}s",
+                f"loss {loss:+.4f}, rollout {t_rollout:.1f}s, weight sync {sync['seconds']:.2f}s",
                 flush=True,
             )
     print("SUMMARY " + json.dumps(summary))

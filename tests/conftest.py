@@ -63,6 +63,13 @@ def _needs_tool_model(item: pytest.Item) -> bool:
     return "tool_model" in getattr(item, "fixturenames", ())
 
 
+def default_sigint() -> None:
+    """A ``preexec_fn``: the child gets Ctrl-C (SIGINT) as from a terminal, even where this pytest was
+    started in the background by a shell (`pytest &`, nohup, some CI runners), which ignores SIGINT in it
+    and so in every child it starts."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class _ToolModelBuild:
     """The trained tool model, built in a subprocess that starts before the first test.
 
@@ -91,6 +98,7 @@ class _ToolModelBuild:
                     stderr=subprocess.STDOUT,
                     cwd=ROOT,
                     env=dict(os.environ, ROLLOUT_SDK_HOME=str(self.home)),
+                    preexec_fn=default_sigint,  # stop() sends it Ctrl-C
                 )
 
     def wait(self, say: Callable[[str], None]) -> None:
@@ -193,32 +201,43 @@ class ServerProcess:
 
 
 def _wait_ready(proc: subprocess.Popen[str], timeout: float) -> str:
-    """Read the server's stdout until its READY line (a handshake, not a sleep)."""
+    """Read the server's stdout until its READY line (a handshake, not a sleep).
+
+    It reads the pipe's bytes itself (``os.read``): a buffered ``readline`` can take the READY line into
+    its buffer together with the line before it, where ``select`` no longer sees it (a server started
+    beside others, ``_Spawner.many``, has written both by the time it is read)."""
     assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
+    sel.register(fd, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout
-    seen = []
+    seen = b""
     while time.monotonic() < deadline:
         if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
             continue
-        line = proc.stdout.readline()
-        if not line:
+        chunk = os.read(fd, 65536)
+        if not chunk:
             break
-        seen.append(line)
-        if line.startswith("READY "):
-            return line.split()[1]
+        seen += chunk
+        for line in seen.split(b"\n")[:-1]:
+            if line.startswith(b"READY "):
+                return line.split()[1].decode()
     proc.kill()
-    raise RuntimeError(f"server did not become ready; output:\n{''.join(seen)}")
+    raise RuntimeError(f"server did not become ready; output:\n{seen.decode(errors='replace')}")
 
 
-@pytest.fixture
-def spawn_server(sdk_home: Path) -> Iterator:
-    """Start ``python -m rollout_sdk serve ...`` processes; every one is stopped at teardown."""
-    procs: list[subprocess.Popen[str]] = []
+class _Spawner:
+    """Starts ``python -m rollout_sdk serve ...`` processes; ``close()`` stops every one.
 
-    def spawn(*args: str, timeout: float = 300) -> ServerProcess:  # a hang guard: loaded machines are slow
-        env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
+    ``spawn(*args)`` starts one and waits for its READY line; ``spawn.many(n, *args)`` starts n at once and
+    then waits for each (their start-ups overlap: a CPU-engine server takes seconds to import and load)."""
+
+    def __init__(self, sdk_home: Path) -> None:
+        self.sdk_home = sdk_home
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        env = dict(os.environ, ROLLOUT_SDK_HOME=str(self.sdk_home), PYTHONUNBUFFERED="1")
         proc = subprocess.Popen(
             [sys.executable, "-m", "rollout_sdk", "serve", *args],
             stdout=subprocess.PIPE,
@@ -227,22 +246,47 @@ def spawn_server(sdk_home: Path) -> Iterator:
             env=env,
             cwd=ROOT,
         )
-        procs.append(proc)
+        self.procs.append(proc)
+        return proc
+
+    def __call__(self, *args: str, timeout: float = 300) -> ServerProcess:  # a hang guard: loaded machines
+        proc = self.start(*args)
         return ServerProcess(proc, _wait_ready(proc, timeout))
 
-    yield spawn
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
-        with contextlib.suppress(Exception):
-            assert p.stdout is not None
-            p.stdout.close()
+    def many(self, n: int, *args: str, timeout: float = 300) -> list[ServerProcess]:
+        started = [self.start(*args) for _ in range(n)]
+        return [ServerProcess(p, _wait_ready(p, timeout)) for p in started]
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+            with contextlib.suppress(Exception):
+                assert p.stdout is not None
+                p.stdout.close()
+
+
+@pytest.fixture
+def spawn_server(sdk_home: Path) -> Iterator[_Spawner]:
+    """Server processes for one test (``_Spawner``), all stopped at its teardown."""
+    spawner = _Spawner(sdk_home)
+    yield spawner
+    spawner.close()
+
+
+@pytest.fixture(scope="module")
+def module_spawn_server(sdk_home: Path) -> Iterator[_Spawner]:
+    """Server processes shared by a module's tests (``_Spawner``), stopped after its last test: for the
+    tests that leave a server as they found it (a CPU-engine server costs seconds of CPU to start)."""
+    spawner = _Spawner(sdk_home)
+    yield spawner
+    spawner.close()
 
 
 @pytest.fixture

@@ -43,9 +43,14 @@ def _read_until(proc: subprocess.Popen[bytes], needle: bytes, guard_s: float) ->
     return seen
 
 
-def test_ctrl_c_during_training_stops_it_and_caches_nothing(tmp_path: Path) -> None:
-    """``rollout-sdk demo`` on an empty cache trains the tool model in a worker thread; SIGINT must end
-    the process at the next step (not when training ends) and leave no model, whole or partial."""
+def test_ctrl_c_during_training_stops_it_and_caches_nothing(tmp_path: Path, tiny_model: Path) -> None:
+    """``rollout-sdk demo`` on a cache without the tool model trains it in a worker thread; SIGINT must end
+    the process at the next step (not when training ends) and leave no model, whole or partial.  The
+    cache holds the session's tiny model (a link): what is built before training is not under test."""
+    from conftest import default_sigint
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / tiny_model.name).symlink_to(tiny_model, target_is_directory=True)
     env = dict(os.environ, ROLLOUT_SDK_HOME=str(tmp_path), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "rollout_sdk", "demo"],
@@ -53,6 +58,9 @@ def test_ctrl_c_during_training_stops_it_and_caches_nothing(tmp_path: Path) -> N
         stderr=subprocess.STDOUT,
         env=env,
         cwd=ROOT,
+        # Ctrl-C as a terminal delivers it: a pytest started in the background by a shell (`pytest &`,
+        # nohup, some CI runners) has SIGINT ignored, which its children would inherit and never see it
+        preexec_fn=default_sigint,
     )
     try:
         seen = _read_until(proc, b"training the tool model", guard_s=240)

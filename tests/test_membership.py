@@ -155,9 +155,12 @@ def _free_port() -> int:
 
 @pytest.fixture
 def cpu_serve(spawn_server, tiny_model):
-    def start(*extra: str):
-        return spawn_server("--engine", "cpu", "--cpu-model-path", str(tiny_model), "--cpu-max-running", "16", *extra)
+    args = ("--engine", "cpu", "--cpu-model-path", str(tiny_model), "--cpu-max-running", "16")
 
+    def start(*extra: str):
+        return spawn_server(*args, *extra)
+
+    start.many = lambda n: spawn_server.many(n, *args)
     return start
 
 
@@ -173,7 +176,7 @@ async def test_restarted_servers_serve_only_after_the_weights_reach_them(cpu_ser
     def weights(scale: float) -> list[tuple[str, torch.Tensor]]:
         return [(n, t.detach() + scale * torch.randn(t.shape, generator=g)) for n, t in model.named_parameters()]
 
-    procs = [cpu_serve() for _ in range(3)]
+    procs = cpu_serve.many(3)
     sp = SamplingParams(max_new_tokens=6, temperature=1.0)
     async with RolloutClient(servers=[p.address for p in procs], heartbeat_interval_s=0.1) as client:
         await client.init_weight_sync(backend="gloo")
@@ -185,7 +188,7 @@ async def test_restarted_servers_serve_only_after_the_weights_reach_them(cpu_ser
         procs[0].kill()
         for r in await asyncio.gather(*running):
             assert r.weight_version == 1
-        fresh = cpu_serve()
+        fresh = await asyncio.to_thread(cpu_serve)  # the client's loop (heartbeats) runs meanwhile
         status = await client.add_server(fresh.address)
         assert status.alive and not status.admitted and "weight version 0" in status.admission
         assert procs[0].address in [s.address for s in client.stats().retired] or not any(
@@ -208,7 +211,7 @@ async def test_restarted_servers_serve_only_after_the_weights_reach_them(cpu_ser
         port = victim.address.rsplit(":", 1)[1]
         old_inc = next(c.incarnation for c in client.servers if c.address == victim.address)
         victim.kill()
-        again = cpu_serve("--port", port)
+        again = await asyncio.to_thread(cpu_serve, "--port", port)
         await until(
             lambda: any(c.address == victim.address and c.alive and c.incarnation != old_inc for c in client.servers),
             "the same-port restart rejoins",
@@ -227,12 +230,16 @@ async def test_restarted_servers_serve_only_after_the_weights_reach_them(cpu_ser
         del again
 
 
+KILLS = 8
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-async def test_random_kills_and_restarts_for_60s_under_load(spawn_server) -> None:
-    """Chaos: for 60 s, SIGKILL a random server and restart it (same port or a new one) while workers
-    keep requests in flight.  Every request ends exactly once: a full result, or a typed error; none hangs
-    (every call has a timeout, and none may hit it)."""
+async def test_random_kills_and_restarts_under_load(spawn_server) -> None:
+    """Chaos: SIGKILL a random server and restart it (same port or a new one) 8 times, each after 50 more
+    requests succeeded, while workers keep requests in flight.  Every request ends exactly once: a full
+    result, or a typed error; none hangs (every call has a timeout, and none may hit it).  A count of kills,
+    not 60 s of wall time: the same coverage on any machine, and a fraction of the CPU on a loaded one."""
     import random
 
     from rollout_sdk.errors import RequestTimeoutError, RolloutError
@@ -261,10 +268,8 @@ async def test_random_kills_and_restarts_for_60s_under_load(spawn_server) -> Non
                     outcomes["ok"] += 1
 
         async def chaos() -> None:
-            loop = asyncio.get_running_loop()
-            end = loop.time() + 60
-            while loop.time() < end:
-                await until(lambda: outcomes["ok"] >= 50 + 20 * kills[0], "progress between kills")
+            while kills[0] < KILLS:
+                await until(lambda: outcomes["ok"] >= 50 * (kills[0] + 1), "progress between kills")
                 victim = rng.randrange(len(procs))
                 old = procs[victim]
                 old.kill()
@@ -277,6 +282,7 @@ async def test_random_kills_and_restarts_for_60s_under_load(spawn_server) -> Non
                     procs[victim] = await asyncio.to_thread(spawn_server, *args)
                     await client.add_server(procs[victim].address)
                     await client.remove_server(old.address, drain=False)
+            await until(lambda: outcomes["ok"] > 50 * KILLS, "progress after the last kill")
             stop.set()
 
         kills = [0]
@@ -286,6 +292,6 @@ async def test_random_kills_and_restarts_for_60s_under_load(spawn_server) -> Non
             tg.create_task(chaos())
         st = client.stats()
     assert outcomes["hung"] == 0, outcomes
-    assert kills[0] >= 3 and outcomes["ok"] > 50 * kills[0], (kills, outcomes)
+    assert kills[0] == KILLS and outcomes["ok"] > 50 * kills[0], (kills, outcomes)
     assert set(outcomes) <= {"ok", "ServerUnavailableError", "EngineDeadError", "NoServersError", "PoisonRequestError"}
     assert len(st.retired) >= kills[0]  # every killed process left the fleet as its own member

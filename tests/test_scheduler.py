@@ -187,9 +187,7 @@ async def test_round_robin_policy_rotates(fake_servers) -> None:
 
 
 async def test_killing_one_of_three_servers_loses_no_request(spawn_server) -> None:
-    procs = [
-        spawn_server("--engine", "fake", "--fake-step-base-s", "0.005", "--fake-max-batch", "64") for _ in range(3)
-    ]
+    procs = spawn_server.many(3, "--engine", "fake", "--fake-step-base-s", "0.005", "--fake-max-batch", "64")
     async with RolloutClient(servers=[p.address for p in procs], retries=2) as client:
         tasks = [asyncio.create_task(client.generate(_req(i, n=60))) for i in range(300)]
         victim = procs[1]
@@ -217,7 +215,7 @@ async def test_killing_one_of_three_servers_loses_no_request(spawn_server) -> No
 
 
 async def test_without_retries_a_dead_server_fails_its_requests_fast(spawn_server) -> None:
-    procs = [spawn_server("--engine", "fake", "--fake-step-base-s", "0.005") for _ in range(2)]
+    procs = spawn_server.many(2, "--engine", "fake", "--fake-step-base-s", "0.005")
     async with RolloutClient(servers=[p.address for p in procs], retries=0) as client:
         tasks = [asyncio.create_task(client.generate(_req(i, n=10_000))) for i in range(40)]
         victim = [c for c in client.servers if c.address == procs[0].address][0]
@@ -238,7 +236,7 @@ async def test_without_retries_a_dead_server_fails_its_requests_fast(spawn_serve
 
 
 async def test_silent_server_is_marked_dead_by_heartbeat(spawn_server) -> None:
-    procs = [spawn_server("--engine", "fake", "--fake-step-base-s", "0.005") for _ in range(2)]
+    procs = spawn_server.many(2, "--engine", "fake", "--fake-step-base-s", "0.005")
     async with RolloutClient(
         servers=[p.address for p in procs], heartbeat_interval_s=0.1, heartbeat_timeout_s=0.6, retries=1
     ) as client:

@@ -56,17 +56,27 @@ class RawClient:
         self.ctx.term()
 
 
+CPU_SERVER = ("--engine", "cpu", "--cpu-max-running", "64")
+
+
 @pytest.fixture
 def cpu_server(spawn_server, tiny_model):
-    return spawn_server("--engine", "cpu", "--cpu-model-path", str(tiny_model), "--cpu-max-running", "64")
+    """A server of this test alone (for the tests that pause it or release its memory)."""
+    return spawn_server(*CPU_SERVER, "--cpu-model-path", str(tiny_model))
+
+
+@pytest.fixture(scope="module")
+def shared_cpu_server(module_spawn_server, tiny_model):
+    """One server for the tests that leave it as they found it (each asserts on its own rids only)."""
+    return module_spawn_server(*CPU_SERVER, "--cpu-model-path", str(tiny_model))
 
 
 def _gen(i: int, **sp: object) -> GenerateRequest:
     return GenerateRequest(input_ids=[151644, 872, 198, 1000 + i], sampling=SamplingParams(**sp))  # type: ignore[arg-type]
 
 
-async def test_200_concurrent_requests_answered_with_their_own_rid(cpu_server) -> None:
-    async with RolloutClient(servers=[cpu_server.address]) as client:
+async def test_200_concurrent_requests_answered_with_their_own_rid(shared_cpu_server) -> None:
+    async with RolloutClient(servers=[shared_cpu_server.address]) as client:
         reqs = [msgspec.structs.replace(_gen(i, max_new_tokens=8), rid=f"mine-{i}") for i in range(200)]
         results = await asyncio.gather(*(client.generate(r) for r in reqs))
     assert [r.rid for r in results] == [f"mine-{i}" for i in range(200)]
@@ -74,8 +84,8 @@ async def test_200_concurrent_requests_answered_with_their_own_rid(cpu_server) -
     assert all(len(r.logprobs or []) == len(r.output_ids) for r in results)
 
 
-async def test_abort_mid_generation_returns_tokens_so_far(cpu_server) -> None:
-    raw = RawClient(cpu_server.address)
+async def test_abort_mid_generation_returns_tokens_so_far(shared_cpu_server) -> None:
+    raw = RawClient(shared_cpu_server.address)
     try:
         await raw.sock.send(encode(msgspec.structs.replace(_gen(0, max_new_tokens=3000, ignore_eos=True), rid="long")))
         # a condition, not a sleep: a 1-token request sent after it has finished, so "long" (batched with it
@@ -92,8 +102,8 @@ async def test_abort_mid_generation_returns_tokens_so_far(cpu_server) -> None:
         raw.close()
 
 
-async def test_seeded_requests_reproduce_over_the_wire(cpu_server) -> None:
-    async with RolloutClient(servers=[cpu_server.address]) as client:
+async def test_seeded_requests_reproduce_over_the_wire(shared_cpu_server) -> None:
+    async with RolloutClient(servers=[shared_cpu_server.address]) as client:
         a = await client.generate(_gen(1, seed=123, max_new_tokens=16))
         others = [client.generate(_gen(i, max_new_tokens=16)) for i in range(10)]
         b, *_ = await asyncio.gather(client.generate(_gen(1, seed=123, max_new_tokens=16)), *others)
@@ -115,10 +125,10 @@ BAD = [
 ]
 
 
-async def test_bad_input_gets_typed_errors_and_the_server_keeps_serving(cpu_server) -> None:
-    raw = RawClient(cpu_server.address)
+async def test_bad_input_gets_typed_errors_and_the_server_keeps_serving(shared_cpu_server) -> None:
+    raw = RawClient(shared_cpu_server.address)
     try:
-        async with RolloutClient(servers=[cpu_server.address]) as client:
+        async with RolloutClient(servers=[shared_cpu_server.address]) as client:
             good = [asyncio.create_task(client.generate(_gen(i, max_new_tokens=24))) for i in range(20)]
             await asyncio.sleep(0.05)
             for obj, field in BAD:

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .._aio import cancel_and_wait
 from ..client import ClientConfig, RolloutClient
 from ..engines.cpu import CpuEngineConfig
 from ..errors import ConfigError
 from ..rollouts.group import deprecated_group_field
+from .progress import rollout_progress
 
 __all__ = ["DemoConfig", "run_demo"]
 
@@ -79,16 +79,18 @@ async def run_demo(
     """Run the demo; print a report to ``out`` (stdout by default); return the numbers."""
     import sys
 
+    out = out or sys.stdout
+
+    def say(*parts: object) -> None:
+        print(*parts, file=out, flush=True)
+
+    # the first line before the imports and the model: both take seconds on a loaded machine
+    say(f"rollout-sdk demo: {demo.prompts} questions x {demo.group_size} trajectories, through ToolAgent")
     from transformers import AutoTokenizer
 
     from ..agents import group_stats, rollout_group
     from ..tasks import calculator as task
     from ..tasks.tool_model import ensure_tool_model_async
-
-    out = out or sys.stdout
-
-    def say(*parts: object) -> None:
-        print(*parts, file=out, flush=True)
 
     t_start = time.perf_counter()
     if not servers:
@@ -97,7 +99,6 @@ async def run_demo(
             path = await ensure_tool_model_async(engine.home, progress=demo.progress)
             engine = dataclasses.replace(engine, model_path=str(path))
     where = ", ".join(servers) if servers else "embedded CPU engine"
-    say(f"rollout-sdk demo: {demo.prompts} questions x {demo.group_size} trajectories, through ToolAgent")
     async with RolloutClient(servers, engine=engine if not servers else None, config=client) as rc:
         t_ready = time.perf_counter()
         say(_model_line(rc.model_path or ""))
@@ -107,28 +108,18 @@ async def run_demo(
             tokenizer, temperature=demo.temperature, seed=demo.seed, max_new_tokens=demo.max_new_tokens
         )
         instances = task.samples(demo.prompts, seed=demo.seed, split="test")
-        bar = _progress(demo.prompts * demo.group_size, demo.progress)
-
-        async def group(i: int, sample: dict[str, Any]) -> list[Any]:
-            g = await rollout_group(rc, agent, sample, group_size=demo.group_size, reward=task.reward, sample_index=i)
-            bar.update(len(g))
-            return g
-
-        async def tick() -> None:  # trajectories end together (one batch): say what the engine is doing
-            while True:
-                st = rc.stats()
-                done = sum(x.completed for x in st.servers)
-                bar.set_postfix_str(f"model turns answered {done}, running {st.in_flight}", refresh=True)
-                await asyncio.sleep(1.0)
-
         t0 = time.perf_counter()
-        ticker = asyncio.get_running_loop().create_task(tick(), name="demo-progress")
-        try:
+        async with rollout_progress(rc, demo.prompts * demo.group_size, demo.progress) as bar:
+
+            async def group(i: int, sample: dict[str, Any]) -> list[Any]:
+                g = await rollout_group(
+                    rc, agent, sample, group_size=demo.group_size, reward=task.reward, sample_index=i
+                )
+                bar.update(len(g))
+                return g
+
             groups = await asyncio.gather(*(group(i, s) for i, s in enumerate(instances)))
-        finally:
-            await cancel_and_wait(ticker)
         wall = time.perf_counter() - t0
-        bar.close()
         stats = rc.stats()
 
     trajs = [t for g in groups for t in g]
@@ -211,29 +202,3 @@ def _tool_result(t: Any, k: int) -> str:
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f}ms"
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        return None
-
-    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-def _progress(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    # no rate or remaining-time estimate: the trajectories of one batch finish together, so an estimate
-    # from the first ones is wrong by orders of magnitude (20 minutes shown for 40 s)
-    return tqdm(
-        total=total,
-        desc="rollouts",
-        mininterval=0.2,
-        bar_format="{desc}: {n_fmt}/{total_fmt} trajectories done, {elapsed} elapsed{postfix}",
-    )

@@ -29,6 +29,7 @@ from ..client import RolloutClient
 from ..engines.cpu import CpuEngineConfig
 from ..errors import ConfigError
 from ..rollouts.group import deprecated_group_field
+from .progress import rollout_progress
 
 __all__ = ["GrpoConfig", "run_grpo"]
 
@@ -58,8 +59,11 @@ class GrpoConfig:
             raise ConfigError("lr", self.lr, "must be finite and > 0")
 
 
-async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) -> list[dict[str, float]]:
-    """Run GRPO; print a row per step; return the rows (success, reward, ... per step)."""
+async def run_grpo(
+    config: GrpoConfig, *, say: Callable[[str], None] = print, progress: bool = True
+) -> list[dict[str, float]]:
+    """Run GRPO; print a row per step; return the rows (success, reward, ... per step).  ``progress``: a
+    bar on stderr while a step's rollouts run (seconds each on CPU), gone when its row is printed."""
     say(
         f"GRPO on CPU: {config.steps} steps of {config.prompts} questions x {config.group_size} trajectories; "
         "loading the policy and starting the engine..."
@@ -75,6 +79,7 @@ async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) ->
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(model_dir))
     with quiet_weight_loading():
         policy: Any = await asyncio.to_thread(AutoModelForCausalLM.from_pretrained, str(model_dir), dtype=torch.float32)
+    say("policy loaded; starting the engine and the weight-sync group (gloo)...")
     head = TaskHead.of(model_dir)
     body = policy.model
     emb = body.embed_tokens.weight
@@ -97,7 +102,9 @@ async def run_grpo(config: GrpoConfig, *, say: Callable[[str], None] = print) ->
             t0 = time.perf_counter()
             agent = task.make_agent(tokenizer, temperature=1.0, seed=config.seed * 1_000_003 + 7919 * step)
             instances = task.samples(config.prompts, seed=config.seed * 1000 + step, split="train")
-            groups = await task.run_groups(client, agent, instances, group_size=config.group_size)
+            total = config.prompts * config.group_size
+            async with rollout_progress(client, total, progress, desc=f"step {step} rollouts", leave=False):
+                groups = await task.run_groups(client, agent, instances, group_size=config.group_size)
             t1 = time.perf_counter()
             trajs = [t for g in groups for t in g]
             rewards = [t.reward or 0.0 for t in trajs]

@@ -317,6 +317,8 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
         host = args.metrics_host or config.host
         endpoint = await asyncio.to_thread(start_metrics_endpoint, metrics.registry, host=host, port=args.metrics_port)
         print(f"METRICS {endpoint.url}", flush=True)
+    if args.engine != "fake":  # READY comes after the model is loaded: seconds on CPU, minutes for SGLang
+        print(f"starting the {args.engine} engine (loading the model)...", file=sys.stderr, flush=True)
     server = EngineServer(make_engine(args.engine, args), config, metrics=metrics)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
+import sys
 
 from ..client import ClientConfig
 from ..engines.cpu import CpuEngineConfig
@@ -39,6 +41,8 @@ async def run(args: argparse.Namespace) -> int:
     config = config_from_args(GatewayConfig, args)
     client_cfg = config_from_args(ClientConfig, args, prefix="client-")
     engine = None if args.servers else config_from_args(CpuEngineConfig, args, prefix="engine-")
+    if engine is not None and engine.model_path is None:
+        engine = await _tiny_model_engine(engine)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -50,6 +54,21 @@ async def run(args: argparse.Namespace) -> int:
         print(f"READY {gw.url}", flush=True)
         await stop.wait()
     return 0
+
+
+async def _tiny_model_engine(engine: CpuEngineConfig) -> CpuEngineConfig:
+    """The embedded default model, said once as information (the client's own line is a warning, meant for
+    code that forgot ``servers=``; here the default is what ``rollout-sdk gateway`` with no flags asks for)."""
+    from ..models.tiny import ensure_tiny_model
+
+    path = await asyncio.to_thread(ensure_tiny_model, engine.home)
+    print(
+        "gateway: serving the embedded CPU engine with the tiny Qwen2 model (random weights, for trying the API: "
+        "replies are arbitrary tokens); --servers ... or --engine-model-path PATH serves a real model",
+        file=sys.stderr,
+        flush=True,
+    )
+    return dataclasses.replace(engine, model_path=str(path))
 
 
 def _write_address(path: str, url: str) -> None:

@@ -49,12 +49,17 @@ TINY_MODEL_CONFIG: dict[str, object] = {
 GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
 
 
-def ensure_tiny_model(home: str | os.PathLike[str] | None = None, *, seed: int = 0) -> Path:
-    """Return the tiny model's directory, building it first if needed (a few seconds, offline)."""
+def ensure_tiny_model(home: str | os.PathLike[str] | None = None, *, seed: int = 0, progress: bool = False) -> Path:
+    """Return the tiny model's directory, building it first if needed (a few seconds, offline; with
+    ``progress``, a line on stderr says so when it builds: tens of seconds on a loaded machine)."""
     root = Path(home) if home is not None else default_home()
     dest = root / "models" / f"tiny-qwen2-{_RECIPE}-seed{seed}"
 
     def build(tmp: Path) -> None:
+        if progress:
+            import sys
+
+            print(f"building the tiny base model (once): {dest}", file=sys.stderr, flush=True)
         _write_model(tmp, seed)
         write_tokenizer(tmp)
 

@@ -220,7 +220,7 @@ def _build(out: Path, home: Path, progress: bool, stop: threading.Event | None) 
         import sys
 
         print("building the tool model (once): demonstrations, then training", file=sys.stderr, flush=True)
-    tiny = ensure_tiny_model(home)
+    tiny = ensure_tiny_model(home, progress=progress)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny))

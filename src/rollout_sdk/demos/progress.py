@@ -1,0 +1,69 @@
+"""The demos' progress bar (``rollout-sdk demo``, ``demo --rl``): trajectories done, and what the engines do.
+
+rollout_progress(rc, total, enabled)  -- async with: a bar, and a ticker task (its child) that sets the
+    |                                    bar's postfix from ``rc.stats()`` every second
+    `-- on exit: the ticker is cancelled and awaited, then the bar is closed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .._aio import cancel_and_wait
+
+__all__ = ["rollout_progress"]
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        return None
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def rollout_progress(
+    rc: Any, total: int, enabled: bool, *, desc: str = "rollouts", leave: bool = True
+) -> AsyncIterator[Any]:
+    """A bar of trajectories done (``update(n)``) that also says, every second, how many model turns the
+    engines of ``rc`` (a RolloutClient) have answered since it opened: the trajectories of one batch end
+    together, so without it the bar would sit at 0 for the whole batch."""
+    bar = _progress(total, enabled, desc=desc, leave=leave)
+    first = sum(x.completed for x in rc.stats().servers)
+
+    async def tick() -> None:
+        while True:
+            st = rc.stats()
+            done = sum(x.completed for x in st.servers) - first
+            bar.set_postfix_str(f"model turns answered {done}, running {st.in_flight}", refresh=True)
+            await asyncio.sleep(1.0)
+
+    ticker = asyncio.get_running_loop().create_task(tick(), name="demo-progress")
+    try:
+        yield bar
+    finally:
+        await cancel_and_wait(ticker)
+        bar.close()
+
+
+def _progress(total: int, enabled: bool, *, desc: str = "rollouts", leave: bool = True) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    # no rate or remaining-time estimate: the trajectories of one batch finish together, so an estimate
+    # from the first ones is wrong by orders of magnitude (20 minutes shown for 40 s)
+    return tqdm(
+        total=total,
+        desc=desc,
+        mininterval=0.2,
+        leave=leave,
+        bar_format="{desc}: {n_fmt}/{total_fmt} trajectories done, {elapsed} elapsed{postfix}",
+    )
