@@ -40,8 +40,6 @@ pytestmark = [
 MARK = [151652, IMAGE_PAD_ID, 151653]
 
 
-
-
 @pytest.fixture(scope="module")
 def vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     given = os.environ.get("ROLLOUT_SDK_GPU_VL_MODEL")
@@ -135,6 +133,23 @@ async def test_two_images_differ_on_sglang(vl_client: RolloutClient, vl_dir: Pat
     assert a.logprobs is not None and b.logprobs is not None
     print(f"\nVL image sensitivity: max |d logprob| {max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)):.4f}")
     assert a.logprobs != b.logprobs
+
+
+@ASYNC
+async def test_score_with_images_on_sglang(vl_client: RolloutClient, vl_dir: Path) -> None:
+    """score_only with images: the generated sequence scored again (its marks already expanded) gives back
+    its own sampling logprobs at the output positions, with the same image spans."""
+    ids = _prompt(vl_dir, 1)
+    images = [noise_png(56, 56, 5)]
+    sp = SamplingParams(max_new_tokens=8, temperature=1.0, ignore_eos=True)
+    r = await vl_client.generate(GenerateRequest(input_ids=ids, images=images, sampling=sp))
+    assert r.input_ids is not None and r.logprobs is not None
+    s = await vl_client.generate(GenerateRequest(input_ids=r.input_ids + r.output_ids, images=images, score_only=True))
+    assert s.image_spans == r.image_spans and s.prompt_logprobs is not None
+    assert len(s.prompt_logprobs) == len(r.input_ids) + len(r.output_ids) - 1
+    diffs = [abs(a - b) for a, b in zip(s.prompt_logprobs[-len(r.output_ids) :], r.logprobs, strict=True)]
+    print(f"\nVL score vs sampling logprobs on SGLang: max |d| {max(diffs):.4f}")
+    assert max(diffs) <= 0.1  # the same bf16 engine: prefill vs decode kernels
 
 
 def test_sglang_own_expansion_has_the_same_image_tokens(vl_dir: Path) -> None:
