@@ -616,22 +616,7 @@ class ErrorReply(msgspec.Struct, tag="error", frozen=True, kw_only=True, omit_de
     applied: bool | None = False
 
 
-ClientMessage = (
-    GenerateRequest
-    | Abort
-    | Ping
-    | GetInfo
-    | PauseGeneration
-    | ResumeGeneration
-    | FlushCache
-    | ReleaseMemory
-    | ResumeMemory
-    | SetWeightVersion
-    | InitWeightGroup
-    | UpdateWeightsDistributed
-    | UpdateWeightsFromIpc
-    | DestroyWeightGroup
-)
+ClientMessage = GenerateRequest | Abort | Ping | ControlRequest
 ServerMessage = GenerateResult | ErrorReply | Pong | ControlReply
 
 # -- codecs ----------------------------------------------------------------------------------------
