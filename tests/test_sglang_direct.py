@@ -268,3 +268,21 @@ async def test_images_reach_the_scheduler_with_the_sdks_expansion(vl_model: str,
     scored = await vl_eng.generate(GenerateRequest(rid="s", input_ids=prompt, images=[a], score_only=True))
     assert scored.prompt_logprobs == [standin_logprob(t) for t in want.input_ids[1:]]
     assert scored.image_spans == list(want.spans)
+
+
+async def test_engine_death_fails_direct_parts_as_the_engines_failure(model: str) -> None:
+    """A child's death while direct-path parts run: generate and score both fail with EngineDeadError (the
+    engine's failure, so the client fails over), never as this request's RequestFailedError."""
+    from rollout_sdk.errors import EngineDeadError
+
+    async with engine(model, step_s=0.002, max_running=1) as dying:  # the score waits behind the generate
+        assert dying._path is not None
+        gen = asyncio.create_task(dying.generate(req("g", [1, 2], LONG)))
+        await _until(lambda: started(dying, "g"))
+        score = asyncio.create_task(dying.generate(GenerateRequest(rid="s", input_ids=[1, 2, 3], score_only=True)))
+        await _until(lambda: "s" in dying.flights and dying.flights["s"].running)
+        dying._on_child_death("in a test")
+        for task in (gen, score):
+            with pytest.raises(EngineDeadError):
+                await task
+        assert not dying._path._reqs

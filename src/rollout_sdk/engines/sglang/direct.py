@@ -86,17 +86,21 @@ class SchedulerPath:
         tm, io = self._tm, self._io
         dispatcher = getattr(tm, "_result_dispatcher", None)
         mapping: Any = getattr(dispatcher, "_mapping", None)
-        needed = [
-            hasattr(tm, "_handle_batch_output"),
-            hasattr(tm, "_dispatch_to_scheduler"),
-            isinstance(getattr(tm, "rid_to_state", None), dict),
-            isinstance(mapping, dict) and io.AbortReq in mapping,
-            hasattr(io, "BatchTokenizedGenerateReqInput"),
-            "input_ids" in getattr(io.TokenizedGenerateReqInput, "__struct_fields__", ()),
-            getattr(tm, "server_args", None) is not None and tm.server_args.tokenizer_worker_num == 1,
-        ]
-        if not all(needed):
-            raise Unsupported(f"this SGLang's tokenizer manager lacks the direct path's hooks ({needed})")
+        needed = {
+            "TokenizerManager._handle_batch_output": hasattr(tm, "_handle_batch_output"),
+            "TokenizerManager._dispatch_to_scheduler": hasattr(tm, "_dispatch_to_scheduler"),
+            "TokenizerManager.rid_to_state": isinstance(getattr(tm, "rid_to_state", None), dict),
+            "the AbortReq entry of TokenizerManager._result_dispatcher": isinstance(mapping, dict)
+            and io.AbortReq in mapping,
+            "io_struct.BatchTokenizedGenerateReqInput": hasattr(io, "BatchTokenizedGenerateReqInput"),
+            "TokenizedGenerateReqInput.input_ids": "input_ids"
+            in getattr(io.TokenizedGenerateReqInput, "__struct_fields__", ()),
+            "a single tokenizer worker": getattr(tm, "server_args", None) is not None
+            and tm.server_args.tokenizer_worker_num == 1,
+        }
+        missing = [name for name, ok in needed.items() if not ok]
+        if missing:
+            raise Unsupported(f"this SGLang lacks what the direct path relies on: {', '.join(missing)}")
         self._orig_batch = tm._handle_batch_output
         self._orig_abort = mapping[io.AbortReq]
         tm._handle_batch_output = self._on_batch_output
@@ -217,12 +221,6 @@ class SchedulerPath:
 
     def owns(self, sid: str) -> bool:
         return sid in self._reqs
-
-    def fail_all(self, exc: BaseException) -> None:
-        for req in list(self._reqs.values()):
-            if not req.future.done():
-                req.future.set_exception(exc)
-        self._reqs.clear()
 
     def _forget(self, sid: str, future: asyncio.Future[Done]) -> None:
         req = self._reqs.get(sid)

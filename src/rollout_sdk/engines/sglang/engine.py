@@ -236,8 +236,6 @@ class SglangEngine(Engine):
         err = EngineDeadError(f"an SGLang child process died {when}: {', '.join(procs) or 'see the engine log'}")
         log.error("%s", err)
         self._mark_dead(err)
-        if self._path is not None:
-            self._path.fail_all(err)
         for flight in list(self._flights.values()):
             if flight.task is not None:
                 flight.task.cancel()
@@ -359,22 +357,9 @@ class SglangEngine(Engine):
                 # no await between the gate and the submit: a checkpoint sees every running part
                 flight.sid = self._next_sid()
                 version = self._weight_version
-                try:
-                    inputs = prompt_inputs(req, parts, vision)  # input_ids (+ image_data: images)
-                    seq_len = len(inputs["input_ids"])
-                    flight.task = task = self._submit(flight.sid, inputs, sp, req)
-                    done = await asyncio.shield(task)
-                except asyncio.CancelledError:
-                    me = asyncio.current_task()
-                    if self._dead is not None and (me is None or not me.cancelling()):
-                        raise EngineDeadError(str(self._dead)) from None  # the engine's death cancelled it
-                    if self._dead is None:
-                        self.abort_part(flight.sid)  # our caller was cancelled: make SGLang stop too
-                    if flight.task is not None:
-                        flight.task.cancel()
-                    raise  # the caller's cancellation stays a cancellation, dead engine or not
-                except Exception as exc:  # SGLang's validation: the caller's error; the rest: this request's
-                    raise request_error(exc, "sampling", req.sampling) from exc
+                inputs = prompt_inputs(req, parts, vision)  # input_ids (+ image_data: images)
+                seq_len = len(inputs["input_ids"])
+                done = await self._run_part(flight, inputs, sp, req, field="sampling", value=req.sampling)
                 kind = parts.add(done, version)
                 if req.return_routed_experts:
                     parts.add_routed(done.routed, seq_len + len(done.ids), self._top_k)
@@ -402,22 +387,51 @@ class SglangEngine(Engine):
                 raise EngineDeadError(str(self._dead))
             flight.sid = self._next_sid()
             version = self._weight_version
-            try:
-                inputs = prompt_inputs(req, Parts(False), vision)
-                flight.task = task = self._submit(flight.sid, inputs, {"max_new_tokens": 0}, req, logprob_start_len=0)
-                done = await asyncio.shield(task)
-            except asyncio.CancelledError:
-                if self._dead is None:
-                    self.abort_part(flight.sid)
-                if flight.task is not None:
-                    flight.task.cancel()
-                raise
-            except Exception as exc:
-                raise request_error(exc, "input_ids", f"<{len(req.input_ids)} tokens>", "score request") from exc
+            inputs = prompt_inputs(req, Parts(False), vision)
+            done = await self._run_part(
+                flight,
+                inputs,
+                {"max_new_tokens": 0},
+                req,
+                logprob_start_len=0,
+                field="input_ids",
+                value=f"<{len(req.input_ids)} tokens>",
+                what="score request",
+            )
         finally:
             if self._flights.get(req.rid) is flight:
                 del self._flights[req.rid]
         return score_result(req, done, version, time.perf_counter() - t0, vision)
+
+    async def _run_part(
+        self,
+        flight: Flight,
+        inputs: dict[str, Any],
+        sp: dict[str, Any],
+        req: GenerateRequest,
+        *,
+        logprob_start_len: int = -1,
+        field: str,
+        value: Any,
+        what: str = "request",
+    ) -> Done:
+        """Submit one part of ``flight`` to SGLang and await its end.  The caller's cancellation aborts the
+        part inside SGLang and stays a cancellation (dead engine or not); a cancellation by the engine's
+        death is EngineDeadError; SGLang's own errors are mapped by :func:`.translate.request_error`."""
+        try:
+            flight.task = self._submit(flight.sid, inputs, sp, req, logprob_start_len=logprob_start_len)
+            return await asyncio.shield(flight.task)
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if self._dead is not None and (me is None or not me.cancelling()):
+                raise EngineDeadError(str(self._dead)) from None  # the engine's death cancelled it
+            if self._dead is None:
+                self.abort_part(flight.sid)  # our caller was cancelled: make SGLang stop too
+            if flight.task is not None:
+                flight.task.cancel()
+            raise
+        except Exception as exc:  # SGLang's validation: the caller's error; the rest: this request's
+            raise request_error(exc, field, value, what) from exc
 
     def _submit(
         self, sid: str, inputs: dict[str, Any], sp: dict[str, Any], req: GenerateRequest, *, logprob_start_len: int = -1
