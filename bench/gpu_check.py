@@ -38,6 +38,9 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import sglang_path  # bench/sglang_path.py: the three request paths, side by side
 
 SHAPES = {  # Qwen2.5 shapes
     "0.5b": dict(
@@ -172,37 +175,7 @@ async def path_checks(engine: Any, vocab: int, n: int) -> dict[str, Any]:
         finish=sorted({r.finish_reason for r in got["direct"]}),
     )
     short = [[rnd.randrange(1000, vocab - 1000) for _ in range(64)] for _ in range(n)]
-    sp = SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True)
-    raw_engine = engine._engine
-
-    async def raw_pass() -> int:
-        sp_raw = {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True}
-        outs = await asyncio.gather(
-            *(raw_engine.async_generate(input_ids=p, sampling_params=sp_raw, return_logprob=True) for p in short)
-        )
-        return sum(len(o["output_ids"]) for o in outs)
-
-    async def engine_pass(tag: str) -> int:
-        outs = await asyncio.gather(
-            *(
-                engine.generate(GenerateRequest(rid=f"{tag}-{i}", input_ids=p, sampling=sp, return_logprobs=True))
-                for i, p in enumerate(short)
-            )
-        )
-        return sum(len(o.output_ids) for o in outs)
-
-    rows: dict[str, list[tuple[float, float]]] = {"raw": [], "direct": [], "tm": []}
-    for rep in range(2):
-        for name in ("raw", "direct", "tm"):
-            await engine.flush_cache()
-            engine._path = None if name == "tm" else direct
-            c0, t0 = time.process_time(), time.perf_counter()
-            try:
-                toks = await (raw_pass() if name == "raw" else engine_pass(f"pt{rep}-{name}"))
-            finally:
-                engine._path = direct
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            rows[name].append((toks / wall, cpu / n * 1e6))
+    rows = await sglang_path.three_paths(engine, short, 16, inflight=n, reps=2)
     for name, v in rows.items():
         out[f"short_{name}_tok_s"] = round(max(t for t, _ in v))
         out[f"short_{name}_cpu_us_per_req"] = round(min(u for _, u in v))

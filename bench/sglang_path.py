@@ -1,11 +1,12 @@
-"""The SGLang engine wrapper's request paths on a CPU: raw ``tokenizer_manager.generate_request`` (what
-``sglang.Engine.async_generate`` does) vs ``SglangEngine`` through the tokenizer manager vs ``SglangEngine``'s
-direct path to the scheduler (engines/sglang/direct.py).
+"""The SGLang engine wrapper's request paths on a CPU: raw ``async_generate`` (SGLang's tokenizer manager, as
+``sglang.Engine`` users call it) vs ``SglangEngine``'s direct path to the scheduler (engines/sglang/direct.py)
+vs ``SglangEngine`` through the tokenizer manager, on one engine.
 
 SGLang's real TokenizerManager and io_struct run here over a stand-in scheduler process
 (engines/sglang/standin.py), so the event loop's per-request cost is SGLang's own code plus ours; only the
-GPU work is missing.  Prints wall req/s and the event-loop process's CPU per request, medians of
-alternating repetitions.  Needs sglang importable (see docs/benchmarks.md "where the time goes").
+GPU work is missing.  Prints tokens/s and the event-loop process's CPU per request, medians of alternating
+repetitions.  Needs sglang importable (see docs/benchmarks.md section 23).  ``three_paths`` is also what
+``bench/gpu_check.py`` runs on the GPU.
 
     python bench/sglang_path.py --model PATH [--requests 4000] [--inflight 512] [--max-new 8] [--reps 3]
 """
@@ -14,44 +15,62 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-
-async def _raw(tm: Any, prompts: list[list[int]], max_new: int, inflight: int) -> None:
-    from sglang.srt.managers.io_struct import GenerateReqInput
-
-    todo = iter(prompts)
-
-    async def worker() -> None:
-        for ids in todo:
-            obj = GenerateReqInput(input_ids=ids, sampling_params={"max_new_tokens": max_new}, return_logprob=True)
-            gen = tm.generate_request(obj, None)
-            try:
-                out = await gen.__anext__()
-            finally:
-                await gen.aclose()
-            assert len(out["output_ids"]) == max_new
-
-    await asyncio.gather(*(worker() for _ in range(inflight)))
+PATHS = ("raw", "direct", "tm")
+LABELS = {"raw": "raw async_generate", "direct": "SglangEngine direct", "tm": "SglangEngine via TM"}
 
 
-async def _engine(eng: Any, prompts: list[list[int]], max_new: int, inflight: int, tag: str) -> None:
+async def three_paths(
+    engine: Any, prompts: list[list[int]], max_new: int, *, inflight: int, reps: int, modes: tuple[str, ...] = PATHS
+) -> dict[str, list[tuple[float, float]]]:
+    """Each of ``modes`` once per repetition, in turn, on one started ``SglangEngine`` with its direct path
+    installed: ``raw`` is ``async_generate`` on the SGLang object it wraps, ``tm`` the engine with its direct
+    path detached for the pass.  ``inflight`` workers keep the prompts going (temperature 1, ignore_eos,
+    logprobs on); the prefix cache is flushed before every pass.  Per mode: (output tokens/s, CPU us of this
+    process per request) per pass."""
     from rollout_sdk.protocol import GenerateRequest, SamplingParams
 
-    sp = SamplingParams(max_new_tokens=max_new)
-    todo = iter(enumerate(prompts))
+    direct = engine._path
+    assert direct is not None, "the engine's direct path is not installed"
+    raw = engine._engine
+    sp_raw = {"max_new_tokens": max_new, "temperature": 1.0, "ignore_eos": True}
+    sp = SamplingParams(max_new_tokens=max_new, temperature=1.0, ignore_eos=True)
+    rows: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
 
-    async def worker() -> None:
-        for i, ids in todo:
-            out = await eng.generate(GenerateRequest(rid=f"{tag}{i}", input_ids=ids, sampling=sp, return_logprobs=True))
-            assert len(out.output_ids) == max_new
+    async def one(mode: str, tag: str, i: int, ids: list[int]) -> int:
+        if mode == "raw":
+            out = await raw.async_generate(input_ids=ids, sampling_params=sp_raw, return_logprob=True)
+            return len(out["output_ids"])
+        r = await engine.generate(GenerateRequest(rid=f"{tag}{i}", input_ids=ids, sampling=sp, return_logprobs=True))
+        return len(r.output_ids)
 
-    await asyncio.gather(*(worker() for _ in range(inflight)))
+    for rep in range(reps):
+        for mode in modes:
+            await engine.flush_cache()
+            todo = iter(enumerate(prompts))
+            tokens = 0
+
+            async def worker(mode: str = mode, tag: str = f"p{rep}{mode}-") -> None:
+                nonlocal tokens
+                for i, ids in todo:
+                    n = await one(mode, tag, i, ids)  # awaited first: `tokens += await ...` loses updates
+                    tokens += n
+
+            engine._path = None if mode == "tm" else direct
+            c0, t0 = time.process_time(), time.perf_counter()
+            try:
+                await asyncio.gather(*(worker() for _ in range(min(inflight, len(prompts)))))
+            finally:
+                engine._path = direct
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            assert tokens == max_new * len(prompts), f"{mode}: {tokens} tokens for {len(prompts)} x {max_new}"
+            rows[mode].append((tokens / wall, cpu / len(prompts) * 1e6))
+    return rows
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -59,53 +78,34 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     from rollout_sdk.engines.sglang.standin import StandinEngine, StandinScheduler
 
     sched = StandinScheduler(step_s=args.step_s, max_running=args.inflight)
-    engines = {}
-    for path in ("direct", "tokenizer_manager"):
-        cfg = SglangEngineConfig(model_path=args.model, request_path=path, freeze_gc=True)
-        engines[path] = SglangEngine(cfg, launcher=StandinEngine.launcher(sched))
-        await engines[path].start()
+    cfg = SglangEngineConfig(model_path=args.model, freeze_gc=True)
+    engine = SglangEngine(cfg, launcher=StandinEngine.launcher(sched))
+    await engine.start()
     prompts = [[(i * 31 + k) % 1000 + 1 for k in range(args.prompt_len)] for i in range(args.requests)]
-    modes = {
-        "raw async_generate": lambda t: _raw(engines["tokenizer_manager"].tm, prompts, args.max_new, args.inflight),
-        "SglangEngine via TM": lambda t: _engine(engines["tokenizer_manager"], prompts, args.max_new, args.inflight, t),
-        "SglangEngine direct": lambda t: _engine(engines["direct"], prompts, args.max_new, args.inflight, t),
-    }
-    rows: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
-    if args.profile:
-        import cProfile
-        import pstats
-
-        name = next(m for m in modes if args.profile in m)
-        await modes[name]("warm-")
-        prof = cProfile.Profile()
-        prof.enable()
-        await modes[name]("prof-")
-        prof.disable()
-        for eng in engines.values():
-            await eng.close()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(35)
-        return []
     try:
-        for rep in range(args.reps):
-            for name, run in modes.items():
-                gc.collect()
-                c0, t0 = time.process_time(), time.perf_counter()
-                await run(f"{rep}-")
-                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                rows[name].append((args.requests / wall, cpu / args.requests * 1e6))
-                rps, us = args.requests / wall, cpu / args.requests * 1e6
-                print(f"  rep {rep} {name:22s} {rps:8.0f} req/s  {us:6.0f} us/req")
+        await three_paths(engine, prompts[:256], args.max_new, inflight=args.inflight, reps=1)  # warm-up
+        if args.profile:
+            import cProfile
+            import pstats
+
+            mode = next(m for m in PATHS if args.profile in (m, LABELS[m]))
+            prof = cProfile.Profile()
+            prof.enable()
+            await three_paths(engine, prompts, args.max_new, inflight=args.inflight, reps=1, modes=(mode,))
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(35)
+            return []
+        rows = await three_paths(engine, prompts, args.max_new, inflight=args.inflight, reps=args.reps)
     finally:
-        for eng in engines.values():
-            await eng.close()
+        await engine.close()
     out = []
-    raw_rps = statistics.median(r for r, _ in rows["raw async_generate"])
-    print(f"\n{'mode':24s} {'req/s':>8s} {'vs raw':>7s} {'loop CPU us/req':>16s}   (medians of {args.reps})")
-    for name, vals in rows.items():
-        rps = statistics.median(r for r, _ in vals)
+    raw_tok_s = statistics.median(t for t, _ in rows["raw"])
+    print(f"\n{'mode':24s} {'tok/s':>8s} {'vs raw':>7s} {'loop CPU us/req':>16s}   (medians of {args.reps})")
+    for mode, vals in rows.items():
+        tok_s = statistics.median(t for t, _ in vals)
         us = statistics.median(u for _, u in vals)
-        print(f"{name:24s} {rps:8.0f} {rps / raw_rps:7.2f} {us:16.0f}")
-        out.append({"mode": name, "req_s": rps, "vs_raw": rps / raw_rps, "cpu_us_per_req": us})
+        print(f"{LABELS[mode]:24s} {tok_s:8.0f} {tok_s / raw_tok_s:7.2f} {us:16.0f}")
+        out.append({"mode": LABELS[mode], "tok_s": tok_s, "vs_raw": tok_s / raw_tok_s, "cpu_us_per_req": us})
     return out
 
 
@@ -119,7 +119,7 @@ if __name__ == "__main__":
     ap.add_argument("--step-s", type=float, default=0.001, help="the stand-in scheduler's seconds per decode step")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--profile", help="cProfile one mode (a part of its name, e.g. direct) instead of the table")
+    ap.add_argument("--profile", help="cProfile one mode (raw, direct or tm) instead of the table")
     a = ap.parse_args()
     try:
         import uvloop
