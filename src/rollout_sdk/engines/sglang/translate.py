@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import InvalidRequestError, RequestFailedError, RolloutError
@@ -27,33 +28,20 @@ __all__ = [
 ]
 
 
+@dataclass(slots=True, kw_only=True)
 class Done:
     """One SGLang request's end, whichever path it took: its output ids, logprobs (None unless asked),
     finish reason (SGLang's dict), prompt logprobs (score requests), routed experts (a tensor, or SGLang's
     base64 on the tokenizer manager's path) and timings where SGLang measured them."""
 
-    __slots__ = ("cached_tokens", "e2e_s", "finish", "ids", "logprobs", "prompt_logprobs", "queue_s", "routed")
-
-    def __init__(
-        self,
-        *,
-        ids: list[int],
-        logprobs: list[float] | None,
-        finish: dict[str, Any] | None,
-        prompt_logprobs: list[float | None] | None = None,
-        routed: Any = None,
-        cached_tokens: int = 0,
-        queue_s: float | None = None,
-        e2e_s: float | None = None,
-    ) -> None:
-        self.ids = ids
-        self.logprobs = logprobs
-        self.finish = finish
-        self.prompt_logprobs = prompt_logprobs
-        self.routed = routed
-        self.cached_tokens = cached_tokens
-        self.queue_s = queue_s
-        self.e2e_s = e2e_s
+    ids: list[int]
+    logprobs: list[float] | None
+    finish: dict[str, Any] | None
+    prompt_logprobs: list[float | None] | None = None
+    routed: Any = None
+    cached_tokens: int = 0
+    queue_s: float | None = None
+    e2e_s: float | None = None
 
 
 def done_from_output(out: dict[str, Any], logprobs: bool) -> Done:
