@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +78,19 @@ def write_tokenizer(out: Path) -> None:
 
 
 def write_seeded_weights(
-    model: Any, out: Path, *, seed: int, std: float, ones: tuple[str, ...], skip: tuple[str, ...] = ()
+    model: Any,
+    out: Path,
+    *,
+    seed: int,
+    std: float,
+    ones: tuple[str, ...],
+    skip: tuple[str, ...] = (),
+    rename: Callable[[str], str] | None = None,
 ) -> None:
     """``out/model.safetensors``: every weight of ``model`` re-drawn from our own generator, so the model
     depends on the seed alone, not on the order in which a transformers version initialises modules:
-    names ending in ``ones`` are ones, biases zeros, the rest N(0, std); ``skip`` (tied weights) is left out."""
+    names ending in ``ones`` are ones, biases zeros, the rest N(0, std); ``skip`` (tied weights) is left out.
+    ``rename`` maps a module name to the name stored in the file (drawn in module-name order either way)."""
     import torch
     from safetensors.torch import save_file
 
@@ -92,12 +101,13 @@ def write_seeded_weights(
         t = state[name]
         if name in skip:
             continue
+        key = rename(name) if rename is not None else name
         if name.endswith(ones):
-            tensors[name] = torch.ones_like(t)
+            tensors[key] = torch.ones_like(t)
         elif name.endswith(".bias"):
-            tensors[name] = torch.zeros_like(t)
+            tensors[key] = torch.zeros_like(t)
         else:
-            tensors[name] = (torch.randn(t.shape, generator=gen) * std).to(t.dtype)
+            tensors[key] = (torch.randn(t.shape, generator=gen) * std).to(t.dtype)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 

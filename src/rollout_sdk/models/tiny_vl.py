@@ -24,8 +24,9 @@ from .tiny import GENERATION_CONFIG, write_seeded_weights, write_tokenizer
 
 __all__ = ["TINY_VL_CONFIG", "TINY_VL_PREPROCESSOR", "VL_CHAT_TEMPLATE", "ensure_tiny_vl_model", "noise_png"]
 
-#: bump when the recipe changes, so an old cached directory is not reused
-_RECIPE = "v1"
+#: bump when the recipe changes, so an old cached directory is not reused (v2: the weights file in the
+#: released checkpoints' layout, which SGLang's loader needs; the same values as v1)
+_RECIPE = "v2"
 
 _TEXT: dict[str, Any] = {
     "model_type": "qwen2_5_vl_text",
@@ -153,9 +154,23 @@ def _write_model(out: Path, seed: int) -> None:
     with torch.device("cpu"):
         model = Qwen2_5_VLForConditionalGeneration(config)
     norms = ("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")
-    write_seeded_weights(model, out, seed=seed, std=0.02, ones=norms, skip=("lm_head.weight",))  # lm_head: tied
+    write_seeded_weights(
+        model, out, seed=seed, std=0.02, ones=norms, skip=("lm_head.weight",), rename=checkpoint_name
+    )  # lm_head: tied
     (out / "config.json").write_text(json.dumps(TINY_VL_CONFIG, indent=2))
     (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
+
+
+def checkpoint_name(module_name: str) -> str:
+    """The name a weight has in Qwen2.5-VL's released checkpoints, from its transformers (>= 5) module name:
+    ``model.language_model.X`` is stored as ``model.X`` and ``model.visual.X`` as ``visual.X``.  SGLang's
+    ``Qwen2_5_VLForConditionalGeneration.load_weights`` knows only the released names (it raised ``KeyError:
+    'model.language_model.layers.0.mlp.gate_up_proj.weight'`` on the module names); transformers maps them
+    back when it loads."""
+    for new, old in (("model.language_model.", "model."), ("model.visual.", "visual.")):
+        if module_name.startswith(new):
+            return old + module_name[len(new) :]
+    return module_name
 
 
 def noise_png(width: int, height: int, seed: int) -> bytes:
