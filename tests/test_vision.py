@@ -95,6 +95,25 @@ def test_make_model_tiny_vl(vl_model: Path, sdk_home: Path) -> None:
     assert tok.convert_tokens_to_ids(["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]) == MARK
 
 
+def test_tiny_vl_weights_use_the_released_checkpoint_names(vl_model: Path) -> None:
+    """SGLang's Qwen2.5-VL loader knows only the released checkpoints' weight names (it raised KeyError on
+    transformers 5's ``model.language_model.*`` on the H200); transformers loads them into its modules."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForImageTextToText
+
+    with safe_open(str(vl_model / "model.safetensors"), "pt") as f:
+        stored = {k: f.get_tensor(k) for k in f.keys()}
+    assert {k.split(".")[0] for k in stored} == {"model", "visual"}
+    assert not [k for k in stored if k.startswith(("model.language_model.", "model.visual."))]
+    assert {"model.embed_tokens.weight", "visual.patch_embed.proj.weight", "visual.merger.mlp.0.weight"} <= set(stored)
+    model = AutoModelForImageTextToText.from_pretrained(str(vl_model), dtype=torch.float32)
+    state = model.state_dict()
+    for name, tensor in stored.items():
+        module = "model.language_model." + name[6:] if name.startswith("model.") else "model." + name
+        assert torch.equal(state[module], tensor), name
+
+
 def test_expansion_ids_and_spans_are_exact(vl_model: Path) -> None:
     proc = load_image_processor(vl_model)
     assert proc is not None
