@@ -103,7 +103,7 @@ def test_tiny_vl_weights_use_the_released_checkpoint_names(vl_model: Path) -> No
     from transformers import AutoModelForImageTextToText
 
     with safe_open(str(vl_model / "model.safetensors"), "pt") as f:
-        stored = {k: f.get_tensor(k) for k in f.keys()}
+        stored = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
     assert {k.split(".")[0] for k in stored} == {"model", "visual"}
     assert not [k for k in stored if k.startswith(("model.language_model.", "model.visual."))]
     assert {"model.embed_tokens.weight", "visual.patch_embed.proj.weight", "visual.merger.mlp.0.weight"} <= set(stored)
