@@ -7,6 +7,12 @@ the tool model there). Every chunk of output (stdout and stderr together, progre
 is timestamped; the table flags a warning, a deprecation, a traceback or an error line, and the longest
 silence (a wait with no output at all). Server commands run until their READY line, get their checks,
 then SIGINT. Prints one row per command; the full transcript goes to ``--out``.
+
+``--readme-install`` (in a fresh clone, no ``.venv`` yet) first runs the README's first command line
+exactly as written (``python3 -m venv .venv && ... && pip install -e . && rollout-sdk demo``) with bash, and
+runs every later command with that venv's python. Lines pip prints about this machine's own configuration
+(``WARNING: Location 'file:///opt/...' is ignored``: find-links to folders this machine lacks) are counted
+apart, not flagged: a user's pip does not print them.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = re.compile(r"warning|deprecat|traceback|error|exception", re.I)
+MACHINE_PIP = re.compile(r"^WARNING: Location 'file:///opt/\S+' is ignored: it is neither a file nor a directory\.$")
 
 
 def python_blocks(doc: Path) -> list[str]:
@@ -72,13 +79,15 @@ def run(cmd: list[str], env: dict[str, str], *, until: str | None = None, then=N
             last = time.monotonic()
     code = proc.wait()
     lines = [ln for ln in re.split(r"[\r\n]", text) if ln.strip()]
-    flagged = [ln for ln in lines if FLAGS.search(ln) and "[transcript:" not in ln]
+    machine = [ln for ln in lines if MACHINE_PIP.match(ln.strip())]
+    flagged = [ln for ln in lines if FLAGS.search(ln) and "[transcript:" not in ln and ln not in machine]
     return {
         "cmd": " ".join(cmd),
         "rc": code,
         "wall_s": round(time.monotonic() - t0, 1),
         "longest_silence_s": round(gap, 1),
         "flagged": flagged,
+        "machine_pip_lines": len(machine),
         "chunks": chunks,
     }
 
@@ -99,17 +108,28 @@ def main() -> int:
     p.add_argument("--home", required=True, help="a fresh ROLLOUT_SDK_HOME (created)")
     p.add_argument("--out", required=True)
     p.add_argument("--only", default=None, help="a regex: run only the commands it matches")
+    p.add_argument("--readme-install", action="store_true", help="first run the README's first line as written")
     args = p.parse_args()
     Path(args.home).mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, ROLLOUT_SDK_HOME=args.home, PYTHONUNBUFFERED="1")
     env.pop("ROLLOUT_SDK_TEST_HOME", None)
-    exe = [sys.executable, "-m", "rollout_sdk"]
+    python = sys.executable
+    install: list[tuple[str, list[str], dict]] = []
+    if args.readme_install:
+        if (ROOT / ".venv").exists():
+            p.error(f"--readme-install wants a fresh clone: {ROOT / '.venv'} exists")
+        line = re.findall(r"^    (python3 -m venv .*)$", (ROOT / "README.md").read_text(), re.M)[0]
+        install = [(f"README line 1: {line}", ["bash", "-c", line], {})]
+        python = str(ROOT / ".venv" / "bin" / "python")
+        env.pop("VIRTUAL_ENV", None)
+    exe = [python, "-m", "rollout_sdk"]
     scripts = Path(args.home) / "scripts"
     scripts.mkdir(exist_ok=True)
     blocks = [("README example", python_blocks(ROOT / "README.md")[0])]
     qs = python_blocks(ROOT / "docs" / "quickstart.md")
     blocks += [(f"quickstart python block {i + 1}", b) for i, b in enumerate(qs) if "asyncio.run(main())" in b]
     commands: list[tuple[str, list[str], dict]] = [
+        *install,
         ("rollout-sdk demo", [*exe, "demo"], {}),
         ("rollout-sdk demo --rl", [*exe, "demo", "--rl"], {}),
         ("rollout-sdk make-model tiny", [*exe, "make-model", "tiny"], {}),
@@ -118,11 +138,11 @@ def main() -> int:
         ("rollout-sdk serve --engine cpu", [*exe, "serve", "--engine", "cpu"], {"until": "READY "}),
         ("rollout-sdk serve --engine fake --port 99999", [*exe, "serve", "--engine", "fake", "--port", "99999"], {}),
         ("rollout-sdk gateway", [*exe, "gateway"], {"until": "READY ", "then": curl_without_session}),
-        ("python examples/grpo_tools.py", [sys.executable, "examples/grpo_tools.py"], {}),
-        ("python examples/custom_trainer.py", [sys.executable, "examples/custom_trainer.py"], {}),
+        ("python examples/grpo_tools.py", [python, "examples/grpo_tools.py"], {}),
+        ("python examples/custom_trainer.py", [python, "examples/custom_trainer.py"], {}),
         (
             "torchrun --standalone --nproc-per-node 2 examples/custom_trainer.py --steps 2",
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
              "examples/custom_trainer.py", "--steps", "2"],
             {},
         ),
@@ -130,7 +150,7 @@ def main() -> int:
     for name, code in blocks:
         path = scripts / (re.sub(r"\W+", "_", name) + ".py")
         path.write_text(code)
-        commands.append((name, [sys.executable, str(path)], {}))
+        commands.append((name, [python, str(path)], {}))
     rows = []
     with open(args.out, "w") as out:
         for name, cmd, kw in commands:
@@ -146,7 +166,7 @@ def main() -> int:
             out.write(f"[exit {r['rc']}, {r['wall_s']}s, longest silence {r['longest_silence_s']}s]\n")
             out.flush()
             print(f"{name:80s} rc={r['rc']:<4} {r['wall_s']:7.1f}s  silence {r['longest_silence_s']:5.1f}s  "
-                  f"flagged {len(r['flagged'])}", flush=True)
+                  f"flagged {len(r['flagged'])}  machine pip lines {r['machine_pip_lines']}", flush=True)
             for f in r["flagged"]:
                 print(f"    flagged: {f[:200]}", flush=True)
     return 0
