@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -31,6 +31,7 @@ from ..protocol import (
     GenerateResult,
     InitWeightGroup,
     PauseMode,
+    Timings,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
 )
@@ -38,9 +39,34 @@ from ..protocol import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Engine", "EngineLoad", "NamedTensors"]
+__all__ = ["Engine", "EngineLoad", "NamedTensors", "prompt_score_result"]
 
 NamedTensors = Sequence[tuple[str, "torch.Tensor"]]
+
+
+def prompt_score_result(
+    req: GenerateRequest,
+    prompt_logprobs: list[float],
+    *,
+    weight_version: int,
+    queue_s: float,
+    total_s: float,
+    vision: Any = None,
+) -> GenerateResult:
+    """A score request's result, whichever engine scored it: no output (so no first token), the logprobs of
+    the prompt (the expanded one when it has images, with the expansion's fields), the weights they came
+    from."""
+    prompt = req.input_ids if vision is None else vision.input_ids
+    return GenerateResult(
+        rid=req.rid,
+        output_ids=[],
+        finish_reason="stop",
+        prompt_tokens=len(prompt),
+        weight_version=weight_version,
+        prompt_logprobs=prompt_logprobs,
+        timings=Timings(queue_s=queue_s, total_s=total_s),
+        **(vision.result_fields() if vision is not None else {}),
+    )
 
 
 class EngineLoad(msgspec.Struct, frozen=True, kw_only=True):

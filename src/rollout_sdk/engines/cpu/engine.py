@@ -59,14 +59,13 @@ from ...protocol import (
     GenerateResult,
     InitWeightGroup,
     PauseMode,
-    Timings,
     UpdateWeightsDistributed,
 )
-from ..base import Engine, EngineLoad, NamedTensors
+from ..base import Engine, EngineLoad, NamedTensors, prompt_score_result
 from .config import CpuEngineConfig
 from .model_runner import ModelRunner, StepOutput
 from .scheduler import Scheduler
-from .sequence import Sequence, vision_fields
+from .sequence import Sequence
 
 __all__ = ["CpuEngine"]
 
@@ -202,16 +201,8 @@ class CpuEngine(Engine):
             raise EngineBusyError("weights are released; resume_memory(['weights']) first")
         queued = time.perf_counter() - t0
         logprobs, version = await self._in_worker(self._runner.score_prompt, prompt, seq)
-        return GenerateResult(
-            rid=req.rid,
-            output_ids=[],
-            finish_reason="stop",
-            prompt_tokens=len(prompt),
-            weight_version=version,
-            prompt_logprobs=logprobs,
-            timings=Timings(queue_s=queued, total_s=time.perf_counter() - t0),
-            **vision_fields(vision),
-        )
+        total = time.perf_counter() - t0
+        return prompt_score_result(req, logprobs, weight_version=version, queue_s=queued, total_s=total, vision=vision)
 
     def abort(self, rid: str) -> None:
         seq = self._scheduler.seqs.get(rid)
