@@ -9,7 +9,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..metrics import _MAX_TOOL_LABELS, CONTROL_BUCKETS, LATENCY_BUCKETS, TOOL_BUCKETS, UNKNOWN_TOOL, _Histogram
+from ..metrics import (
+    _MAX_TOOL_LABELS,
+    CONTROL_BUCKETS,
+    LATENCY_BUCKETS,
+    TOOL_BUCKETS,
+    UNKNOWN_TOOL,
+    _counted,
+    _Histogram,
+)
 from ..protocol import GenerateResult
 from .stats import ClientStats
 
@@ -151,21 +159,17 @@ class ClientMetrics(Collector):
             updates, tools = dict(self._updates), dict(self._tools)
         yield CounterMetricFamily("rollout_client_output_tokens", "Tokens generated (rate() is tokens/s).", value=out)
         yield CounterMetricFamily("rollout_client_prompt_tokens", "Prompt tokens of finished requests.", value=prompt)
-        upd = CounterMetricFamily(
+        yield _counted(
             "rollout_client_weight_updates",
             "update_weights calls, by method and outcome.",
-            labels=["method", "outcome"],
+            ["method", "outcome"],
+            updates,
         )
-        for (method, outcome), n in sorted(updates.items()):
-            upd.add_metric([method, outcome], n)
-        yield upd
-        calls = CounterMetricFamily(
+        yield _counted(
             "rollout_agent_tool_calls",
             "Tool calls by tool and outcome (ok, or the error kind: unknown_tool, bad_arguments, raised, timeout).",
-            labels=["tool", "outcome"],
+            ["tool", "outcome"],
+            tools,
         )
-        for (tool, outcome), n in sorted(tools.items()):
-            calls.add_metric([tool, outcome], n)
-        yield calls
         for h in self._hist:
             yield h.collect()

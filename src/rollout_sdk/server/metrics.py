@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..metrics import CONTROL_BUCKETS, LATENCY_BUCKETS, _Histogram
+from ..metrics import CONTROL_BUCKETS, LATENCY_BUCKETS, _counted, _Histogram
 from ..protocol import GenerateResult, ServerStats
 
 
@@ -139,11 +139,11 @@ class ServerMetrics(Collector):
             output.add_metric([sid], o)
         yield prompt
         yield output
-        errs = CounterMetricFamily(
-            "rollout_server_control_errors", "Control calls that failed, by operation.", labels=["server", "operation"]
+        yield _counted(
+            "rollout_server_control_errors",
+            "Control calls that failed, by operation.",
+            ["server", "operation"],
+            control_errors,
         )
-        for (sid, op), n in sorted(control_errors.items()):
-            errs.add_metric([sid, op], n)
-        yield errs
         for h in (self.request_duration, self.queue_duration, self.ttft, self.control_duration):
             yield h.collect()
