@@ -39,7 +39,7 @@ from ..protocol import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Engine", "EngineLoad", "NamedTensors", "prompt_score_result"]
+__all__ = ["Engine", "EngineLoad", "Gate", "NamedTensors", "prompt_score_result"]
 
 NamedTensors = Sequence[tuple[str, "torch.Tensor"]]
 
@@ -87,6 +87,37 @@ class EngineLoad(msgspec.Struct, frozen=True, kw_only=True):
     max_running_requests: int | None = None
     kv_capacity_tokens: int | None = None
     kv_used_tokens: int | None = None
+
+
+class Gate:
+    """What an engine's steps and new work wait on: open unless some reason holds it (``"pause"``, a
+    ``"memory"`` release).  Used from the engine's event loop only."""
+
+    def __init__(self) -> None:
+        self._reasons: set[str] = set()
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @property
+    def is_open(self) -> bool:
+        return not self._reasons
+
+    def holds(self, reason: str) -> bool:
+        return reason in self._reasons
+
+    def hold(self, reason: str) -> None:
+        self._reasons.add(reason)
+        self._open.clear()
+
+    def release(self, reason: str) -> bool:
+        """Drop ``reason``; True when that leaves the gate open."""
+        self._reasons.discard(reason)
+        if not self._reasons:
+            self._open.set()
+        return not self._reasons
+
+    async def wait(self) -> None:
+        await self._open.wait()
 
 
 class Engine(abc.ABC):
