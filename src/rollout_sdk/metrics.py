@@ -94,6 +94,17 @@ def _counted(name: str, doc: str, labels: list[str], counts: Mapping[tuple[str, 
     return family
 
 
+def _by_outcome(name: str, doc: str, ended: Iterable[tuple[str, int, int, int]]) -> CounterMetricFamily:
+    """Requests that ended on each server by outcome, from ``(server, completed, aborted, errors)`` rows of
+    stats snapshots (the client's and the server's both count them)."""
+    family = CounterMetricFamily(name, doc, labels=["server", "outcome"])
+    for server, completed, aborted, errors in ended:
+        family.add_metric([server, "completed"], completed)
+        family.add_metric([server, "aborted"], aborted)
+        family.add_metric([server, "error"], errors)
+    return family
+
+
 def render_metrics(*registries: CollectorRegistry) -> tuple[bytes, str]:
     """The text exposition of ``registries`` and its content type: what a ``/metrics`` handler returns."""
     return b"".join(generate_latest(r) for r in registries), CONTENT_TYPE_LATEST

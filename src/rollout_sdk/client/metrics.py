@@ -15,6 +15,7 @@ from ..metrics import (
     LATENCY_BUCKETS,
     TOOL_BUCKETS,
     UNKNOWN_TOOL,
+    _by_outcome,
     _counted,
     _Histogram,
 )
@@ -126,11 +127,6 @@ class ClientMetrics(Collector):
             "Requests waiting in the server's engine (last heartbeat).",
             labels=["server"],
         )
-        requests = CounterMetricFamily(
-            "rollout_client_requests",
-            "Requests that ended, per server and outcome (completed, aborted, error).",
-            labels=["server", "outcome"],
-        )
         failovers = CounterMetricFamily(
             "rollout_client_failovers",
             "Requests moved to another server after this one failed them.",
@@ -142,10 +138,12 @@ class ClientMetrics(Collector):
             up.add_metric([sid], 1.0 if s.alive else 0.0)
             engine_running.add_metric([sid], s.engine_running)
             engine_queued.add_metric([sid], s.engine_queued)
-            requests.add_metric([sid, "completed"], s.completed)
-            requests.add_metric([sid, "aborted"], s.aborted)
-            requests.add_metric([sid, "error"], s.errors)
             failovers.add_metric([sid], s.failed_over)
+        requests = _by_outcome(
+            "rollout_client_requests",
+            "Requests that ended, per server and outcome (completed, aborted, error).",
+            ((s.server_id, s.completed, s.aborted, s.errors) for s in stats.servers),
+        )
         yield from (in_flight, up, engine_running, engine_queued, requests, failovers)
         yield GaugeMetricFamily(
             "rollout_client_requests_waiting", "Requests waiting in the client for a server slot.", value=stats.waiting
