@@ -7,7 +7,7 @@ Concurrency::
     generate(req) ── (images: decoded, processed and their marks expanded in a thread, models.vision)
                      adds a Sequence to the Scheduler, wakes the step loop, awaits its future
     abort(rid)    ── resolves the future now (tokens so far), marks it done; the worker drops the row
-    step loop     ── waits on: work to do (wake event) and not paused
+    step loop     ── waits on: work to do (wake event) and its gate open (no pause, no released memory)
                      Scheduler.schedule(): new seqs (≤ max_running rows, ≤ max_prefill_tokens)
                      awaits ─────────────────────────▶ ModelRunner.step(): drop done rows, decode one
                                                        token for every running row, prefill the new
