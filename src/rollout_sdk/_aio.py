@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, TypeVar, overload
+from typing import Any, Self, TypeVar, overload
 
 from .errors import LifecycleError
 
 __all__ = [
     "Lifecycle",
     "LifecycleState",
+    "OpenedWith",
     "await_unless",
     "cancel_and_wait",
     "ended_with",
@@ -116,6 +117,24 @@ def ended_with(task: asyncio.Future[Any], fallback: BaseException) -> BaseExcept
 
 
 # -- lifecycles ---------------------------------------------------------------------------------------
+
+
+class OpenedWith:
+    """``async with x:`` is ``await x.open()``, then ``await x.aclose()`` on the way out, whatever happened:
+    the client's and the gateway's context manager, written once (each defines ``open`` and ``aclose``)."""
+
+    async def open(self) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 class LifecycleState(enum.Enum):

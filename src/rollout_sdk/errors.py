@@ -83,24 +83,28 @@ class RolloutError(Exception):
     """Base class of every error raised by rollout-sdk."""
 
 
-class ConfigError(RolloutError, ValueError):
+class _BadValue(RolloutError, ValueError):
+    """A named field has a bad value: ``field``, ``value`` and the ``reason`` it is refused."""
+
+    def __init__(self, field: str, value: Any, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        return f"{self.field}={self.value!r}: {self.reason}"
+
+
+class ConfigError(_BadValue):
     """A configuration field has a bad value."""
 
-    def __init__(self, field: str, value: Any, reason: str) -> None:
-        self.field = field
-        self.value = value
-        self.reason = reason
-        super().__init__(f"{field}={value!r}: {reason}")
 
-
-class InvalidRequestError(RolloutError, ValueError):
+class InvalidRequestError(_BadValue):
     """A request field has a bad value.  ``field`` is a dotted path (``sampling.temperature``)."""
 
-    def __init__(self, field: str, value: Any, reason: str) -> None:
-        self.field = field
-        self.value = value
-        self.reason = reason
-        super().__init__(f"invalid request: {field}={_short(value)}: {reason}")
+    def _message(self) -> str:
+        return f"invalid request: {self.field}={_short(self.value)}: {self.reason}"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.field, self.value, self.reason))

@@ -31,10 +31,10 @@ import asyncio
 import bisect
 import contextlib
 import math
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 __all__ = [
@@ -84,6 +84,25 @@ class _Histogram:
                 buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
             fam.add_metric(list(labels), buckets, sum_value=snap[-1])
         return fam
+
+
+def _counted(name: str, doc: str, labels: list[str], counts: Mapping[tuple[str, str], int]) -> CounterMetricFamily:
+    """A labelled counter family with one sample per key of ``counts`` (a copy the scrape took), in key order."""
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, n in sorted(counts.items()):
+        family.add_metric(list(key), n)
+    return family
+
+
+def _by_outcome(name: str, doc: str, ended: Iterable[tuple[str, int, int, int]]) -> CounterMetricFamily:
+    """Requests that ended on each server by outcome, from ``(server, completed, aborted, errors)`` rows of
+    stats snapshots (the client's and the server's both count them)."""
+    family = CounterMetricFamily(name, doc, labels=["server", "outcome"])
+    for server, completed, aborted, errors in ended:
+        family.add_metric([server, "completed"], completed)
+        family.add_metric([server, "aborted"], aborted)
+        family.add_metric([server, "error"], errors)
+    return family
 
 
 def render_metrics(*registries: CollectorRegistry) -> tuple[bytes, str]:

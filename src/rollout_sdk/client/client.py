@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
-from .._aio import Lifecycle, await_unless, cancel_and_wait, ended_with
+from .._aio import Lifecycle, OpenedWith, await_unless, cancel_and_wait, ended_with
 from ..auth import Credentials
 from ..discovery import Discovery, EmbeddedServers, StaticServers
 from ..engines.cpu import CpuEngineConfig
@@ -73,7 +73,7 @@ WeightMethod = Literal["distributed", "ipc"]
 _DEFAULT_SAMPLING = SamplingParams()  # frozen: shared by every request that names no sampling
 
 
-class RolloutClient:
+class RolloutClient(OpenedWith):
     """The rollout client.
 
     Example::
@@ -147,13 +147,6 @@ class RolloutClient:
         self._scheduler.on_result = self.metrics.observe_result
 
     # -- lifecycle ---------------------------------------------------------------------------------
-
-    async def __aenter__(self) -> RolloutClient:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def open(self) -> None:
         """Find and connect to the servers.  Called by ``async with``; a client opens once."""

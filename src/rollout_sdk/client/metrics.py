@@ -9,7 +9,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..metrics import _MAX_TOOL_LABELS, CONTROL_BUCKETS, LATENCY_BUCKETS, TOOL_BUCKETS, UNKNOWN_TOOL, _Histogram
+from ..metrics import (
+    _MAX_TOOL_LABELS,
+    CONTROL_BUCKETS,
+    LATENCY_BUCKETS,
+    TOOL_BUCKETS,
+    UNKNOWN_TOOL,
+    _by_outcome,
+    _counted,
+    _Histogram,
+)
 from ..protocol import GenerateResult
 from .stats import ClientStats
 
@@ -118,11 +127,6 @@ class ClientMetrics(Collector):
             "Requests waiting in the server's engine (last heartbeat).",
             labels=["server"],
         )
-        requests = CounterMetricFamily(
-            "rollout_client_requests",
-            "Requests that ended, per server and outcome (completed, aborted, error).",
-            labels=["server", "outcome"],
-        )
         failovers = CounterMetricFamily(
             "rollout_client_failovers",
             "Requests moved to another server after this one failed them.",
@@ -134,10 +138,12 @@ class ClientMetrics(Collector):
             up.add_metric([sid], 1.0 if s.alive else 0.0)
             engine_running.add_metric([sid], s.engine_running)
             engine_queued.add_metric([sid], s.engine_queued)
-            requests.add_metric([sid, "completed"], s.completed)
-            requests.add_metric([sid, "aborted"], s.aborted)
-            requests.add_metric([sid, "error"], s.errors)
             failovers.add_metric([sid], s.failed_over)
+        requests = _by_outcome(
+            "rollout_client_requests",
+            "Requests that ended, per server and outcome (completed, aborted, error).",
+            ((s.server_id, s.completed, s.aborted, s.errors) for s in stats.servers),
+        )
         yield from (in_flight, up, engine_running, engine_queued, requests, failovers)
         yield GaugeMetricFamily(
             "rollout_client_requests_waiting", "Requests waiting in the client for a server slot.", value=stats.waiting
@@ -151,21 +157,17 @@ class ClientMetrics(Collector):
             updates, tools = dict(self._updates), dict(self._tools)
         yield CounterMetricFamily("rollout_client_output_tokens", "Tokens generated (rate() is tokens/s).", value=out)
         yield CounterMetricFamily("rollout_client_prompt_tokens", "Prompt tokens of finished requests.", value=prompt)
-        upd = CounterMetricFamily(
+        yield _counted(
             "rollout_client_weight_updates",
             "update_weights calls, by method and outcome.",
-            labels=["method", "outcome"],
+            ["method", "outcome"],
+            updates,
         )
-        for (method, outcome), n in sorted(updates.items()):
-            upd.add_metric([method, outcome], n)
-        yield upd
-        calls = CounterMetricFamily(
+        yield _counted(
             "rollout_agent_tool_calls",
             "Tool calls by tool and outcome (ok, or the error kind: unknown_tool, bad_arguments, raised, timeout).",
-            labels=["tool", "outcome"],
+            ["tool", "outcome"],
+            tools,
         )
-        for (tool, outcome), n in sorted(tools.items()):
-            calls.add_metric([tool, outcome], n)
-        yield calls
         for h in self._hist:
             yield h.collect()

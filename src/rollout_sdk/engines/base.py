@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -31,6 +31,7 @@ from ..protocol import (
     GenerateResult,
     InitWeightGroup,
     PauseMode,
+    Timings,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
 )
@@ -38,9 +39,34 @@ from ..protocol import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Engine", "EngineLoad", "NamedTensors"]
+__all__ = ["Engine", "EngineLoad", "Gate", "NamedTensors", "prompt_score_result"]
 
 NamedTensors = Sequence[tuple[str, "torch.Tensor"]]
+
+
+def prompt_score_result(
+    req: GenerateRequest,
+    prompt_logprobs: list[float],
+    *,
+    weight_version: int,
+    queue_s: float,
+    total_s: float,
+    vision: Any = None,
+) -> GenerateResult:
+    """A score request's result, whichever engine scored it: no output (so no first token), the logprobs of
+    the prompt (the expanded one when it has images, with the expansion's fields), the weights they came
+    from."""
+    prompt = req.input_ids if vision is None else vision.input_ids
+    return GenerateResult(
+        rid=req.rid,
+        output_ids=[],
+        finish_reason="stop",
+        prompt_tokens=len(prompt),
+        weight_version=weight_version,
+        prompt_logprobs=prompt_logprobs,
+        timings=Timings(queue_s=queue_s, total_s=total_s),
+        **(vision.result_fields() if vision is not None else {}),
+    )
 
 
 class EngineLoad(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,6 +87,37 @@ class EngineLoad(msgspec.Struct, frozen=True, kw_only=True):
     max_running_requests: int | None = None
     kv_capacity_tokens: int | None = None
     kv_used_tokens: int | None = None
+
+
+class Gate:
+    """What an engine's steps and new work wait on: open unless some reason holds it (``"pause"``, a
+    ``"memory"`` release).  Used from the engine's event loop only."""
+
+    def __init__(self) -> None:
+        self._reasons: set[str] = set()
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @property
+    def is_open(self) -> bool:
+        return not self._reasons
+
+    def holds(self, reason: str) -> bool:
+        return reason in self._reasons
+
+    def hold(self, reason: str) -> None:
+        self._reasons.add(reason)
+        self._open.clear()
+
+    def release(self, reason: str) -> bool:
+        """Drop ``reason``; True when that leaves the gate open."""
+        self._reasons.discard(reason)
+        if not self._reasons:
+            self._open.set()
+        return not self._reasons
+
+    async def wait(self) -> None:
+        await self._open.wait()
 
 
 class Engine(abc.ABC):

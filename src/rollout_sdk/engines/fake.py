@@ -39,7 +39,7 @@ from ..errors import (
 )
 from ..protocol import EngineLimits, GenerateRequest, GenerateResult, InitWeightGroup, PauseMode, Timings
 from ..protocol.segments import append_segments
-from .base import Engine, EngineLoad, NamedTensors
+from .base import Engine, EngineLoad, Gate, NamedTensors
 
 __all__ = ["FakeEngine", "FakeEngineConfig"]
 
@@ -130,9 +130,7 @@ class FakeEngine(Engine):
         self._waiting: collections.deque[_Req] = collections.deque()
         self._running: list[_Req] = []
         self._wake = asyncio.Event()
-        self._resumed = asyncio.Event()
-        self._resumed.set()
-        self._paused = False
+        self._gate = Gate()  # held by a pause
         self._loop_task: asyncio.Task[None] | None = None
         self._decoded = 0  # tokens emitted (progress())
         #: fault injection: every step takes this many times its modelled time (a stalling engine)
@@ -204,7 +202,7 @@ class FakeEngine(Engine):
             if fut.done():
                 return fut.result()
         if self.config.instant:
-            await self._resumed.wait()
+            await self._gate.wait()
             if not fut.done():
                 for _ in r.target:
                     if self._emit(r):
@@ -263,7 +261,7 @@ class FakeEngine(Engine):
         loop = asyncio.get_running_loop()
         deadline = loop.time()
         while True:
-            await self._resumed.wait()
+            await self._gate.wait()
             self._running = [r for r in self._running if not r.done]
             while len(self._running) < c.max_batch and self._waiting:
                 r = self._waiting.popleft()
@@ -279,7 +277,7 @@ class FakeEngine(Engine):
             step_s = (c.step_base_s + c.step_per_seq_s * len(self._running)) * self.step_scale
             deadline = max(deadline, loop.time()) + step_s
             await asyncio.sleep(deadline - loop.time())
-            if self._paused:
+            if self.paused:
                 continue
             for r in self._running:
                 if not r.done:
@@ -313,17 +311,15 @@ class FakeEngine(Engine):
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self._gate.holds("pause")
 
     async def pause(self, mode: PauseMode = "abort") -> None:
-        self._paused = True
-        self._resumed.clear()
+        self._gate.hold("pause")
         if mode == "abort":
             self.abort_all()
 
     async def resume(self) -> None:
-        self._paused = False
-        self._resumed.set()
+        self._gate.release("pause")
 
     async def flush_cache(self) -> None:
         return None

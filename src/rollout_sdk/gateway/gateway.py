@@ -43,7 +43,7 @@ from typing import Any
 
 import msgspec
 
-from .._aio import Lifecycle, await_unless, cancel_and_wait
+from .._aio import Lifecycle, OpenedWith, await_unless, cancel_and_wait
 from ..agents import Trajectory
 from ..agents.parsers import get_reasoning_parser
 from ..errors import ClientStateError, ConfigError
@@ -149,7 +149,7 @@ class SessionHandle:
     shared_base_url: str
 
 
-class Gateway:
+class Gateway(OpenedWith):
     """An OpenAI-compatible gateway that records every token of every session for the trainer.
 
     ``client``: a :class:`~rollout_sdk.RolloutClient` you opened (the gateway does not close it); or
@@ -202,13 +202,6 @@ class Gateway:
         self._registry: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
-
-    async def __aenter__(self) -> Gateway:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def open(self) -> None:
         """Open the client (if owned), load the tokenizer, start listening.  A gateway opens once."""

@@ -29,7 +29,7 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 from aiohttp import web
@@ -432,27 +432,37 @@ def _chat_logprobs(lps: list[tuple[str, float]] | None) -> dict[str, Any] | None
     }
 
 
+def _head(o: Outcome, kind: str) -> dict[str, Any]:
+    """What every OpenAI response body and stream chunk starts with: the response's id, kind and model."""
+    return {"id": o.id, "object": kind, "created": o.created, "model": o.model}
+
+
+def _completions_body(
+    o: Outcome,
+    kind: str,
+    content: Literal["message", "text"],
+    logprobs: Callable[[list[tuple[str, float]] | None], dict[str, Any] | None],
+) -> dict[str, Any]:
+    """A non-streaming body: chat and text completions differ only in their kind, which field of a
+    :class:`Choice` a choice carries (``message`` or ``text``) and the shape of its logprobs."""
+    choices = [
+        {
+            "index": c.index,
+            content: getattr(c, content),
+            "finish_reason": c.finish_reason,
+            "logprobs": logprobs(c.logprobs),
+        }
+        for c in o.choices
+    ]
+    return {**_head(o, kind), "choices": choices, "usage": _usage(o)}
+
+
 def _chat_body(o: Outcome) -> dict[str, Any]:
-    return {
-        "id": o.id,
-        "object": "chat.completion",
-        "created": o.created,
-        "model": o.model,
-        "choices": [
-            {
-                "index": c.index,
-                "message": c.message,
-                "finish_reason": c.finish_reason,
-                "logprobs": _chat_logprobs(c.logprobs),
-            }
-            for c in o.choices
-        ],
-        "usage": _usage(o),
-    }
+    return _completions_body(o, "chat.completion", "message", _chat_logprobs)
 
 
 def _chat_chunks(o: Outcome) -> list[dict[str, Any]]:
-    head = {"id": o.id, "object": "chat.completion.chunk", "created": o.created, "model": o.model}
+    head = _head(o, "chat.completion.chunk")
     chunks: list[dict[str, Any]] = []
     for c in o.choices:
         msg = c.message or {}
@@ -504,22 +514,7 @@ def _completion_logprobs(lps: list[tuple[str, float]] | None) -> dict[str, Any] 
 
 
 def _completion_body(o: Outcome) -> dict[str, Any]:
-    return {
-        "id": o.id,
-        "object": "text_completion",
-        "created": o.created,
-        "model": o.model,
-        "choices": [
-            {
-                "index": c.index,
-                "text": c.text,
-                "finish_reason": c.finish_reason,
-                "logprobs": _completion_logprobs(c.logprobs),
-            }
-            for c in o.choices
-        ],
-        "usage": _usage(o),
-    }
+    return _completions_body(o, "text_completion", "text", _completion_logprobs)
 
 
 def _completion_chunks(o: Outcome) -> list[dict[str, Any]]:

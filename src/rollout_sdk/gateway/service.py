@@ -342,12 +342,9 @@ class TurnService:
             call_ids = session.new_call_ids(len(dec.parsed.calls) if dec.parsed else 0)
             wire, tmpl, errors = assistant_reply(dec.parsed, dec.content, call_ids)
             calls = dec.parsed.calls if dec.parsed else []
-            turn = Turn(
-                index=0,
-                model_tokens=len(kept.output_ids),
-                finish_reason=kept.finish_reason,
-                weight_version=kept.weight_version,
-                generate_s=elapsed,
+            turn = _served_turn(
+                kept,
+                elapsed,
                 tool_calls=[ToolCallRecord(name=c.name, arguments=c.arguments, ok=True) for c in calls],
                 parse_errors=errors,
             )
@@ -371,7 +368,7 @@ class TurnService:
             finish = (
                 "tool_calls" if wire.get("tool_calls") else ("length" if kept.finish_reason == "length" else "stop")
             )
-            lps = list(zip(dec.token_texts, kept.logprobs or [], strict=False)) if dec.token_texts is not None else None
+            lps = _token_logprobs(dec, kept)
             choices.append(
                 Choice(
                     index=k,
@@ -428,13 +425,7 @@ class TurnService:
         choices = []
         for k, ((result, lifecycles), dec) in enumerate(zip(results, decoded, strict=True)):
             kept = _cut(result, dec.cut)
-            turn = Turn(
-                index=0,
-                model_tokens=len(kept.output_ids),
-                finish_reason=kept.finish_reason,
-                weight_version=kept.weight_version,
-                generate_s=elapsed,
-            )
+            turn = _served_turn(kept, elapsed)
             node = Node(
                 uid=len(session.nodes),
                 parent=parent,
@@ -450,7 +441,7 @@ class TurnService:
             )
             session.add(node)
             finish = "length" if kept.finish_reason == "length" else "stop"
-            lps = list(zip(dec.token_texts, kept.logprobs or [], strict=False)) if dec.token_texts is not None else None
+            lps = _token_logprobs(dec, kept)
             choices.append(
                 Choice(index=k, node=node, message=None, text=dec.content, finish_reason=finish, logprobs=lps)
             )
@@ -484,6 +475,30 @@ def _first_covering(tok: Any, ids: list[int], chars: int) -> int:
         else:
             lo = mid + 1
     return lo
+
+
+def _served_turn(
+    kept: GenerateResult,
+    elapsed: float,
+    *,
+    tool_calls: list[ToolCallRecord] | None = None,
+    parse_errors: list[str] | None = None,
+) -> Turn:
+    """The record of one served turn: what the engine returned for it (after any cut) and how long it took."""
+    return Turn(
+        index=0,
+        model_tokens=len(kept.output_ids),
+        finish_reason=kept.finish_reason,
+        weight_version=kept.weight_version,
+        generate_s=elapsed,
+        tool_calls=tool_calls or [],
+        parse_errors=parse_errors or [],
+    )
+
+
+def _token_logprobs(dec: _Decoded, kept: GenerateResult) -> list[tuple[str, float]] | None:
+    """(token text, logprob) per kept output token, when the request asked for logprobs."""
+    return list(zip(dec.token_texts, kept.logprobs or [], strict=False)) if dec.token_texts is not None else None
 
 
 def _cut(result: GenerateResult, k: int) -> GenerateResult:

@@ -35,7 +35,7 @@ import re
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..agents import Trajectory, TrajectoryBuilder, Turn
@@ -62,70 +62,40 @@ def extend_key(key: str, item: str) -> str:
     return hashlib.blake2b((key + "\x00" + item).encode(), digest_size=16).hexdigest()
 
 
+@dataclass(kw_only=True, slots=True, eq=False, repr=False)
 class Node:
     """One served turn (one choice of one request)."""
 
-    __slots__ = (
-        "children",
-        "context_ids",
-        "depth",
-        "key",
-        "lifecycles",
-        "messages",
-        "num_ids",
-        "parent",
-        "response_id",
-        "result",
-        "reward",
-        "text",
-        "turn",
-        "uid",
-    )
+    uid: int
+    parent: Node | None
+    context_ids: list[int]
+    result: GenerateResult
+    #: the model's decoded text (for the template's end of turn) or, for completions, prompt + text
+    text: str
+    key: str
+    #: the normalised conversation after this turn (chat); empty for completions
+    messages: list[dict[str, Any]]
+    turn: Turn
+    #: one per engine call this turn took (several when a paused generation was continued)
+    lifecycles: Sequence[Lifecycle] = ()
+    #: the id the agent got for the call that served this turn (``chatcmpl-...``, ``resp_...``, ``msg_...``)
+    response_id: str = ""
+    #: this turn's own reward (per-turn rewards), None if none was given
+    reward: float | None = field(default=None, init=False)
+    children: int = field(default=0, init=False)
+    depth: int = field(init=False)
+    num_ids: int = field(init=False)
 
-    def __init__(
-        self,
-        *,
-        uid: int,
-        parent: Node | None,
-        context_ids: list[int],
-        result: GenerateResult,
-        text: str,
-        key: str,
-        messages: list[dict[str, Any]],
-        turn: Turn,
-        lifecycles: Sequence[Lifecycle] = (),
-        response_id: str = "",
-    ) -> None:
-        self.uid = uid
-        self.parent = parent
-        self.context_ids = context_ids
-        self.result = result
-        #: the model's decoded text (for the template's end of turn) or, for completions, prompt + text
-        self.text = text
-        self.key = key
-        #: the normalised conversation after this turn (chat); empty for completions
-        self.messages = messages
-        self.turn = turn
-        #: one per engine call this turn took (several when a paused generation was continued)
-        self.lifecycles = list(lifecycles)
-        #: the id the agent got for the call that served this turn (``chatcmpl-...``, ``resp_...``, ``msg_...``)
-        self.response_id = response_id
-        #: this turn's own reward (per-turn rewards), None if none was given
-        self.reward: float | None = None
-        self.children = 0
-        self.depth: int = 0 if parent is None else parent.depth + 1
-        base = 0 if parent is None else parent.num_ids
-        self.num_ids: int = base + len(context_ids) + len(result.output_ids)
+    def __post_init__(self) -> None:
+        self.lifecycles = list(self.lifecycles)
+        self.depth = 0 if self.parent is None else self.parent.depth + 1
+        base = 0 if self.parent is None else self.parent.num_ids
+        self.num_ids = base + len(self.context_ids) + len(self.result.output_ids)
 
     def ids(self) -> list[int]:
         """Every token of this path, up to and including this turn's output."""
-        chain = []
-        node: Node | None = self
-        while node is not None:
-            chain.append(node)
-            node = node.parent
         out: list[int] = []
-        for n in reversed(chain):
+        for n in self.path():
             out.extend(n.context_ids)
             out.extend(n.result.output_ids)
         return out

@@ -40,6 +40,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal
 
 from ..client import RolloutClient
@@ -89,6 +90,7 @@ def _first_version(result: GenerateResult) -> int:
 # -- GRPOTrainer: rollout_func ---------------------------------------------------------------------
 
 
+@dataclass(eq=False)
 class GRPORolloutFunc:
     """A ``rollout_func`` for TRL's ``GRPOTrainer`` (see the module docstring).
 
@@ -98,33 +100,26 @@ class GRPORolloutFunc:
     CUDA device on GPUs).  Only the main process pushes; the others wait at a barrier first.
     """
 
-    def __init__(
-        self,
-        bridge: RolloutBridge,
-        *,
-        sampling: SamplingParams | None = None,
-        push_weights: bool = True,
-        weight_backend: str = "gloo",
-        weight_device: Any = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        self.bridge = bridge
-        self.sampling = sampling
-        self.push_weights = push_weights
-        self.weight_backend = weight_backend
-        self.weight_device = weight_device
-        self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.timeout = timeout
-        self.pushed_versions: list[int] = []
-        self._synced_step: int | None = None
+    bridge: RolloutBridge
+    _: KW_ONLY
+    sampling: SamplingParams | None = None
+    push_weights: bool = True
+    weight_backend: str = "gloo"
+    weight_device: Any = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    timeout: float | None = None
+    pushed_versions: list[int] = field(default_factory=list, init=False)
+    _synced_step: int | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.chat_template_kwargs = dict(self.chat_template_kwargs or {})  # a copy; None is accepted as empty
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         step = int(trainer.state.global_step)
         if self.push_weights and step != self._synced_step:
             self._push(trainer, step)
         tokenizer = trainer.processing_class
-        prompt_ids = [_tokenize(tokenizer, p, self.chat_template_kwargs) for p in prompts]
+        prompt_ids = [_tokenize(tokenizer, p, self.chat_template_kwargs or {}) for p in prompts]
         sampling = self.sampling or sampling_from_args(trainer.args)
         timeout = self.timeout
 
@@ -156,28 +151,21 @@ class GRPORolloutFunc:
 # -- AsyncGRPOTrainer: rollout worker and weight transfer ------------------------------------------
 
 
+@dataclass(eq=False)
 class WeightTransfer:
     """TRL's ``WeightTransferProtocol`` on rollout-sdk: ``pause`` (hold in-flight requests), ``send_weights``
     (one flattened-bucket broadcast, version + 1), ``resume`` (held requests continue on the new weights;
     their version segments say which tokens came from which)."""
 
-    def __init__(
-        self,
-        bridge: RolloutBridge,
-        *,
-        backend: str = "gloo",
-        device: Any = None,
-        pause_mode: Literal["abort", "hold", "retract", "in_place"] = "hold",
-        bucket_bytes: int = 512 << 20,
-    ) -> None:
-        self.bridge = bridge
-        self.backend = backend
-        self.device = device
-        self.pause_mode = pause_mode
-        self.bucket_bytes = bucket_bytes
-        #: the weight version the engines serve (the number of syncs so far)
-        self.version = 0
-        self.last_update: dict[str, float] = {}
+    bridge: RolloutBridge
+    _: KW_ONLY
+    backend: str = "gloo"
+    device: Any = None
+    pause_mode: Literal["abort", "hold", "retract", "in_place"] = "hold"
+    bucket_bytes: int = 512 << 20
+    #: the weight version the engines serve (the number of syncs so far)
+    version: int = field(default=0, init=False)
+    last_update: dict[str, float] = field(default_factory=dict, init=False)
 
     def init_weight_transfer(self) -> None:
         self.bridge.ensure_weight_sync(backend=self.backend, device=self.device)

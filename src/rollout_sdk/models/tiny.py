@@ -25,9 +25,9 @@ __all__ = ["GENERATION_CONFIG", "TINY_MODEL_CONFIG", "default_home", "ensure_tin
 #: bump when the recipe changes, so an old cached directory is not reused
 _RECIPE = "v1"
 
-TINY_MODEL_CONFIG: dict[str, object] = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
+#: the tiny language model's shape: Qwen2.5's token space, everything else shrunk (the tiny VL model's
+#: language model has the same one)
+TINY_LM_SHAPE: dict[str, int] = {
     "vocab_size": 151936,
     "hidden_size": 64,
     "intermediate_size": 192,
@@ -35,6 +35,11 @@ TINY_MODEL_CONFIG: dict[str, object] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "max_position_embeddings": 4096,
+}
+TINY_MODEL_CONFIG: dict[str, object] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    **TINY_LM_SHAPE,
     "rope_theta": 1000000.0,
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._cache import build_once, default_home
-from .tiny import GENERATION_CONFIG, write_seeded_weights, write_tokenizer
+from .tiny import GENERATION_CONFIG, TINY_LM_SHAPE, write_seeded_weights, write_tokenizer
 
 __all__ = ["TINY_VL_CONFIG", "TINY_VL_PREPROCESSOR", "VL_CHAT_TEMPLATE", "ensure_tiny_vl_model", "noise_png"]
 
@@ -30,13 +30,7 @@ _RECIPE = "v2"
 
 _TEXT: dict[str, Any] = {
     "model_type": "qwen2_5_vl_text",
-    "vocab_size": 151936,
-    "hidden_size": 64,
-    "intermediate_size": 192,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
+    **TINY_LM_SHAPE,
     "rms_norm_eps": 1e-6,
     "hidden_act": "silu",
     "initializer_range": 0.02,

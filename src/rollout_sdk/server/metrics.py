@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..metrics import CONTROL_BUCKETS, LATENCY_BUCKETS, _Histogram
+from ..metrics import CONTROL_BUCKETS, LATENCY_BUCKETS, _by_outcome, _counted, _Histogram
 from ..protocol import GenerateResult, ServerStats
 
 
@@ -90,18 +90,13 @@ class ServerMetrics(Collector):
         def gauge(name: str, doc: str) -> GaugeMetricFamily:
             return fams.setdefault(name, GaugeMetricFamily(name, doc, labels=["server"]))
 
-        requests = CounterMetricFamily(
-            "rollout_server_requests",
-            "Requests answered, by outcome (completed, aborted, error).",
-            labels=["server", "outcome"],
-        )
+        snapshots = [(sid, snapshot()) for sid, snapshot in servers]
         stalls = CounterMetricFamily(
             "rollout_server_engine_stalls",
             "Stalls the stall detector declared (server/stall.py).",
             labels=["server"],
         )
-        for sid, snapshot in servers:
-            s = snapshot()
+        for sid, s in snapshots:
             stalls.add_metric([sid], s.stalls)
             gauge("rollout_server_requests_in_flight", "Requests the server holds now.").add_metric([sid], s.in_flight)
             gauge("rollout_server_engine_running", "Requests the engine decodes now.").add_metric([sid], s.running)
@@ -122,11 +117,12 @@ class ServerMetrics(Collector):
                 gauge("rollout_server_kv_cache_usage_ratio", "Fraction of the KV cache in use.").add_metric(
                     [sid], s.kv_usage
                 )
-            requests.add_metric([sid, "completed"], s.completed)
-            requests.add_metric([sid, "aborted"], s.aborted)
-            requests.add_metric([sid, "error"], s.errors)
         yield from fams.values()
-        yield requests
+        yield _by_outcome(
+            "rollout_server_requests",
+            "Requests answered, by outcome (completed, aborted, error).",
+            ((sid, s.completed, s.aborted, s.errors) for sid, s in snapshots),
+        )
         yield stalls
         prompt = CounterMetricFamily(
             "rollout_server_prompt_tokens", "Prompt tokens of answered requests.", labels=["server"]
@@ -139,11 +135,11 @@ class ServerMetrics(Collector):
             output.add_metric([sid], o)
         yield prompt
         yield output
-        errs = CounterMetricFamily(
-            "rollout_server_control_errors", "Control calls that failed, by operation.", labels=["server", "operation"]
+        yield _counted(
+            "rollout_server_control_errors",
+            "Control calls that failed, by operation.",
+            ["server", "operation"],
+            control_errors,
         )
-        for (sid, op), n in sorted(control_errors.items()):
-            errs.add_metric([sid, op], n)
-        yield errs
         for h in (self.request_duration, self.queue_duration, self.ttft, self.control_duration):
             yield h.collect()

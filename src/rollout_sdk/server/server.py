@@ -371,9 +371,6 @@ class EngineServer:
             server_id=self.server_id,
             in_flight=len(self._flights),
             client_in_flight=mine,
-            running=load.running,
-            queued=load.queued,
-            queued_tokens=load.queued_tokens,
             completed=self._completed,
             aborted=self._aborted,
             errors=self._errors,
@@ -381,14 +378,11 @@ class EngineServer:
             engine_alive=self.engine.dead is None,
             paused=self.engine.paused,
             draining=self._draining,
-            kv_usage=load.kv_usage,
-            kv_used_tokens=load.kv_used_tokens,
-            kv_capacity_tokens=load.kv_capacity_tokens,
-            max_running_requests=load.max_running_requests,
             incarnation=self.incarnation,
             stalled=self._stall.stalled,
             stalls=self._stall.stalls,
             stall_reason=self._stall.reason,
+            **msgspec.structs.asdict(load),  # the engine's load and capacity, field for field
         )
 
     @property

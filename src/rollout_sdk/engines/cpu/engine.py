@@ -7,7 +7,7 @@ Concurrency::
     generate(req) ── (images: decoded, processed and their marks expanded in a thread, models.vision)
                      adds a Sequence to the Scheduler, wakes the step loop, awaits its future
     abort(rid)    ── resolves the future now (tokens so far), marks it done; the worker drops the row
-    step loop     ── waits on: work to do (wake event) and not paused
+    step loop     ── waits on: work to do (wake event) and its gate open (no pause, no released memory)
                      Scheduler.schedule(): new seqs (≤ max_running rows, ≤ max_prefill_tokens)
                      awaits ─────────────────────────▶ ModelRunner.step(): drop done rows, decode one
                                                        token for every running row, prefill the new
@@ -59,14 +59,13 @@ from ...protocol import (
     GenerateResult,
     InitWeightGroup,
     PauseMode,
-    Timings,
     UpdateWeightsDistributed,
 )
-from ..base import Engine, EngineLoad, NamedTensors
+from ..base import Engine, EngineLoad, Gate, NamedTensors, prompt_score_result
 from .config import CpuEngineConfig
 from .model_runner import ModelRunner, StepOutput
 from .scheduler import Scheduler
-from .sequence import Sequence, vision_fields
+from .sequence import Sequence
 
 __all__ = ["CpuEngine"]
 
@@ -89,11 +88,9 @@ class CpuEngine(Engine):
         self._limits: EngineLimits | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._wake = asyncio.Event()
-        self._resumed = asyncio.Event()
-        self._resumed.set()
+        self._gate = Gate()  # held by a pause and while memory is released
         self._step_idle = asyncio.Event()
         self._step_idle.set()
-        self._paused = False
         self._released: set[str] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._rng = random.Random(self.config.seed)
@@ -197,21 +194,13 @@ class CpuEngine(Engine):
             fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
             seq = Sequence(req, (), self.limits.max_context, random.Random(0), fut, vision)
         prompt = req.input_ids if vision is None else vision.input_ids
-        await self._resumed.wait()
+        await self._gate.wait()
         if "weights" in self._released:
             raise EngineBusyError("weights are released; resume_memory(['weights']) first")
         queued = time.perf_counter() - t0
         logprobs, version = await self._in_worker(self._runner.score_prompt, prompt, seq)
-        return GenerateResult(
-            rid=req.rid,
-            output_ids=[],
-            finish_reason="stop",
-            prompt_tokens=len(prompt),
-            weight_version=version,
-            prompt_logprobs=logprobs,
-            timings=Timings(queue_s=queued, total_s=time.perf_counter() - t0),
-            **vision_fields(vision),
-        )
+        total = time.perf_counter() - t0
+        return prompt_score_result(req, logprobs, weight_version=version, queue_s=queued, total_s=total, vision=vision)
 
     def abort(self, rid: str) -> None:
         seq = self._scheduler.seqs.get(rid)
@@ -252,8 +241,8 @@ class CpuEngine(Engine):
         batch = self._runner.batch
         try:
             while True:
-                if self._paused or self._released:
-                    await self._resumed.wait()
+                if not self._gate.is_open:
+                    await self._gate.wait()
                     continue
                 admit = self._scheduler.schedule(batch.num_live)
                 if not admit and not batch.num_live:
@@ -298,11 +287,10 @@ class CpuEngine(Engine):
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self._gate.holds("pause")
 
     async def pause(self, mode: PauseMode = "abort") -> None:
-        self._paused = True
-        self._resumed.clear()
+        self._gate.hold("pause")
         await self._step_idle.wait()
         if mode == "abort":
             self.abort_all()
@@ -310,9 +298,7 @@ class CpuEngine(Engine):
             self._scheduler.requeue_front(await self._in_worker(self._runner.retract))
 
     async def resume(self) -> None:
-        self._paused = False
-        if not self._released:
-            self._resumed.set()
+        self._gate.release("pause")
         self._wake.set()
 
     async def flush_cache(self) -> None:
@@ -321,7 +307,7 @@ class CpuEngine(Engine):
 
     async def release_memory(self, tags: Seq[str] | None = None) -> None:
         tags = list(tags or ("weights", "kv_cache"))
-        if self._scheduler.seqs and not self._paused:
+        if self._scheduler.seqs and not self.paused:
             raise EngineBusyError(f"cannot release memory with {len(self._scheduler.seqs)} request(s) in flight")
         # held by pause('retract') they keep only their tokens (re-prefilled on resume); in place, their KV
         held_kv = self._runner.batch.num_live
@@ -330,7 +316,7 @@ class CpuEngine(Engine):
                 f"cannot release memory: {held_kv} request(s) held in place keep their KV cache "
                 "(pause with mode='hold' or 'abort' first)"
             )
-        self._resumed.clear()
+        self._gate.hold("memory")
         self._released.update(tags)
         await self._step_idle.wait()
         await self._in_worker(self._runner.release, tags)
@@ -339,8 +325,7 @@ class CpuEngine(Engine):
         tags = list(tags or ("weights", "kv_cache"))
         await self._in_worker(self._runner.restore, tags)
         self._released.difference_update(tags)
-        if not self._released and not self._paused:
-            self._resumed.set()
+        if not self._released and self._gate.release("memory"):
             self._wake.set()
 
     async def set_weight_version(self, version: int) -> None:

@@ -180,6 +180,15 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
             time.sleep(cfg.step_s)
 
 
+#: the logprob kinds SGLang's batch output carries that no stand-in request asks for (top-k, token ids)
+_UNASKED_LOGPROBS = (
+    "input_top_logprobs",
+    "output_top_logprobs",
+    "input_token_ids_logprobs",
+    "output_token_ids_logprobs",
+)
+
+
 def _batch_output(io: Any, items: list[tuple[_Req, dict[str, Any] | None]]) -> Any:
     from array import array
 
@@ -202,6 +211,15 @@ def _batch_output(io: Any, items: list[tuple[_Req, dict[str, Any] | None]]) -> A
         in_lp.append([None, *(standin_logprob(t) for t in r.ids[1:])] if first else [])
         in_idx.append(list(r.ids) if first else [])
     empty: list[list[Any]] = [[] for _ in range(n)]
+    # every logprob field is set when some request of the batch wants logprobs, else every one is None
+    logprobs: dict[str, Any] = {
+        "input_token_logprobs_val": in_lp,
+        "input_token_logprobs_idx": in_idx,
+        "output_token_logprobs_val": out_lp,
+        "output_token_logprobs_idx": out_idx,
+    }
+    for unasked in _UNASKED_LOGPROBS:
+        logprobs[f"{unasked}_val"] = logprobs[f"{unasked}_idx"] = empty
     return io.BatchTokenIDOutput(
         rids=[r.rid for r, _ in items],
         http_worker_ipcs=[None] * n,
@@ -217,18 +235,7 @@ def _batch_output(io: Any, items: list[tuple[_Req, dict[str, Any] | None]]) -> A
         reasoning_tokens=[0] * n,
         completion_tokens=[len(r.out) for r, _ in items],
         cached_tokens=[0] * n,
-        input_token_logprobs_val=in_lp if any_lp else None,
-        input_token_logprobs_idx=in_idx if any_lp else None,
-        output_token_logprobs_val=out_lp if any_lp else None,
-        output_token_logprobs_idx=out_idx if any_lp else None,
-        input_top_logprobs_val=empty if any_lp else None,
-        input_top_logprobs_idx=empty if any_lp else None,
-        output_top_logprobs_val=empty if any_lp else None,
-        output_top_logprobs_idx=empty if any_lp else None,
-        input_token_ids_logprobs_val=empty if any_lp else None,
-        input_token_ids_logprobs_idx=empty if any_lp else None,
-        output_token_ids_logprobs_val=empty if any_lp else None,
-        output_token_ids_logprobs_idx=empty if any_lp else None,
+        **(logprobs if any_lp else dict.fromkeys(logprobs)),
         output_token_entropy_val=None,
         output_token_sampling_mask=None,
         output_token_sampling_logprobs=None,

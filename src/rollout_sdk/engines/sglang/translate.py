@@ -13,7 +13,7 @@ from typing import Any
 from ...errors import InvalidRequestError, RequestFailedError, RolloutError
 from ...protocol import PENALTY_RANGE, GenerateRequest, GenerateResult, RoutedExperts, SamplingParams, Timings
 from ...protocol.segments import append_segments
-from ..base import EngineLoad
+from ..base import EngineLoad, prompt_score_result
 from .config import SglangEngineConfig
 
 __all__ = [
@@ -222,15 +222,13 @@ def score_result(req: GenerateRequest, done: Done, version: int, total_s: float,
         entries = entries[1:]
     if len(entries) != len(prompt) - 1 or any(e is None for e in entries):
         raise RequestFailedError(f"SGLang returned {len(entries)} prompt logprobs for {len(prompt)} tokens")
-    return GenerateResult(
-        rid=req.rid,
-        output_ids=[],
-        finish_reason="stop",
-        prompt_tokens=len(prompt),
+    return prompt_score_result(
+        req,
+        [float(e) for e in entries if e is not None],
         weight_version=version,
-        prompt_logprobs=[float(e) for e in entries if e is not None],
-        timings=Timings(queue_s=done.queue_s or 0.0, total_s=total_s),
-        **(vision.result_fields() if vision is not None else {}),
+        queue_s=done.queue_s or 0.0,
+        total_s=total_s,
+        vision=vision,
     )
 
 
