@@ -70,8 +70,6 @@ def run(main: Main | None = None, argv: Sequence[str] | None = None) -> int:
         if __name__ == "__main__":
             raise SystemExit(run(main))
     """
-    from torch.distributed.elastic.multiprocessing.errors import record
-
     args, _ = parse_launch_args(argv)
     try:
         Layout.from_env(args.tp)  # not under torchrun: one line that says so, not a traceback
@@ -90,6 +88,9 @@ def run(main: Main | None = None, argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # a setup mistake (e.g. a multi-node job without a secret): one line, no trace
         print(f"rollout-sdk: {exc}", file=sys.stderr)
         return 2
+    # torch loads here, past the checks: a rank that refuses to start says so without importing it
+    from torch.distributed.elastic.multiprocessing.errors import record
+
     code = record(run_job)(main, cfg, engines)
     return int(code or 0)
 
