@@ -62,7 +62,8 @@ async def test_serve_exits_on_sigterm_with_a_control_call_stuck_in_a_thread(spaw
 
 
 @pytest.mark.slow
-async def test_a_torchrun_rank_exits_on_sigterm_with_a_control_call_stuck_in_a_thread(sdk_home, tag) -> None:  # noqa: F811
+async def test_a_torchrun_rank_exits_on_sigterm_with_a_control_call_stuck_in_a_thread(sdk_home, tag, tmp_path) -> None:  # noqa: F811
+    env = dict(_env(sdk_home, tag), XDG_RUNTIME_DIR=str(tmp_path))  # where the job's key file is made
     proc = subprocess.Popen(
         _torchrun(
             "--standalone", "--nproc-per-node", "1", str(ROOT / "launch" / "serve.py"),
@@ -71,7 +72,7 @@ async def test_a_torchrun_rank_exits_on_sigterm_with_a_control_call_stuck_in_a_t
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=_env(sdk_home, tag),
+        env=env,
         cwd=ROOT,
     )  # fmt: skip
     try:
@@ -95,6 +96,8 @@ async def test_a_torchrun_rank_exits_on_sigterm_with_a_control_call_stuck_in_a_t
         assert "exiting without them" in log, log[-3000:]
         assert "stopping: SIGTERM" in log or "stopping: job shutdown" in log, log[-3000:]
         assert _wait_gone(tag, 30) == []
+        # the hard exit skips every finally: the job's key file is removed just before it
+        assert list(tmp_path.rglob("*.key")) == [], log[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -24,7 +24,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from ..client import ClientConfig
@@ -43,14 +43,21 @@ __all__ = ["THREADS_GRACE_S", "leave_if_threads_hang", "main", "run_async"]
 THREADS_GRACE_S = 0.5
 
 
-def run_async(coro: Coroutine[Any, Any, Any], *, threads_grace_s: float | None = None) -> Any:
+def run_async(
+    coro: Coroutine[Any, Any, Any],
+    *,
+    threads_grace_s: float | None = None,
+    before_hard_exit: Callable[[], None] | None = None,
+) -> Any:
     """Run ``coro`` on uvloop where available (installed per call, not at import).
 
     With ``threads_grace_s`` (the ``serve`` command, a torchrun rank) the exit is bounded: worker threads
     get that long after ``coro`` ends, and a thread that cannot be joined is abandoned by leaving the
-    process (:func:`leave_if_threads_hang`), not waited for as asyncio and the interpreter would."""
+    process (:func:`leave_if_threads_hang`), not waited for as asyncio and the interpreter would.
+    ``before_hard_exit`` runs just before such a leave (no ``finally`` runs after it): the cleanup that
+    must not be skipped, such as removing a job's key file."""
     if threads_grace_s is not None:
-        coro = _bounded_exit(coro, threads_grace_s)
+        coro = _bounded_exit(coro, threads_grace_s, before_hard_exit)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
@@ -58,7 +65,9 @@ def run_async(coro: Coroutine[Any, Any, Any], *, threads_grace_s: float | None =
     return uvloop.run(coro)
 
 
-async def _bounded_exit(coro: Coroutine[Any, Any, Any], grace_s: float) -> Any:
+async def _bounded_exit(
+    coro: Coroutine[Any, Any, Any], grace_s: float, before_hard_exit: Callable[[], None] | None
+) -> Any:
     # a default executor of our own, so that its idle threads can be told to leave at the end
     executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="rollout-sdk")
     asyncio.get_running_loop().set_default_executor(executor)
@@ -68,7 +77,7 @@ async def _bounded_exit(coro: Coroutine[Any, Any, Any], grace_s: float) -> Any:
         code = result if isinstance(result, int) else 0
         return result
     finally:
-        await leave_if_threads_hang(executor, grace_s=grace_s, code=code)
+        await leave_if_threads_hang(executor, grace_s=grace_s, code=code, before_exit=before_hard_exit)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -82,14 +91,19 @@ def _live_threads() -> list[threading.Thread]:
 
 
 async def leave_if_threads_hang(
-    executor: concurrent.futures.ThreadPoolExecutor, *, grace_s: float, code: int = 0
+    executor: concurrent.futures.ThreadPoolExecutor,
+    *,
+    grace_s: float,
+    code: int = 0,
+    before_exit: Callable[[], None] | None = None,
 ) -> None:
     """Keep the shutdown bound when a thread (a collective stuck in ``to_thread``) cannot be stopped.
 
     Python cannot stop a thread, and both asyncio (``shutdown_default_executor``: on Python 3.11 it joins
     the thread even when cancelled) and the interpreter's exit (it joins every non-daemon thread) would
     wait for it without a limit.  So: idle workers are told to leave; the others get ``grace_s``; if one is
-    still running then, the process leaves with ``os._exit(code)`` after flushing its logs and streams.
+    still running then, the process leaves with ``os._exit(code)`` after ``before_exit`` (errors logged,
+    never raised) and flushing its logs and streams.
     The last resort, and the only one: whatever that thread was doing is abandoned (docs/reliability.md).
     """
     executor.shutdown(wait=False)
@@ -116,6 +130,11 @@ async def leave_if_threads_hang(
         grace_s,
         ", ".join(t.name for t in stuck[:4]),
     )
+    if before_exit is not None:
+        try:
+            before_exit()
+        except Exception:  # the exit must happen: a failed cleanup is logged, not raised
+            logging.getLogger("rollout_sdk.server").exception("cleanup before the hard exit failed")
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
