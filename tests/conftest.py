@@ -19,6 +19,14 @@ from rollout_sdk.server import EngineServer, ServerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# One intra-op thread for torch here and in every process the tests start (servers, ranks, examples; the
+# environment is inherited), unless the caller chose a count.  The tiny models' matrices are too small to
+# split: on a busy 2-core machine two OpenMP threads wait on each other at every op, and a CPU-engine step
+# then costs 5-15x the CPU of one thread (tests/test_cpu_engine.py: 4.5 s of CPU for 72 steps, 0.45 s).
+# Not where there is an NVIDIA GPU: the GPU tests' CPU work (a 0.5B model's init) wants the host's cores.
+if not Path("/dev/nvidiactl").exists():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _gpu_available() -> bool:
     try:

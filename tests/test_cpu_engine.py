@@ -29,6 +29,15 @@ def _req(ids: list[int], rid: str, **sampling: object) -> GenerateRequest:
     return GenerateRequest(input_ids=ids, rid=rid, sampling=SamplingParams(**sampling))  # type: ignore[arg-type]
 
 
+async def running_with_tokens(engine: CpuEngine, p: list[int], probe: str) -> None:
+    """Until the request just submitted runs and has tokens: a condition, not a sleep.  A 1-token request
+    admitted after it finishes only after a step that also decoded it; a pause called then lands within
+    the step in flight, a token or two later."""
+    while not engine.load().running:
+        await asyncio.sleep(0.005)
+    await engine.generate(_req(p, probe, max_new_tokens=1))
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def engine(tiny_model: Path) -> AsyncIterator[CpuEngine]:
     e = CpuEngine(CpuEngineConfig(model_path=str(tiny_model), max_running=64))
@@ -82,11 +91,7 @@ async def test_logprobs_are_the_models_log_probabilities(engine: CpuEngine) -> N
 async def test_abort_returns_partial_tokens_and_frees_the_slot(engine: CpuEngine) -> None:
     p = _prompts(1, seed=2)[0]
     task = asyncio.create_task(engine.generate(_req(p, "ab", max_new_tokens=2000, ignore_eos=True)))
-    while not engine.load().running:
-        await asyncio.sleep(0.01)
-    # a condition, not a sleep: a 1-token request admitted after "ab" finishes only after a step that
-    # also decoded "ab", so "ab" has tokens
-    await engine.generate(_req(p, "ab-probe", max_new_tokens=1))
+    await running_with_tokens(engine, p, "ab-probe")
     engine.abort("ab")
     r = await asyncio.wait_for(task, 5)
     assert r.finish_reason == "abort"
@@ -135,13 +140,12 @@ async def test_penalties_change_greedy_output(engine: CpuEngine) -> None:
 
 async def test_pause_modes(engine: CpuEngine) -> None:
     p = _prompts(1, seed=12)[0]
-    # long enough that the request is still running when the pause lands on a fast machine (40 tokens once
-    # left a 2x margin over the fixed sleep that used to stand before the pause)
-    want = (await engine.generate(_req(p, "pm0", temperature=0, max_new_tokens=150, **DIVERSE))).output_ids
+    # the pause lands a few tokens in (running_with_tokens), by step counts: 32 tokens leave most after it
+    sp = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True, **DIVERSE}
+    want = (await engine.generate(_req(p, "pm0", **sp))).output_ids
     for mode in ("in_place", "retract"):
-        task = asyncio.create_task(engine.generate(_req(p, f"pm-{mode}", temperature=0, max_new_tokens=150, **DIVERSE)))
-        while not engine.load().running:  # a condition: the request is running, then pause it
-            await asyncio.sleep(0.005)
+        task = asyncio.create_task(engine.generate(_req(p, f"pm-{mode}", **sp)))
+        await running_with_tokens(engine, p, f"pm-{mode}-probe")
         await engine.pause(mode)  # type: ignore[arg-type]
         assert engine.paused
         await asyncio.sleep(0.1)
@@ -150,9 +154,7 @@ async def test_pause_modes(engine: CpuEngine) -> None:
         r = await asyncio.wait_for(task, 20)
         assert r.output_ids == want, mode
     task = asyncio.create_task(engine.generate(_req(p, "pm-abort", max_new_tokens=4000, ignore_eos=True)))
-    while not engine.load().running:
-        await asyncio.sleep(0.01)
-    await engine.generate(_req(p, "pm-probe", max_new_tokens=1))  # "pm-abort" has tokens (see above)
+    await running_with_tokens(engine, p, "pm-probe")
     await engine.pause("abort")
     r = await asyncio.wait_for(task, 5)
     assert r.finish_reason == "abort"
@@ -217,9 +219,10 @@ async def test_release_and_resume_memory(engine: CpuEngine) -> None:
 async def test_release_with_requests_held_and_continue_after_wake(engine: CpuEngine) -> None:
     """The colocated step: hold in-flight requests, free the memory for training, wake, continue them."""
     p = _prompts(1, seed=15)[0]
-    want = (await engine.generate(_req(p, "h0", temperature=0, max_new_tokens=200, **DIVERSE))).output_ids
-    task = asyncio.create_task(engine.generate(_req(p, "h1", temperature=0, max_new_tokens=200, **DIVERSE)))
-    await asyncio.sleep(0.05)
+    sp = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True, **DIVERSE}
+    want = (await engine.generate(_req(p, "h0", **sp))).output_ids
+    task = asyncio.create_task(engine.generate(_req(p, "h1", **sp)))
+    await running_with_tokens(engine, p, "h-probe")  # it has tokens, and most of its 32 to come
     assert not task.done()
     await engine.pause("in_place")
     with pytest.raises(EngineBusyError, match="held in place"):

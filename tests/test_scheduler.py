@@ -187,10 +187,15 @@ async def test_round_robin_policy_rotates(fake_servers) -> None:
 
 
 async def test_killing_one_of_three_servers_loses_no_request(spawn_server) -> None:
-    procs = spawn_server.many(3, "--engine", "fake", "--fake-step-base-s", "0.005", "--fake-max-batch", "64")
+    fake = ("--engine", "fake", "--fake-max-batch", "64")
+    survivors = spawn_server.many(2, *fake, "--fake-step-base-s", "0.005")
+    # the victim steps once a second: its requests are all still in flight when it is killed, however slow
+    # the machine (60-token requests raced its decoding, and the ones it held, retried one at a time per
+    # survivor as suspects, made 15 s of the suite); 12 tokens are a full result all the same
+    victim = spawn_server(*fake, "--fake-step-base-s", "1.0")
+    procs = [survivors[0], victim, survivors[1]]
     async with RolloutClient(servers=[p.address for p in procs], retries=2) as client:
-        tasks = [asyncio.create_task(client.generate(_req(i, n=60))) for i in range(300)]
-        victim = procs[1]
+        tasks = [asyncio.create_task(client.generate(_req(i, n=12))) for i in range(300)]
         victim_conn = next(c for c in client.servers if c.address == victim.address)
         await until(lambda: victim_conn.in_flight > 0, "the victim is serving")
         os.kill(victim.proc.pid, signal.SIGKILL)

@@ -27,6 +27,7 @@ from rollout_sdk.protocol import (
     PauseGeneration,
     Ping,
     Pong,
+    ResumeGeneration,
     decode_server_message,
     encode,
 )
@@ -59,15 +60,10 @@ class RawClient:
 CPU_SERVER = ("--engine", "cpu", "--cpu-max-running", "64")
 
 
-@pytest.fixture
-def cpu_server(spawn_server, tiny_model):
-    """A server of this test alone (for the tests that pause it or release its memory)."""
-    return spawn_server(*CPU_SERVER, "--cpu-model-path", str(tiny_model))
-
-
 @pytest.fixture(scope="module")
 def shared_cpu_server(module_spawn_server, tiny_model):
-    """One server for the tests that leave it as they found it (each asserts on its own rids only)."""
+    """One server for the tests that leave it as they found it (each asserts on its own rids only; those
+    that pause it or release its memory resume it, failed or not: a CPU-engine start costs seconds of CPU)."""
     return module_spawn_server(*CPU_SERVER, "--cpu-model-path", str(tiny_model))
 
 
@@ -165,8 +161,8 @@ async def test_bad_input_gets_typed_errors_and_the_server_keeps_serving(shared_c
         raw.close()
 
 
-async def test_duplicate_rid_in_flight_is_refused(cpu_server) -> None:
-    raw = RawClient(cpu_server.address)
+async def test_duplicate_rid_in_flight_is_refused(shared_cpu_server) -> None:
+    raw = RawClient(shared_cpu_server.address)
     try:
         # a paused engine holds requests: the first stays in flight however fast the engine or slow this test
         # process is (it once finished all its tokens before the Abort below reached a loaded machine's server)
@@ -183,7 +179,11 @@ async def test_duplicate_rid_in_flight_is_refused(cpu_server) -> None:
         assert isinstance(done, GenerateResult)
         assert done.finish_reason == "abort"
     finally:
-        raw.close()
+        try:
+            await raw.sock.send(encode(ResumeGeneration(call_id="resume")))
+            assert isinstance(await raw.recv(), ControlReply)
+        finally:
+            raw.close()
 
 
 async def test_sigterm_answers_every_request_then_exits_zero(spawn_server, tiny_model) -> None:
@@ -228,24 +228,27 @@ async def test_dead_engine_fails_in_flight_fast_and_new_requests_too(fake_server
         raw.close()
 
 
-async def test_release_memory_with_requests_held_by_a_pause(cpu_server) -> None:
+async def test_release_memory_with_requests_held_by_a_pause(shared_cpu_server) -> None:
     """Colocated training: in-flight requests are held, memory released, then woken and continued."""
     # 160 tokens: enough to be mid-flight at the pause (a few round trips after they run), short enough
     # for a loaded 2-core machine
-    async with RolloutClient(servers=[cpu_server.address]) as client:
+    async with RolloutClient(servers=[shared_cpu_server.address]) as client:
         sp = SamplingParams(max_new_tokens=160, ignore_eos=True)
         tasks = [asyncio.ensure_future(client.generate([5, 6, 7, 8 + i], sampling=sp)) for i in range(4)]
-        while (await client.servers[0].fetch_stats()).running < 4:  # a condition, not a sleep
-            await asyncio.sleep(0.01)
-        assert not any(t.done() for t in tasks)
-        with pytest.raises(EngineBusyError):
-            await client.release_memory()  # running requests: refused, nothing stops
-        await client.pause("hold")
-        await client.release_memory()
-        await client.resume()
-        await asyncio.sleep(0.2)
-        assert not any(t.done() for t in tasks)  # the weights are gone: still held
-        await client.resume_memory()
+        try:
+            while (await client.servers[0].fetch_stats()).running < 4:  # a condition, not a sleep
+                await asyncio.sleep(0.01)
+            assert not any(t.done() for t in tasks)
+            with pytest.raises(EngineBusyError):
+                await client.release_memory()  # running requests: refused, nothing stops
+            await client.pause("hold")
+            await client.release_memory()
+            await client.resume()
+            await asyncio.sleep(0.2)
+            assert not any(t.done() for t in tasks)  # the weights are gone: still held
+        finally:  # the shared server as it was, whatever failed
+            await client.resume()
+            await client.resume_memory()
         results = await asyncio.gather(*tasks)
     assert all(len(r.output_ids) == 160 and r.finish_reason == "length" for r in results)
 

@@ -26,6 +26,9 @@ from rollout_sdk import (
 from rollout_sdk.launch import parse_launch_args, run
 
 DIVERSE = {"presence_penalty": 2.0}  # greedy on a random model repeats one token; this spreads it
+#: tokens of each request that a pause lands in: the pause comes a few steps after they all run
+#: (all_running), so most of them are still to come
+LONG = 40
 
 
 def _args() -> argparse.Namespace:
@@ -51,6 +54,16 @@ def reference_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
             out.append(nxt)
             ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
     return out
+
+
+async def all_running(client: RolloutClient, tasks: list[asyncio.Task[Any]]) -> None:
+    """Until the servers run every one of ``tasks`` (a condition, not a sleep).  A pause then lands after the
+    step in flight, which gives each its first token, if it had none yet."""
+    while not any(t.done() for t in tasks):  # one done: the checks below say what went wrong
+        stats = await asyncio.gather(*(s.fetch_stats() for s in client.servers))
+        if sum(st.running for st in stats) >= len(tasks):
+            return
+        await asyncio.sleep(0.01)
 
 
 async def checks(report: dict[str, Any], model_path: str) -> None:
@@ -95,9 +108,9 @@ async def checks(report: dict[str, Any], model_path: str) -> None:
         report["version_after_refused"] = sorted({r.weight_version for r in still})
 
         # 3. an update during 100 in-flight requests with pause(hold): none lost, both versions in each
-        long = SamplingParams(max_new_tokens=120, ignore_eos=True)
+        long = SamplingParams(max_new_tokens=LONG, ignore_eos=True)
         tasks = [asyncio.create_task(client.generate([151644, 100 + i], sampling=long)) for i in range(100)]
-        await asyncio.sleep(1.0)
+        await all_running(client, tasks)
         g2 = torch.Generator().manual_seed(8)
         second = [(n, t + 0.01 * torch.randn(t.shape, generator=g2)) for n, t in perturbed]
         await client.update_weights(second, version=2, pause="hold", bucket_bytes=8 << 20)
@@ -105,7 +118,7 @@ async def checks(report: dict[str, Any], model_path: str) -> None:
         report["hold_ok"] = sum(
             1
             for r in held
-            if not isinstance(r, BaseException) and r.finish_reason == "length" and len(r.output_ids) == 120
+            if not isinstance(r, BaseException) and r.finish_reason == "length" and len(r.output_ids) == LONG
         )
         report["hold_errors"] = [repr(r) for r in held if isinstance(r, BaseException)][:3]
         report["hold_spanning"] = sum(
@@ -116,10 +129,10 @@ async def checks(report: dict[str, Any], model_path: str) -> None:
         reqs = [GenerateRequest(input_ids=[151644, 300 + i], sampling=long) for i in range(50)]
         conts = [Continuation(r) for r in reqs]
         tasks = [asyncio.create_task(client.generate(c.next_request())) for c in conts]
-        await asyncio.sleep(1.0)
+        await all_running(client, tasks)
         await client.pause("abort")
         partial = await asyncio.gather(*tasks)
-        report["abort_partial"] = sum(1 for r in partial if r.finish_reason == "abort" and 0 < len(r.output_ids) < 120)
+        report["abort_partial"] = sum(1 for r in partial if r.finish_reason == "abort" and 0 < len(r.output_ids) < LONG)
         for c, r in zip(conts, partial, strict=True):
             c.add(r)
         await client.update_weights(perturbed, version=3)
@@ -130,9 +143,9 @@ async def checks(report: dict[str, Any], model_path: str) -> None:
         for c, r in zip(conts, resumed, strict=True):
             c.add(r)
         finals = [c.result() for c in conts]
-        report["abort_completed"] = sum(1 for f in finals if len(f.output_ids) == 120 and f.finish_reason == "length")
+        report["abort_completed"] = sum(1 for f in finals if len(f.output_ids) == LONG and f.finish_reason == "length")
         report["abort_segments"] = sorted({tuple(v for v, _ in f.version_segments) for f in finals})
-        report["abort_logprobs_aligned"] = all(len(f.logprobs or []) == 120 for f in finals)
+        report["abort_logprobs_aligned"] = all(len(f.logprobs or []) == LONG for f in finals)
         try:
             conts[0].next_request(current_version=10, max_staleness=2) if not conts[0].done else None
             fresh = Continuation(reqs[0])
