@@ -32,7 +32,7 @@ for step in "$@"; do
     short05) timeout 300 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --workloads short grpo --profile short --json $OUT/rl-0.5b-short.json --log-dir $OUT 2>$OUT/rl-0.5b-short.log; tail -5 $OUT/rl-0.5b-short.log | quiet ;;
     parity) timeout 110 python3 bench/gpu_parity.py --json $OUT/parity.json 2>$OUT/parity.log; tail -8 $OUT/parity.log | quiet ;;
     vl) timeout 570 python3 -m pytest tests/gpu/test_sglang_vision.py -m gpu -n 0 -s -q -p no:cacheprovider -rA --durations=0 >$OUT/vl.log 2>&1; grep -a -E "^VL |^SGLang's own|passed|failed|Error|error" $OUT/vl.log | tail -40 ;;
-    gputests) timeout 575 python3 -m pytest tests/gpu -m gpu -n 0 -s -q -p no:cacheprovider -rA --durations=0 >$OUT/gputests.log 2>&1; tail -25 $OUT/gputests.log ;;
+    gputests) timeout ${GPUTESTS_TIMEOUT:-575} python3 -m pytest tests/gpu -m gpu -n 0 -s -v -p no:cacheprovider -rA --durations=0 >$OUT/gputests.log 2>&1; grep -a -E "PASSED|FAILED|ERROR|^VL |passed|failed" $OUT/gputests.log | tail -40 ;;
     http05) timeout 575 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --http --budget-s 555 --json $OUT/rl-0.5b-http.json --log-dir $OUT 2>$OUT/rl-0.5b-http.log; tail -8 $OUT/rl-0.5b-http.log | quiet ;;
     http7) timeout 575 python3 bench/gpu_rl.py --shape 7b --reps 3 --http --max-running 1024 --budget-s 555 --json $OUT/rl-7b-http.json --log-dir $OUT 2>$OUT/rl-7b-http.log; tail -8 $OUT/rl-7b-http.log | quiet ;;
     check05) timeout 420 python3 bench/gpu_check.py --shape 0.5b --repeats 1 --json $OUT/check-0.5b.json >$OUT/check-0.5b.log 2>&1; grep -a "^\[check\]\|^  \|^GPU\|Error\|error" $OUT/check-0.5b.log | tail -40 ;;
