@@ -149,7 +149,7 @@ class _ToolModelBuild:
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
                 env=dict(os.environ, ROLLOUT_SDK_HOME=str(self.home)),
-                preexec_fn=default_sigint,  # stop() sends it Ctrl-C
+                preexec_fn=_training_preexec(),  # stop() sends it Ctrl-C
                 pass_fds=(lock.fileno(),),  # the lock is held while it trains, even past this process
             )
 
@@ -219,6 +219,26 @@ class _ToolModelBuild:
         if self.lock is not None:
             self.lock.close()  # the build's process keeps the lock until it exits (never LOCK_UN: shared)
             self.lock = None
+
+
+def _training_preexec() -> Callable[[], None]:
+    """The training's ``preexec_fn``: Ctrl-C as from a terminal (``default_sigint``), and Ctrl-C when the
+    process that started it dies without its cleanup (an xdist worker killed by its controller) on Linux."""
+    parent = os.getpid()
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded here: nothing but the call after the fork
+    except (OSError, AttributeError):  # not Linux
+        return default_sigint
+
+    def preexec() -> None:
+        default_sigint()
+        prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died before the call
+            os.kill(os.getpid(), signal.SIGINT)
+
+    return preexec
 
 
 def _try_flock(f: typing.IO[str], mode: int) -> bool:
