@@ -150,7 +150,7 @@ class _ToolModelBuild:
                 cwd=ROOT,
                 env=dict(os.environ, ROLLOUT_SDK_HOME=str(self.home)),
                 preexec_fn=_training_preexec(),  # stop() sends it Ctrl-C
-                pass_fds=(lock.fileno(),),  # the lock is held while it trains, even past this process
+                pass_fds=(lock.fileno(),),  # the lock is held until it has exited, whichever process ends first
             )
 
     def wait(self, say: Callable[[str], None]) -> None:
