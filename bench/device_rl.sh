@@ -17,7 +17,6 @@ export PATH=/tmp/site/bin:$PATH  # py-spy (carried in EXTRA) for bench/gpu_soak.
 mkdir -p /tmp/site/rollout_sdk-0.1.0.dist-info
 printf 'Metadata-Version: 2.1\nName: rollout-sdk\nVersion: 0.1.0\n' >/tmp/site/rollout_sdk-0.1.0.dist-info/METADATA
 printf '[sglang.srt.plugins]\nrollout_sdk_radix_eviction = rollout_sdk.engines.sglang.radix_patch:plugin\n' >/tmp/site/rollout_sdk-0.1.0.dist-info/entry_points.txt
-# pytest: -o addopts=... drops pyproject's `-n auto` (pytest-xdist is not carried; the GPU tests run one by one)
 export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 ROLLOUT_SDK_HOME=/tmp/rsdk
 quiet() { grep -v -E "^\[20|^Loading|it/s\]|^\s*$" ; }
 for step in "$@"; do
@@ -31,8 +30,8 @@ for step in "$@"; do
     rl7) timeout 560 python3 bench/gpu_rl.py --shape 7b --reps 3 --http --budget-s 520 --json $OUT/rl-7b.json --log-dir $OUT 2>$OUT/rl-7b.log; tail -5 $OUT/rl-7b.log | quiet ;;
     short05) timeout 300 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --workloads short grpo --profile short --json $OUT/rl-0.5b-short.json --log-dir $OUT 2>$OUT/rl-0.5b-short.log; tail -5 $OUT/rl-0.5b-short.log | quiet ;;
     parity) timeout 110 python3 bench/gpu_parity.py --json $OUT/parity.json 2>$OUT/parity.log; tail -8 $OUT/parity.log | quiet ;;
-    vl) timeout 570 python3 -m pytest -o addopts=--strict-markers tests/gpu/test_sglang_vision.py -m gpu -s -q -p no:cacheprovider -rA --durations=0 >$OUT/vl.log 2>&1; grep -a -E "^VL |^SGLang's own|passed|failed|Error|error" $OUT/vl.log | tail -40 ;;
-    gputests) timeout 470 python3 -m pytest -o addopts=--strict-markers tests/gpu -m gpu -q -p no:cacheprovider -rA --durations=0 >$OUT/gputests.log 2>&1; tail -25 $OUT/gputests.log ;;
+    vl) timeout 570 python3 -m pytest tests/gpu/test_sglang_vision.py -m gpu -s -q -p no:cacheprovider -rA --durations=0 >$OUT/vl.log 2>&1; grep -a -E "^VL |^SGLang's own|passed|failed|Error|error" $OUT/vl.log | tail -40 ;;
+    gputests) timeout 470 python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rA --durations=0 >$OUT/gputests.log 2>&1; tail -25 $OUT/gputests.log ;;
     http05) timeout 575 python3 bench/gpu_rl.py --shape 0.5b --reps 3 --http --budget-s 555 --json $OUT/rl-0.5b-http.json --log-dir $OUT 2>$OUT/rl-0.5b-http.log; tail -8 $OUT/rl-0.5b-http.log | quiet ;;
     http7) timeout 575 python3 bench/gpu_rl.py --shape 7b --reps 3 --http --max-running 1024 --budget-s 555 --json $OUT/rl-7b-http.json --log-dir $OUT 2>$OUT/rl-7b-http.log; tail -8 $OUT/rl-7b-http.log | quiet ;;
     check05) timeout 420 python3 bench/gpu_check.py --shape 0.5b --repeats 1 --json $OUT/check-0.5b.json >$OUT/check-0.5b.log 2>&1; grep -a "^\[check\]\|^  \|^GPU\|Error\|error" $OUT/check-0.5b.log | tail -40 ;;
