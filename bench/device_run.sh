@@ -24,7 +24,7 @@ for step in "$@"; do
     check05tp2ipc) python3 bench/gpu_check.py --shape 0.5b --tp 2 --repeats 0 --no-trainer-checks --weights-backend gloo --json $OUT/check-0.5b-tp2b.json 2>&1 | tee $OUT/check-0.5b-tp2b.log | grep -v "^\[20" ;;
     fleet2) python3 bench/gpu_fleet.py --seeds 3 4 5 --skip-longtail --json $OUT/fleet2.json --log-dir /tmp 2>&1 | tee $OUT/fleet2.log | grep -v "^\[20" ;;
     sweep7) python3 bench/gpu_check.py --shape 7b --repeats 0 --no-trainer-checks --weights-backend nccl --trainer-device cuda:1 --bucket-sweep 128 1024 2048 4096 --json $OUT/sweep-7b.json 2>&1 | tee $OUT/sweep-7b.log | grep -v "^\[20" ;;
-    gputests) python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tail -15 ;;
+    gputests) python3 -m pytest tests/gpu -n 0 -q -p no:cacheprovider 2>&1 | tail -15 ;;
     launch1) timeout 400 torchrun --standalone --nproc-per-node 1 examples/driver.py --engine sglang --model "$(model 0.5b)" --sglang "$SG" --requests 200 --report $OUT/launch1.json 2>&1 | grep -E "DRIVER|serving|stopping|Error|error" | tail -12 ;;
     launch_tp2) timeout 400 torchrun --standalone --nproc-per-node 2 examples/driver.py --engine sglang --tp 2 --model "$(model 0.5b)" --sglang "$SG" --requests 200 --report $OUT/launch_tp2.json 2>&1 | grep -E "DRIVER|serving|stopping|Error|error" | tail -12 ;;
     launch_dp2) timeout 400 torchrun --standalone --nproc-per-node 2 examples/driver.py --engine sglang --tp 1 --model "$(model 0.5b)" --sglang "$SG" --requests 200 --report $OUT/launch_dp2.json 2>&1 | grep -E "DRIVER|serving|stopping|Error|error" | tail -12 ;;

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import selectors
 import signal
 import subprocess
 import sys
 import time
+import typing
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -42,15 +44,34 @@ def _module_name(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # the modules with tests that need the tool model run last (the build overlaps the others: _ToolModelBuild)
+    # the modules with tests that need the tool model run last (the build overlaps the others: _ToolModelBuild),
+    # the modules with slow tests first (under xdist a long module started last would end the run alone)
     late = {_module_name(item) for item in items if _needs_tool_model(item)}
-    items.sort(key=lambda item: _module_name(item) in late)
+    slow = {_module_name(item) for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: (_module_name(item) in late, _module_name(item) not in slow))
     if _gpu_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (tests/gpu runs on the device machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook (absent under `-p no:xdist`)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: typing.Any) -> typing.Any:
+    """``--dist loadfile`` (a module's tests on one worker: they share its module-scoped servers) in the
+    order collected (``--no-loadscope-reorder``), with ``tests/gpu`` as one unit: each of its tests takes
+    a share of the one GPU's memory, so they run one at a time."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class _Scheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            scope = str(super()._split_scope(nodeid))
+            return "tests/gpu" if scope.startswith("tests/gpu/") else scope
+
+    return _Scheduling(config, log)
 
 
 _HOME = pytest.StashKey[Path]()
@@ -60,11 +81,20 @@ def _session_home(config: pytest.Config) -> Path:
     """This session's ROLLOUT_SDK_HOME: ``$ROLLOUT_SDK_TEST_HOME`` (a cache kept between runs), else a
     fresh temporary directory (a fresh clone: every model is built once, in it)."""
     if _HOME not in config.stash:
-        given = os.environ.get("ROLLOUT_SDK_TEST_HOME")
+        given = getattr(config, "workerinput", {}).get(_HOME_KEY) or os.environ.get("ROLLOUT_SDK_TEST_HOME")
         home = Path(given) if given else config._tmp_path_factory.mktemp("sdk_home")  # type: ignore[attr-defined]
         os.environ["ROLLOUT_SDK_HOME"] = str(home)
         config.stash[_HOME] = home
     return config.stash[_HOME]
+
+
+#: the session home, handed by the xdist controller to its workers (one home, one build of each model)
+_HOME_KEY = "rollout_sdk_test_home"
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook (absent under `-p no:xdist`)
+def pytest_configure_node(node: typing.Any) -> None:
+    node.workerinput[_HOME_KEY] = str(_session_home(node.config))
 
 
 def _needs_tool_model(item: pytest.Item) -> bool:
@@ -82,15 +112,23 @@ class _ToolModelBuild:
     """The trained tool model, built in a subprocess that starts before the first test.
 
     Training takes minutes on a loaded 2-core machine.  In a fixture that time counted against the first
-    test's per-test timeout and failed it.  Here it runs beside the tests that do not need it (the suite
-    mostly waits on sockets and subprocesses: about one core of two), those that need it run last, and the
-    wait for it happens before their timeout starts (``pytest_runtest_protocol`` below), saying so.
+    test's per-test timeout and failed it.  Here it runs beside the tests that do not need it, those that
+    need it run last, and the wait for it happens before their timeout starts (``pytest_runtest_protocol``
+    below), saying so.
+
+    Once per session, also under pytest-xdist, where every worker makes one of these: the first to lock
+    ``tool-model-build.lock`` in the session's home starts the training, whose process holds that lock until
+    it exits; the others wait for the lock, then read the cache.  Each of those holds a shared lock on
+    ``tool-model-build.wanted`` until it has its model: the builder's session can end first (xdist has no
+    more tests for it), and it leaves the training running while another process still wants it.
     """
 
     def __init__(self, home: Path) -> None:
         self.home = home
         self.log = home / "tool-model-build.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.lock: typing.IO[str] | None = None  # the builder's tool-model-build.lock (its process shares it)
+        self.wanted: typing.IO[str] | None = None  # a waiter's shared lock on tool-model-build.wanted
         self.path: Path | None = None
         self.error: str | None = None
 
@@ -98,39 +136,79 @@ class _ToolModelBuild:
         from rollout_sdk.tasks.tool_model import cached_tool_model
 
         self.path = cached_tool_model(self.home)
-        if self.path is None:
-            with open(self.log, "wb") as log:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "rollout_sdk", "make-model", "tool", "--home", str(self.home)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=ROOT,
-                    env=dict(os.environ, ROLLOUT_SDK_HOME=str(self.home)),
-                    preexec_fn=default_sigint,  # stop() sends it Ctrl-C
-                )
+        if self.path is not None:
+            return
+        self.wanted = open(self.home / "tool-model-build.wanted", "a")  # noqa: SIM115 - held until wait()
+        fcntl.flock(self.wanted, fcntl.LOCK_SH)  # before the race for the build lock: none misses a waiter
+        lock = open(self.home / "tool-model-build.lock", "a")  # noqa: SIM115 - the build's process holds it
+        if not _try_flock(lock, fcntl.LOCK_EX):  # another process trains it (another xdist worker)
+            lock.close()
+            return
+        self._release_wanted()
+        self.path = cached_tool_model(self.home)  # trained while this one raced for the lock
+        if self.path is not None:
+            lock.close()
+            return
+        self.lock = lock
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rollout_sdk", "make-model", "tool", "--home", str(self.home)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=dict(os.environ, ROLLOUT_SDK_HOME=str(self.home)),
+                preexec_fn=_training_preexec(),  # stop() sends it Ctrl-C
+                pass_fds=(lock.fileno(),),  # the lock is held until it has exited, whichever process ends first
+            )
 
     def wait(self, say: Callable[[str], None]) -> None:
-        if self.proc is None:
-            return
+        if self.proc is not None:
+            self._wait_own(say)
+        elif self.wanted is not None:
+            self._wait_other(say)
+
+    def _wait_own(self, say: Callable[[str], None]) -> None:
+        assert self.proc is not None
         if self.proc.poll() is None:
             say(f"\nwaiting for the tool model's training (started with the session; progress in {self.log})")
         t0 = time.monotonic()
         try:
             code = self.proc.wait(timeout=_BUILD_GUARD_S)
         except subprocess.TimeoutExpired:  # a hang guard (minutes are normal; an hour is not)
-            self.stop()
+            self.stop(others_may_wait=False)
             code = -1
         self.proc = None
-        if code == 0:
-            from rollout_sdk.tasks.tool_model import cached_tool_model
+        self._release_lock()
+        self._read_cache(f"exit {code}", say, t0)
 
-            self.path = cached_tool_model(self.home)
+    def _wait_other(self, say: Callable[[str], None]) -> None:
+        t0 = time.monotonic()
+        with open(self.home / "tool-model-build.lock", "a") as lock:
+            if not _try_flock(lock, fcntl.LOCK_SH):
+                say(f"\nwaiting for the tool model's training (by another process; progress in {self.log})")
+            while not _try_flock(lock, fcntl.LOCK_SH) and time.monotonic() - t0 < _BUILD_GUARD_S:
+                time.sleep(_BUILD_POLL_S)  # a poll on the lock, not a wait for the training's time
+        self._release_wanted()
+        self._read_cache("its process ended", say, t0)
+
+    def _read_cache(self, how: str, say: Callable[[str], None], t0: float) -> None:
+        from rollout_sdk.tasks.tool_model import cached_tool_model
+
+        self.path = cached_tool_model(self.home)
+        if self.path is not None:
             say(f"tool model ready (waited {time.monotonic() - t0:.0f}s)")
-        if self.path is None:
-            tail = self.log.read_text(errors="replace").replace("\r", "\n").splitlines()[-15:]
-            self.error = f"training the tool model failed (exit {code}); the end of {self.log}:\n" + "\n".join(tail)
+            return
+        tail = self.log.read_text(errors="replace").replace("\r", "\n").splitlines()[-15:]
+        self.error = f"training the tool model failed ({how}); the end of {self.log}:\n" + "\n".join(tail)
 
-    def stop(self) -> None:
+    def stop(self, *, others_may_wait: bool) -> None:
+        """End this process's part: with ``others_may_wait``, a training still running is left to finish
+        while another process wants the model (up to the guard); otherwise it is stopped."""
+        self._release_wanted()
+        if self.proc is not None and others_may_wait:
+            deadline = time.monotonic() + _BUILD_GUARD_S
+            while self.proc.poll() is None and _others_want(self.home) and time.monotonic() < deadline:
+                time.sleep(_BUILD_POLL_S)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)  # Ctrl-C: it stops at its next step and caches nothing
             try:
@@ -138,11 +216,58 @@ class _ToolModelBuild:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._release_lock()
+
+    def _release_wanted(self) -> None:
+        if self.wanted is not None:
+            self.wanted.close()  # closing drops the flock
+            self.wanted = None
+
+    def _release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.close()  # the build's process keeps the lock until it exits (never LOCK_UN: shared)
+            self.lock = None
+
+
+def _training_preexec() -> Callable[[], None]:
+    """The training's ``preexec_fn``: Ctrl-C as from a terminal (``default_sigint``), and Ctrl-C when the
+    process that started it dies without its cleanup (an xdist worker killed by its controller) on Linux."""
+    parent = os.getpid()
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded here: nothing but the call after the fork
+    except (OSError, AttributeError):  # not Linux
+        return default_sigint
+
+    def preexec() -> None:
+        default_sigint()
+        prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died before the call
+            os.kill(os.getpid(), signal.SIGINT)
+
+    return preexec
+
+
+def _try_flock(f: typing.IO[str], mode: int) -> bool:
+    try:
+        fcntl.flock(f, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _others_want(home: Path) -> bool:
+    """Whether another process holds its shared lock on ``tool-model-build.wanted`` (waits for the model)."""
+    with open(home / "tool-model-build.wanted", "a") as wanted:
+        return not _try_flock(wanted, fcntl.LOCK_EX)
 
 
 _BUILD = pytest.StashKey[_ToolModelBuild]()
 #: the longest the tests that need the tool model wait for its build
 _BUILD_GUARD_S = 3600.0
+#: how often a process waiting on another's build polls its lock
+_BUILD_POLL_S = 0.5
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -162,10 +287,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     yield
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     build = session.config.stash.get(_BUILD, None)
     if build is not None:
-        build.stop()
+        build.stop(others_may_wait=exitstatus != pytest.ExitCode.INTERRUPTED)
 
 
 @pytest.fixture(scope="session")
