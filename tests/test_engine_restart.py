@@ -10,19 +10,20 @@ import pytest
 
 from rollout_sdk import RolloutClient, SamplingParams
 from rollout_sdk.launch import StoreDiscovery
-from test_launch import _start_service, tag  # noqa: F401  (tag is a fixture)
+from test_launch import _env, _start_service, tag  # noqa: F401  (tag is a fixture)
 
 pytestmark = pytest.mark.slow
 
 
 async def test_a_dead_engine_is_restarted_in_place_and_rejoins(sdk_home, tag) -> None:  # noqa: F811
     # 4 ranks, tp=2: two servers; each engine dies at its 10th request and is rebuilt (at most 3 times)
-    proc, store = _start_service(
-        sdk_home, tag, "--tp", "2", "--engine", "fake", "--fake-die-after-requests", "10", "--max-engine-restarts", "3"
+    job = _start_service(
+        _env(sdk_home, tag),
+        *("--tp", "2", "--engine", "fake", "--fake-die-after-requests", "10", "--max-engine-restarts", "3"),
     )
     try:
         sp = SamplingParams(max_new_tokens=4)
-        async with RolloutClient(discovery=StoreDiscovery(store), retries=3, heartbeat_interval_s=0.2) as client:
+        async with RolloutClient(discovery=StoreDiscovery(job.store), retries=3, heartbeat_interval_s=0.2) as client:
             first = {c.server_id: c.incarnation for c in client.servers}
             assert sorted(first) == ["dp0", "dp1"]
             results = []
@@ -42,5 +43,4 @@ async def test_a_dead_engine_is_restarted_in_place_and_rejoins(sdk_home, tag) ->
         assert {s.server_id for s in st.retired} <= {"dp0", "dp1"} and st.retired
         assert any(s.incarnation != first[s.server_id] for s in st.servers)  # a restarted member serves
     finally:
-        proc.kill()
-        proc.wait(timeout=30)
+        job.close()
