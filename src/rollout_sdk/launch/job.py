@@ -137,6 +137,11 @@ def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None 
     log.info("%s", layout.describe())
     dist.init_process_group(cfg.dist_backend)
     key_file: Path | None = None
+
+    def remove_key() -> None:  # in the finally below, and before a hard exit (which skips every finally)
+        if key_file is not None and layout.local_rank == 0:
+            key_file.unlink(missing_ok=True)
+
     try:
         mesh = init_device_mesh(
             "cuda" if cfg.dist_backend == "nccl" else "cpu", (layout.dp, layout.tp), mesh_dim_names=("dp", "tp")
@@ -147,17 +152,10 @@ def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None 
         store_address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         store = connect_store(store_address)
         rank_job = _RankJob(layout, cfg, engines, store, store_address, mesh, secret, store_secret=store_secret)
-        owned_key = key_file if layout.local_rank == 0 else None
-
-        def remove_key() -> None:  # also on the hard exit below, which skips this function's finally
-            if owned_key is not None:
-                owned_key.unlink(missing_ok=True)
-
         # a thread stuck in a collective does not hold the rank past its bound (torchrun SIGKILLs at 30 s)
         return int(run_async(rank_job.run(main), threads_grace_s=THREADS_GRACE_S, before_hard_exit=remove_key))
     finally:
-        if key_file is not None and layout.local_rank == 0:
-            key_file.unlink(missing_ok=True)
+        remove_key()
         dist.destroy_process_group()
 
 
