@@ -42,13 +42,10 @@ def _cfg(*, once: bool) -> FakeEngineConfig:
 
 async def _run_groups(address: list[str], prompts: list[list[int]], g: int) -> list[list[tuple]]:
     sampling = SamplingParams(max_new_tokens=6, seed=11)
-    out: list[list[tuple]] = []
     async with RolloutClient(servers=address) as client:
         async with client.generate_many(prompts, group_size=g, sampling=sampling) as stream:
             groups = sorted([grp async for grp in stream], key=lambda grp: grp.index)
-    for grp in groups:
-        out.append([(r.output_ids, r.logprobs, r.cached_tokens, r.server_id) for r in grp.results])
-    return out
+    return [[(r.output_ids, r.logprobs, r.cached_tokens, r.server_id) for r in grp.results] for grp in groups]
 
 
 async def test_a_groups_prompt_is_prefilled_once_and_samples_are_unchanged(fake_servers) -> None:

@@ -340,9 +340,7 @@ async def test_a_group_prompt_is_prefilled_once_inside_sglang(model: str) -> Non
 
     async def run(e: SglangEngine) -> list[tuple[list[int], int]]:
         reqs = [
-            GenerateRequest(
-                rid=f"g{k}m{m}", input_ids=p, group_id=f"grp{k}", sampling=SamplingParams(max_new_tokens=5)
-            )
+            GenerateRequest(rid=f"g{k}m{m}", input_ids=p, group_id=f"grp{k}", sampling=SamplingParams(max_new_tokens=5))
             for k, p in enumerate(prompts)
             for m in range(g)
         ]
