@@ -19,15 +19,15 @@ quiet() { grep -a -v -E "^\[20|^Loading|it/s\]|^\s*$|Warning|warn" ; }
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
-    rl05) timeout 575 python3 bench/gpu_rlstep.py --shape 0.5b --metrics --reps 3 --budget-s 545 \
+    rl05) timeout 560 python3 bench/gpu_rlstep.py --shape 0.5b --metrics --reps 3 --budget-s 520 \
             --plan grpo2048x8:raw,sdk,sdkoff grpo8192x16:raw,sdk long:raw,rawcap,http,sdk short:raw,http,sdk \
             --json $OUT/rlstep-0.5b.json --log-dir $OUT 2>$OUT/rlstep-0.5b.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-0.5b.log | tail -60 ;;
-    rl7) timeout 575 python3 bench/gpu_rlstep.py --shape 7b --metrics --reps 3 --budget-s 545 \
+    rl7) timeout 560 python3 bench/gpu_rlstep.py --shape 7b --metrics --reps 3 --budget-s 520 \
             --plan grpo4096x8:raw,sdk,sdkoff grpo:raw,sdk \
             --json $OUT/rlstep-7b.json --log-dir $OUT 2>$OUT/rlstep-7b.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-7b.log | tail -40 ;;
-    rl05x2) timeout 575 python3 bench/gpu_rlstep.py --shape 0.5b --serve 2 --reps 3 --budget-s 545 \
+    rl05x2) timeout 560 python3 bench/gpu_rlstep.py --shape 0.5b --serve 2 --reps 3 --budget-s 520 \
             --plan grpo2048x8:sdk,sdkflat grpo:sdk,sdkflat \
             --json $OUT/rlstep-0.5b-x2.json --log-dir $OUT 2>$OUT/rlstep-0.5b-x2.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-0.5b-x2.log | tail -40 ;;
