@@ -33,7 +33,7 @@ pass is served from another's prefix cache and no flush is needed: "fresh" cache
 flush`` flushes before every pass instead):
 
 * ``grpoPxG`` (e.g. ``grpo2048x8``, ``grpo8192x16``): 64 prompts of P tokens x G samples, lognormal output
-  lengths (median 300, capped at 2,048: the long tail of GRPO);
+  lengths (median 300, capped at 2,048: the long tail of GRPO); ``grpoPxGfN``: N output tokens each;
 * ``grpo``: 64 prompts of 128-512 tokens x 8, the same lengths (the pass measured since issue 20);
 * ``long``: 1,024 x 512 prompt / 512 new tokens (0.5B; 256 x 512 / 1,024 at 7B);
 * ``short``: 8,192 (0.5B) or 4,096 (7B) x 64 / 16;
@@ -132,12 +132,15 @@ def make_work(name: str, *, shape: str, quick: bool, vocab: int, salt: str) -> W
     w = Work(name)
     base = name.removeprefix("update")
     if base.startswith("grpo") and "x" in base:
-        p, g = (int(x) for x in base[4:].split("x"))
+        shape_part, _, fixed = base[4:].partition("f")  # grpoPxG: long-tailed lengths; grpoPxGfN: N tokens each
+        p, g = (int(x) for x in shape_part.split("x"))
         prompts = 8 if quick else 64
         p = min(p, 512) if quick else p
         for i in range(prompts):
             prompt = ids(p)
-            w.items += [Item(prompt, 32 if quick else tail_len(), f"{salt}-g{i}") for _ in range(g)]
+            w.items += [
+                Item(prompt, 32 if quick else (int(fixed) if fixed else tail_len()), f"{salt}-g{i}") for _ in range(g)
+            ]
     elif name == "update":
         w = make_work("grpo2048x8", shape=shape, quick=quick, vocab=vocab, salt=f"update-{salt}")
         w.name = name
