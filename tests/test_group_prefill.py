@@ -40,9 +40,9 @@ def _cfg(*, once: bool) -> FakeEngineConfig:
     )
 
 
-async def _run_groups(address: list[str], prompts: list[list[int]], g: int) -> list[list[tuple]]:
+async def _run_groups(address: list[str], prompts: list[list[int]], g: int, **options: object) -> list[list[tuple]]:
     sampling = SamplingParams(max_new_tokens=6, seed=11)
-    async with RolloutClient(servers=address) as client:
+    async with RolloutClient(servers=address, **options) as client:
         async with client.generate_many(prompts, group_size=g, sampling=sampling) as stream:
             groups = sorted([grp async for grp in stream], key=lambda grp: grp.index)
     return [[(r.output_ids, r.logprobs, r.cached_tokens, r.server_id) for r in grp.results] for grp in groups]
@@ -50,14 +50,20 @@ async def _run_groups(address: list[str], prompts: list[list[int]], g: int) -> l
 
 async def test_a_groups_prompt_is_prefilled_once_and_samples_are_unchanged(fake_servers) -> None:
     prompts, g = _prompts(8), 8
-    (naive,) = await fake_servers(1, _cfg(once=False))
+    gate = asyncio.Event()
+    (naive,) = await fake_servers(1, _cfg(once=False), gate=gate)
     (once,) = await fake_servers(1, _cfg(once=True))
-    got_naive = await _run_groups([naive.address], prompts, g)
+    # the naive engine holds every sample until all have arrived, so the siblings meet in one step (as a
+    # burst does in SGLang's scheduler), whatever the machine's speed
+    naive_run = asyncio.create_task(_run_groups([naive.address], prompts, g))
+    await until(lambda: len(naive.engine._reqs) == g * len(prompts), "every sample reached the naive engine")
+    gate.set()
+    got_naive = await naive_run
     got_once = await _run_groups([once.address], prompts, g)
 
-    # the naive engine computed every sibling's prompt (they arrived together); prefill-once computed each
-    # prompt once, plus the last position of each member (its logits)
-    assert naive.engine.prefill_tokens >= 0.9 * g * P * len(prompts)
+    # the naive engine computed every sibling's prompt; prefill-once computed each prompt once, plus the
+    # last position of each member (its logits), however the members arrived
+    assert naive.engine.prefill_tokens == g * P * len(prompts)
     assert once.engine.prefill_tokens <= len(prompts) * (P + g)
     assert once.engine.prefill_tokens / (len(prompts) * P) <= 1.05
     assert once.engine.prefill_once.prefills == len(prompts)
@@ -69,9 +75,19 @@ async def test_a_groups_prompt_is_prefilled_once_and_samples_are_unchanged(fake_
     ]
 
 
+async def _held_run(servers: list, gate: asyncio.Event, prompts: list[list[int]], g: int, **options: object) -> list:
+    """Every sample placed before any runs (the engines hold them at ``gate``): loads only grow while the
+    client places, so placement does not depend on the machine's speed."""
+    run = asyncio.create_task(_run_groups([s.address for s in servers], prompts, g, **options))
+    await until(lambda: sum(len(s.engine._reqs) for s in servers) == g * len(prompts), "every sample placed")
+    gate.set()
+    return await run
+
+
 async def test_groups_are_placed_whole_and_spread_evenly(fake_servers) -> None:
-    servers = await fake_servers(2, _cfg(once=True))
-    got = await _run_groups([s.address for s in servers], _prompts(16), 8)
+    gate = asyncio.Event()
+    servers = await fake_servers(2, _cfg(once=True), gate=gate)
+    got = await _held_run(servers, gate, _prompts(16), 8)
     per_server = {s.config.server_id: 0 for s in servers}
     for grp in got:
         where = {sid for *_, sid in grp}
@@ -80,6 +96,15 @@ async def test_groups_are_placed_whole_and_spread_evenly(fake_servers) -> None:
     assert sorted(per_server.values()) == [8, 8], per_server
     for s in servers:  # each server prefilled only its own groups' prompts
         assert s.engine.prefill_once.prefills == 8
+
+
+async def test_group_placement_can_be_switched_off(fake_servers) -> None:
+    gate = asyncio.Event()
+    servers = await fake_servers(2, _cfg(once=True), gate=gate)
+    got = await _held_run(servers, gate, _prompts(8), 8, place_groups=False)
+    assert any(len({sid for *_, sid in grp}) == 2 for grp in got)  # samples placed one by one: groups split
+    for s in servers:  # each server prefilled the prompts of the members it got, once per group
+        assert 0 < s.engine.prefill_once.prefills <= 8
 
 
 async def test_short_prompts_and_lone_requests_take_no_prefill_pass(fake_servers) -> None:

@@ -102,6 +102,9 @@ class SchedulerConfig:
     affinity_slack: int = 8
     #: sessions remembered (least recently used forgotten first)
     max_sessions: int = 200_000
+    #: place a GRPO group's members (a shared ``group_id``) on one server, so its prompt is prefilled once
+    #: there; False: every request where the policy says
+    place_groups: bool = True
 
     def __post_init__(self) -> None:
         self.admission_config()  # validates the ceiling
@@ -111,6 +114,8 @@ class SchedulerConfig:
             raise ConfigError("affinity_margin", self.affinity_margin, "must be >= 0")
         if self.max_sessions < 1:
             raise ConfigError("max_sessions", self.max_sessions, "must be >= 1")
+        if not isinstance(self.place_groups, bool):
+            raise ConfigError("place_groups", self.place_groups, "must be True or False")
 
     def admission_config(self) -> AdmissionConfig:
         base = self.admission or AdmissionConfig()
@@ -234,7 +239,7 @@ class Scheduler:
 
     def _place(self, req: GenerateRequest, free: list[ServerConnection]) -> ServerConnection:
         gid = req.group_id
-        if gid is not None:
+        if gid is not None and self.config.place_groups:
             return self._place_group(gid, req, free)
         sid = req.session_id
         if sid is None:
