@@ -188,3 +188,36 @@ def test_a_bad_group_id_on_the_wire_is_refused() -> None:
     payload = msgspec.msgpack.encode({"type": "generate", "input_ids": [1], "group_id": "y" * 5000})
     with pytest.raises((RolloutError, msgspec.ValidationError)):
         decode_client_message(payload)
+
+
+def test_the_rl_step_bench_runs_its_cpu_dry_run(tmp_path) -> None:
+    """bench/gpu_rlstep.py --engine fake --quick: every side of a GRPO pass and a long pass runs, the SDK's
+    GRPO prefill is the ideal (within 5%) while the raw side's is a multiple of it, every token arrives."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "gpu_rlstep.py"
+    out = tmp_path / "rlstep.json"
+    plan = ["grpo2048x8:raw,sdk,sdkoff", "long:raw,rawcap,http,sdk"]
+    cmd = [
+        sys.executable,
+        str(bench),
+        "--engine",
+        "fake",
+        "--quick",
+        "--reps",
+        "1",
+        "--plan",
+        *plan,
+        "--json",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    by = {(p["workload"], p["mode"]): p for p in res["passes"]}
+    assert len(by) == 7 and all(p.get("ok") for p in by.values()), by
+    assert by[("grpo2048x8", "sdk")]["prefill_x"] <= 1.05
+    assert by[("grpo2048x8", "raw")]["prefill_x"] >= 2  # a gather of every sample meets in one step
