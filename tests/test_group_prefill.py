@@ -221,3 +221,40 @@ def test_the_rl_step_bench_runs_its_cpu_dry_run(tmp_path) -> None:
     assert len(by) == 7 and all(p.get("ok") for p in by.values()), by
     assert by[("grpo2048x8", "sdk")]["prefill_x"] <= 1.05
     assert by[("grpo2048x8", "raw")]["prefill_x"] >= 2  # a gather of every sample meets in one step
+
+
+async def test_an_agent_groups_first_turn_carries_its_group_id_and_later_turns_do_not() -> None:
+    from rollout_sdk.protocol import GenerateResult
+    from rollout_sdk.rollouts import RolloutContext, Trajectory, rollout_group
+    from rollout_sdk.rollouts.group import Agent
+
+    seen: list[GenerateRequest] = []
+
+    class Recorder:
+        weight_version = 0
+
+        async def generate(self, req: GenerateRequest, *, timeout: object = None) -> GenerateResult:
+            seen.append(req)
+            return GenerateResult(
+                rid=req.rid, output_ids=[7, 8], finish_reason="length", prompt_tokens=len(req.input_ids)
+            )
+
+        def abort(self, rid: str) -> bool:
+            return False
+
+        def server_info(self) -> list:
+            return []
+
+    class TwoTurns(Agent):
+        async def run(self, ctx: RolloutContext, sample: object) -> Trajectory:
+            first = await ctx.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
+            await ctx.generate([1, 2, 3, *first.output_ids, 4], SamplingParams(max_new_tokens=2))
+            return Trajectory(
+                id=ctx.session_id, prompt_ids=[1], response_ids=[], loss_mask=[], logprobs=[], finish_reason="stop"
+            )
+
+    await rollout_group(Recorder(), TwoTurns(), {}, group_size=3)  # type: ignore[arg-type]
+    first_turns = [r for r in seen if r.input_ids == [1, 2, 3]]
+    later_turns = [r for r in seen if r.input_ids != [1, 2, 3]]
+    assert len(first_turns) == 3 and len({r.group_id for r in first_turns}) == 1 and first_turns[0].group_id
+    assert len(later_turns) == 3 and all(r.group_id is None for r in later_turns)
