@@ -18,11 +18,12 @@ Concurrency (everything on the client's event loop; no thread, no lock)::
       │                                      heartbeat missed, engine dead), or cancellation
       │                        on cancel / timeout: Abort(rid) goes to the server, the slot is freed
       │                        on server death: a *suspect* from then on, retried on another server
-      │                                      (a fresh budget: the death uses none of ``retries``, unless
-      │                                      retries=0), at most one suspect in flight per server; a
-      │                                      suspect whose server dies too is PoisonRequestError, never
-      │                                      retried (so a poison request kills at most 2 engines, and
-      │                                      an innocent never shares a server with it as a suspect)
+      │                                      at once (a fresh budget: the death uses none of ``retries``,
+      │                                      unless retries=0), on probation there: at most one suspect
+      │                                      *on probation* per server (see "Suspects" below); a suspect
+      │                                      whose server dies while it is on probation there is
+      │                                      PoisonRequestError, never retried, and so is one that met 3
+      │                                      deaths
       │                        on busy: the server is held for a back-off; acquire again (waits, or
       │                                 goes elsewhere); no retry is used up
       └─ release() ......... frees the slot, wakes the first waiter
@@ -39,6 +40,37 @@ stays behind, ``prefix_tokens_lost``).  Everything else goes where the policy sa
 
 The server set changes at run time (``add`` / ``remove``): a request only ever sees the servers that take
 work at the moment it is placed.
+
+Suspects (issue 36).  Every request in flight on a server when it dies (its *cohort*) is a suspect: one of
+them may have killed it.  A suspect is retried at once, with every other suspect, at the survivors' normal
+windows, but on each server at most one suspect is *on probation*: sent there, and not yet *cleared* by
+the server answering (with tokens) a request that was sent to it after the suspect.  To clear the
+probation soon whatever other traffic there is, a 1-token *probe* request follows every suspect onto its
+server.  Once cleared, the suspect keeps running there and the server takes the next suspect::
+
+    server B:  s1 probe1 | s1 cleared -> s2 probe2 | s2 cleared -> s3 ...   (s1, s2, s3 all still decoding)
+
+so a cohort of n suspects re-enters the survivors at about one suspect per server per engine step, and
+then decodes concurrently, as fresh requests would.
+
+Why a poison request kills at most 2 engines and fails no innocent.  A *poison* request kills every engine
+it touches, before that engine answers any request sent to it after the poison (it dies in the step that
+admits it: a prefill crash, an out-of-vocabulary id, a sampler fault; engines admit in arrival order: the
+fake and CPU engines, and SGLang's default ``fcfs`` policy).  (1) Its first engine A dies: death 1 for it
+and every request in flight there.  (2) As a suspect it goes to a server B only when B holds no other
+suspect on probation; B dies before it answers the probe that follows the poison, so the poison is still
+on probation there: death 2, on probation: PoisonRequestError, never sent again.  2 engines.  (3) Every
+other request in flight on B at its death was either a fresh request (its first death) or a suspect
+already cleared (B held one suspect on probation, the poison): a second death while cleared is not a
+conviction, only a retry, and only a third death fails it.  No innocent fails unless further independent
+crashes add up to its third death (or catch it on probation at its second).
+
+Outside that model (a request that kills its engine only after a later request was answered there, or an
+engine that admits out of order), the rule ``deaths >= 3`` still convicts it: at most 3 engines; an
+innocent that happened to be on probation where it killed the second or third is failed with it.  For
+such a workload ``SchedulerConfig(clear_suspects="finished")`` keeps every suspect on probation until it
+finishes (issue 25's rule: at most 2 engines and no innocent failed for any poison, but the cohort goes
+through one suspect per server at a time: recovery time ~ in-flight / survivors x request time).
 """
 
 from __future__ import annotations
@@ -46,9 +78,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 
@@ -56,6 +90,7 @@ from ..errors import (
     ConfigError,
     DuplicateRequestError,
     EngineDeadError,
+    MessageTooLargeError,
     NoServersError,
     PoisonRequestError,
     QueueFullError,
@@ -63,7 +98,7 @@ from ..errors import (
     ServerShuttingDownError,
     ServerUnavailableError,
 )
-from ..protocol import GenerateRequest, GenerateResult, Lifecycle
+from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams, encode
 from .admission import AdmissionConfig
 from .connection import ServerConnection
 from .policies import Policy, make_policy
@@ -95,6 +130,9 @@ class SchedulerConfig:
     affinity_slack: int = 8
     #: sessions remembered (least recently used forgotten first)
     max_sessions: int = 200_000
+    #: when a suspect leaves probation on its server (module docstring, "Suspects"): "answered" once the
+    #: server answered a request sent after it (a probe follows it), "finished" only when it finishes
+    clear_suspects: Literal["answered", "finished"] = "answered"
 
     def __post_init__(self) -> None:
         self.admission_config()  # validates the ceiling
@@ -104,7 +142,8 @@ class SchedulerConfig:
             raise ConfigError("affinity_margin", self.affinity_margin, "must be >= 0")
         if self.max_sessions < 1:
             raise ConfigError("max_sessions", self.max_sessions, "must be >= 1")
-
+        if self.clear_suspects not in ("answered", "finished"):
+            raise ConfigError("clear_suspects", self.clear_suspects, "must be 'answered' or 'finished'")
 
     def admission_config(self) -> AdmissionConfig:
         base = self.admission or AdmissionConfig()
@@ -120,6 +159,21 @@ class _Waiter:
         self.event = asyncio.Event()
 
 
+class _Probation:
+    """One suspect on probation on one server: cleared by an answer to a request sent there after it."""
+
+    __slots__ = ("probe_rid", "rid", "seq")
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.seq = -1  # send order of the suspect (set when sent)
+        self.probe_rid = ""
+
+
+#: probe requests (module docstring, "Suspects"): the smallest request an engine answers with a token
+_PROBE_SAMPLING = SamplingParams(max_new_tokens=1)
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
@@ -133,7 +187,15 @@ class Scheduler:
         self.on_result: Callable[[GenerateResult], None] | None = None
         self.poisoned = 0
         self._rids: set[str] = set()  # rids in flight in this client
-        self._suspects_on: set[ServerConnection] = set()  # servers running a suspect (at most one each)
+        #: the suspect on probation on each server (at most one each)
+        self._probation: dict[ServerConnection, _Probation] = {}
+        self._send_seq = itertools.count()  # send order of every request of this client (all servers)
+        self._probe_ids = itertools.count()
+        self.probes_sent = 0
+        self.suspects_cleared = 0
+        #: most suspects sent and not yet finished at once on one server (how concurrent a recovery was)
+        self.max_suspects_running = 0
+        self._suspects_running: collections.Counter[ServerConnection] = collections.Counter()
         self.sessions_moved = 0
         self.prefix_tokens_lost = 0
 
@@ -172,10 +234,10 @@ class Scheduler:
     # -- slots -------------------------------------------------------------------------------------
 
     async def acquire(
-        self, req: GenerateRequest, exclude: Sequence[ServerConnection] = (), *, suspect: bool = False
+        self, req: GenerateRequest, exclude: Sequence[ServerConnection] = (), *, suspect: _Probation | None = None
     ) -> ServerConnection:
-        """A slot on a live server; a ``suspect`` (in flight at a server's death) only on a server that runs
-        no other suspect: a second death then names the one request that was at both."""
+        """A slot on a live server; a ``suspect`` (in flight at a server's death) only on a server with no
+        other suspect on probation: a death there while it is on probation names it alone."""
         if not self._waiters:
             conn = self._try_take(req, exclude, suspect)
             if conn is not None:
@@ -205,22 +267,22 @@ class Scheduler:
             self._wake_next()
 
     def _try_take(
-        self, req: GenerateRequest, exclude: Sequence[ServerConnection], suspect: bool = False
+        self, req: GenerateRequest, exclude: Sequence[ServerConnection], suspect: _Probation | None = None
     ) -> ServerConnection | None:
         live = [s for s in self.servers if s.accepting]
         if not live:
             raise NoServersError(self._no_servers_message())
         free = [s for s in live if s.in_flight < s.window.limit and not s.held]
-        if suspect:
-            free = [s for s in free if s not in self._suspects_on]
+        if suspect is not None:
+            free = [s for s in free if s not in self._probation]
         if exclude:
             preferred = [s for s in free if s not in exclude]
             free = preferred or free
         if not free:
             return None
         conn = self._place(req, free)
-        if suspect:
-            self._suspects_on.add(conn)
+        if suspect is not None:
+            self._probation[conn] = suspect
         conn.in_flight += 1
         conn.outstanding_tokens += len(req.input_ids) + req.sampling.max_new_tokens
         return conn
@@ -247,14 +309,58 @@ class Scheduler:
             sessions.popitem(last=False)
         return chosen
 
-    def release(self, conn: ServerConnection, req: GenerateRequest, *, suspect: bool = False) -> None:
-        if suspect:
-            self._suspects_on.discard(conn)
+    def release(self, conn: ServerConnection, req: GenerateRequest, *, suspect: _Probation | None = None) -> None:
+        if suspect is not None:
+            self._end_probation(conn, suspect)
         conn.in_flight -= 1
         if conn.in_flight == 0:
             conn.notify_idle()
         conn.outstanding_tokens -= len(req.input_ids) + req.sampling.max_new_tokens
         self._wake_next()
+
+    # -- suspects on probation ---------------------------------------------------------------------
+
+    def _on_probation(self, conn: ServerConnection, suspect: _Probation | None) -> bool:
+        return suspect is not None and self._probation.get(conn) is suspect
+
+    def _end_probation(self, conn: ServerConnection, suspect: _Probation) -> None:
+        if self._probation.get(conn) is suspect:
+            del self._probation[conn]
+            if suspect.probe_rid:
+                conn.cancel(suspect.probe_rid)  # no-op once answered
+            self._wake_next()
+
+    def _answered(self, conn: ServerConnection, seq: int) -> None:
+        """``conn`` answered, with tokens, the request it was sent as number ``seq``: a suspect on
+        probation there that was sent before it is cleared."""
+        if self.config.clear_suspects != "answered":
+            return
+        suspect = self._probation.get(conn)
+        if suspect is not None and 0 <= suspect.seq < seq:
+            self.suspects_cleared += 1
+            self._end_probation(conn, suspect)
+
+    def _send_probe(self, conn: ServerConnection, suspect: _Probation) -> None:
+        """A 1-token request right behind the suspect: its answer clears the suspect (module docstring)."""
+        if self.config.clear_suspects != "answered":
+            return
+        rid = f"probe-{next(self._probe_ids)}-{suspect.rid}"[:200]
+        req = GenerateRequest(input_ids=[0], sampling=_PROBE_SAMPLING, rid=rid)
+        try:
+            fut = conn.submit(rid, encode(req))
+        except (ServerUnavailableError, MessageTooLargeError):  # without it, other answers clear the suspect
+            return
+        seq = next(self._send_seq)
+        suspect.probe_rid = rid
+        self.probes_sent += 1
+
+        def done(f: asyncio.Future[GenerateResult]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                return
+            if f.result().finish_reason != "abort":
+                self._answered(conn, seq)
+
+        fut.add_done_callback(done)
 
     def _wake_next(self) -> None:
         if self._waiters:
@@ -296,14 +402,21 @@ class Scheduler:
         queued_at = time.time()
         failed_over_from: list[str] = []
         while True:
-            suspect = deaths > 0
+            suspect = _Probation(req.rid) if deaths > 0 else None
             conn = await self.acquire(req, exclude, suspect=suspect)
             dispatched_at = time.time()
             t0 = time.perf_counter()
             sent = False
+            seq = -1
             try:
                 fut = conn.submit(req.rid, payload)
                 sent = True
+                seq = next(self._send_seq)
+                if suspect is not None:
+                    suspect.seq = seq
+                    self._send_probe(conn, suspect)
+                    self._suspects_running[conn] += 1
+                    self.max_suspects_running = max(self.max_suspects_running, self._suspects_running[conn])
                 try:
                     result = await fut
                 except asyncio.CancelledError:
@@ -319,11 +432,13 @@ class Scheduler:
                         conn.mark_dead(str(exc))
                     if sent:
                         deaths += 1
-                        if deaths >= 2:
+                        on_probation = self._on_probation(conn, suspect)
+                        if deaths >= 3 or (deaths >= 2 and on_probation):
                             self.poisoned += 1
+                            why = "while it was on probation there" if on_probation else f"its death {deaths}"
                             raise PoisonRequestError(
-                                f"request {req.rid}: server {conn.server_id} died while serving it, and so did "
-                                f"the server it ran on before; not retried again ({exc})"
+                                f"request {req.rid}: server {conn.server_id} died while serving it ({why}), and so "
+                                f"did the server it ran on before; not retried again ({exc})"
                             ) from exc
                 if used >= retries:
                     raise
@@ -342,7 +457,13 @@ class Scheduler:
                 conn.errors += 1
                 raise
             finally:
+                if suspect is not None and sent:
+                    self._suspects_running[conn] -= 1
+                    if self._suspects_running[conn] <= 0:
+                        del self._suspects_running[conn]
                 self.release(conn, req, suspect=suspect)
+            if result.finish_reason != "abort":
+                self._answered(conn, seq)
             dt = time.perf_counter() - t0
             conn.latencies.append(dt)
             self.latencies.append(dt)
