@@ -444,17 +444,23 @@ async def test_discovery_timeout_names_the_missing_ranks() -> None:
     import msgspec
     import torch.distributed as dist
 
-    from rollout_sdk.discovery.store import ServerRecord, StoreKeys
+    from rollout_sdk.auth import JobSecret
+    from rollout_sdk.discovery.store import ServerRecord, StoreKeys, seal
+
+    secret = JobSecret.generate()
+
+    def put(name: str, body: bytes) -> None:
+        master.set(name, seal(secret.store_key, name, body))
 
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     keys = StoreKeys("rollout_sdk/a0")
-    master.set(StoreKeys.latest(), keys.prefix)
-    master.set(keys.num_servers, "3")
+    put(StoreKeys.latest(), keys.prefix.encode())
+    put(keys.num_servers, b"3")
     rec = ServerRecord(
         address="tcp://127.0.0.1:1", dp_rank=1, tp_size=1, global_rank=1, node_rank=0, pid=1, backend="fake", model="m"
     )
-    master.set(keys.server(1), msgspec.msgpack.encode(rec))
-    disc = StoreDiscovery(f"127.0.0.1:{master.port}")
+    put(keys.server(1), msgspec.msgpack.encode(rec))
+    disc = StoreDiscovery(f"127.0.0.1:{master.port}", secret=secret)
     t0 = time.monotonic()
     with pytest.raises(DiscoveryError, match=r"DP ranks \[0, 2\]") as info:
         await disc.open(timeout=1.0)
