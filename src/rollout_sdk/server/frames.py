@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from .._lifeline import die_with_parent
 from ..errors import MessageTooLargeError, ProtocolError, RolloutError
 from ..protocol import (
     EngineLimits,
@@ -121,7 +122,9 @@ class DecodeWorker:
 
 
 def _background_priority() -> None:
-    """In the decode worker, first: lower its priority below the server's."""
+    """In the decode worker, first: leave when the server is gone, whatever ended it (``_lifeline``), and
+    lower its priority below the server's."""
+    die_with_parent()
     try:
         os.nice(_WORKER_NICENESS)
     except OSError:  # not permitted here: decode at normal priority
