@@ -58,3 +58,30 @@ async def test_a_dead_servers_requests_reenter_the_survivors_together(fake_serve
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         assert sched.poisoned == 0
+
+
+async def test_requests_a_dead_server_already_stepped_are_retried_without_probation(fake_servers) -> None:
+    """A request that its server answered a later request after went through an engine step there: not a
+    poison (module docstring), so when that server dies it is retried at once, with no probation or probe."""
+    (victim,) = await fake_servers(1, FakeEngineConfig(step_base_s=0.002))
+    (survivor,) = await fake_servers(1, FakeEngineConfig(step_base_s=0.002))
+    async with RolloutClient(servers=[victim.address, survivor.address]) as client:
+        sp = SamplingParams(max_new_tokens=100_000)
+        tasks = [asyncio.ensure_future(client.generate([1, 2, 3, i], sampling=sp)) for i in range(20)]
+        conn = next(c for c in client.servers if c.address == victim.address)
+        await until(lambda: sum(c.in_flight for c in client.servers) == 20, "all 20 placed")
+        on_victim = conn.in_flight
+        for i in range(100):  # a short request answered by the victim, sent after the long ones
+            r = await client.generate([4, 5, i], sampling=SamplingParams(max_new_tokens=1))
+            if r.server_id == victim.server_id:
+                break
+        assert r.server_id == victim.server_id
+        victim.engine.kill("killed by the test")
+        sched = client.scheduler
+        other = next(c for c in client.servers if c.address == survivor.address)
+        await until(lambda: other.in_flight == 20, "the victim's requests all run on the survivor")
+        assert on_victim > 0 and sched.retried == on_victim
+        assert sched.probes_sent == 0 and not sched._probation
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -50,8 +50,12 @@ server.  Once cleared, the suspect keeps running there and the server takes the 
 
     server B:  s1 probe1 | s1 cleared -> s2 probe2 | s2 cleared -> s3 ...   (s1, s2, s3 all still decoding)
 
-so a cohort of n suspects re-enters the survivors at about one suspect per server per engine step, and
-then decodes concurrently, as fresh requests would.
+so a cohort of n suspects re-enters the survivors at about one suspect per server every two engine steps
+(the answer that clears one comes at the end of the step that admitted it; the next one, sent then, is
+admitted at the step after next), and then decodes concurrently, as fresh requests would.  A request that
+some server already answered a later request after (``ServerConnection.answered_seq``: it went through an
+engine step there, so it is not a poison of the kind below) is retried at once with no probation at all:
+with steady traffic that is most of a dead server's requests.
 
 Why a poison request kills at most 2 engines and fails no innocent.  A *poison* request kills every engine
 it touches, before that engine answers any request sent to it after the poison (it dies in the step that
@@ -61,9 +65,11 @@ and every request in flight there.  (2) As a suspect it goes to a server B only 
 suspect on probation; B dies before it answers the probe that follows the poison, so the poison is still
 on probation there: death 2, on probation: PoisonRequestError, never sent again.  2 engines.  (3) Every
 other request in flight on B at its death was either a fresh request (its first death) or a suspect
-already cleared (B held one suspect on probation, the poison): a second death while cleared is not a
-conviction, only a retry, and only a third death fails it.  No innocent fails unless further independent
-crashes add up to its third death (or catch it on probation at its second).
+already cleared (B held one suspect on probation, the poison), or one that never needed probation (it
+had been cleared before): a second death while cleared is not a conviction, only a retry, and only a
+third death fails it.  The poison itself is never cleared (every engine it reaches dies first), so it
+never skips probation.  No innocent fails unless further independent crashes add up to its third death
+(or catch it on probation at its second).
 
 Outside that model (a request that kills its engine only after a later request was answered there, or an
 engine that admits out of order), the rule ``deaths >= 3`` still convicts it: at most 3 engines; an
@@ -333,6 +339,7 @@ class Scheduler:
     def _answered(self, conn: ServerConnection, seq: int) -> None:
         """``conn`` answered, with tokens, the request it was sent as number ``seq``: a suspect on
         probation there that was sent before it is cleared."""
+        conn.answered_seq = max(conn.answered_seq, seq)
         if self.config.clear_suspects != "answered":
             return
         suspect = self._probation.get(conn)
@@ -398,11 +405,12 @@ class Scheduler:
         attempt = 0  # retries so far
         used = 0  # of them, those that count against ``retries`` (a death while serving it does not)
         deaths = 0  # servers that died while serving this request
+        cleared = False  # a server answered a request sent after this one: it went through an engine step
         exclude: tuple[ServerConnection, ...] = ()
         queued_at = time.time()
         failed_over_from: list[str] = []
         while True:
-            suspect = _Probation(req.rid) if deaths > 0 else None
+            suspect = _Probation(req.rid) if deaths > 0 and not cleared else None
             conn = await self.acquire(req, exclude, suspect=suspect)
             dispatched_at = time.time()
             t0 = time.perf_counter()
@@ -433,6 +441,7 @@ class Scheduler:
                     if sent:
                         deaths += 1
                         on_probation = self._on_probation(conn, suspect)
+                        cleared = cleared or (self.config.clear_suspects == "answered" and conn.answered_seq > seq)
                         if deaths >= 3 or (deaths >= 2 and on_probation):
                             self.poisoned += 1
                             why = "while it was on probation there" if on_probation else f"its death {deaths}"
