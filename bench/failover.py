@@ -16,7 +16,7 @@ Run::
 
     python bench/failover.py                                 # every part, issue 36's rule
     python bench/failover.py --clear-suspects finished       # the same with issue 25's rule
-    python bench/failover.py --parts healthy,sigkill
+    python bench/failover.py --parts healthy,sigkill --tokens 200     # longer requests
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from _machine import ServerProcs, log, save_results, sigterm_as_interrupt
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("healthy", "sigkill", "sigstop", "poison")
 REQUESTS = 600
-TOKENS = 50
 
 
 def _spawn(procs: ServerProcs, name: str, step_s: float) -> tuple[subprocess.Popen[str], str]:
@@ -47,10 +46,10 @@ def _spawn(procs: ServerProcs, name: str, step_s: float) -> tuple[subprocess.Pop
     return procs.spawn(name, argv)
 
 
-async def _generate_all(client: Any, on_result: Any = None) -> tuple[list[Any], float]:
+async def _generate_all(client: Any, tokens: int, on_result: Any = None) -> tuple[list[Any], float]:
     from rollout_sdk import SamplingParams
 
-    sp = SamplingParams(max_new_tokens=TOKENS)
+    sp = SamplingParams(max_new_tokens=tokens)
 
     async def one(i: int) -> Any:
         try:
@@ -72,7 +71,7 @@ async def _healthy(procs: ServerProcs, args: argparse.Namespace) -> dict[str, An
     started = [_spawn(procs, f"healthy{i}", args.step_s) for i in range(2)]
     try:
         async with RolloutClient(servers=[a for _, a in started], clear_suspects=args.clear_suspects) as client:
-            tasks, t = await _generate_all(client)
+            tasks, t = await _generate_all(client, args.tokens)
             results = await asyncio.gather(*tasks)
             wall = time.perf_counter() - t
             failed = sum(1 for r in results if isinstance(r, BaseException))
@@ -97,7 +96,7 @@ async def _kill(procs: ServerProcs, args: argparse.Namespace, sig: signal.Signal
                 done += 1
                 last[0] = time.perf_counter()
 
-            tasks, t = await _generate_all(client, on_result)
+            tasks, t = await _generate_all(client, args.tokens, on_result)
             while victim.in_flight < REQUESTS // 3 - 10 and done == 0:  # the victim holds its share
                 await asyncio.sleep(0.001)
             in_flight = victim.in_flight
@@ -185,7 +184,7 @@ async def _poison(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _drive(args: argparse.Namespace) -> dict[str, Any]:
     parts = set(args.parts.split(","))
-    out: dict[str, Any] = {"clear_suspects": args.clear_suspects, "step_s": args.step_s}
+    out: dict[str, Any] = {"clear_suspects": args.clear_suspects, "step_s": args.step_s, "tokens": args.tokens}
     with tempfile.TemporaryDirectory() as tmp:
         procs = ServerProcs(Path(tmp), ROOT)
         try:
@@ -209,6 +208,7 @@ def main() -> None:
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--clear-suspects", choices=["answered", "finished"], default="answered")
     ap.add_argument("--step-s", type=float, default=0.02)
+    ap.add_argument("--tokens", type=int, default=50, help="new tokens per request (the issue: 50)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     with sigterm_as_interrupt():
