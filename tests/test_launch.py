@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from rollout_sdk import AuthenticationError, DiscoveryError, RolloutClient, SamplingParams
+from rollout_sdk import DiscoveryError, RolloutClient, SamplingParams
 from rollout_sdk.errors import ConfigError
 from rollout_sdk.launch import Layout, StoreDiscovery
 
@@ -537,8 +537,8 @@ def test_forged_shutdown_key_is_ignored_and_keyless_clients_are_refused(tmp_path
         # the job still serves a client holding the secret; a client without it is refused
         _client_env(monkeypatch, ROLLOUT_SDK_SECRET_FILE=env["ROLLOUT_SDK_SECRET_FILE"])
         assert asyncio.run(_one_request(job.store)) == "length"
-        _client_env(monkeypatch)
-        with pytest.raises(AuthenticationError, match="requires authentication"):
+        _client_env(monkeypatch)  # no secret: it cannot verify the sealed records, so it trusts none (issue 36)
+        with pytest.raises(DiscoveryError, match="ROLLOUT_SDK_SECRET_FILE"):
             asyncio.run(_one_request(job.store))
         # a forged server record fails discovery for a client that holds the secret
         attacker.set("rollout_sdk/a0/server/0", b"\x80")

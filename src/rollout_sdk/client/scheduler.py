@@ -45,8 +45,9 @@ Suspects (issue 36).  Every request in flight on a server when it dies (its *coh
 them may have killed it.  A suspect is retried at once, with every other suspect, at the survivors' normal
 windows, but on each server at most one suspect is *on probation*: sent there, and not yet *cleared* by
 the server answering (with tokens) a request that was sent to it after the suspect.  To clear the
-probation soon whatever other traffic there is, a 1-token *probe* request follows every suspect onto its
-server.  Once cleared, the suspect keeps running there and the server takes the next suspect::
+probation soon whatever other traffic there is, a 1-token *probe* request follows the suspect onto its
+server as soon as anyone waits for a slot (a suspect retried alone costs the engine nothing more).  Once
+cleared, the suspect keeps running there and the server takes the next suspect::
 
     server B:  s1 probe1 | s1 cleared -> s2 probe2 | s2 cleared -> s3 ...   (s1, s2, s3 all still decoding)
 
@@ -280,7 +281,11 @@ class Scheduler:
             raise NoServersError(self._no_servers_message())
         free = [s for s in live if s.in_flight < s.window.limit and not s.held]
         if suspect is not None:
+            held = [s for s in free if s in self._probation]
             free = [s for s in free if s not in self._probation]
+            if not free:  # this suspect waits for a probation to end: have each one cleared soon
+                for s in held:
+                    self._send_probe(s, self._probation[s])
         if exclude:
             preferred = [s for s in free if s not in exclude]
             free = preferred or free
@@ -348,8 +353,9 @@ class Scheduler:
             self._end_probation(conn, suspect)
 
     def _send_probe(self, conn: ServerConnection, suspect: _Probation) -> None:
-        """A 1-token request right behind the suspect: its answer clears the suspect (module docstring)."""
-        if self.config.clear_suspects != "answered":
+        """A 1-token request behind the suspect: its answer clears the suspect (module docstring).  Sent only
+        when someone waits (a suspect alone costs the engine nothing more), once per suspect."""
+        if self.config.clear_suspects != "answered" or suspect.probe_rid or suspect.seq < 0:
             return
         rid = f"probe-{next(self._probe_ids)}-{suspect.rid}"[:200]
         req = GenerateRequest(input_ids=[0], sampling=_PROBE_SAMPLING, rid=rid)
@@ -422,7 +428,8 @@ class Scheduler:
                 seq = next(self._send_seq)
                 if suspect is not None:
                     suspect.seq = seq
-                    self._send_probe(conn, suspect)
+                    if self._waiters:  # others wait (suspects among them, maybe): clear this one soon
+                        self._send_probe(conn, suspect)
                     self._suspects_running[conn] += 1
                     self.max_suspects_running = max(self.max_suspects_running, self._suspects_running[conn])
                 try:
