@@ -118,12 +118,18 @@ def test_key_files_of_jobs_that_are_gone_are_removed(tmp_path) -> None:
     assert sorted(p.name for p in d.iterdir()) == sorted([live, "notes.txt"])
 
 
-def test_a_rank_killed_with_sigkill_leaves_a_key_file_the_next_job_removes(sdk_home, tag) -> None:  # noqa: F811
+def test_a_rank_killed_with_sigkill_leaves_a_key_file_the_next_job_removes(
+    sdk_home,
+    tag,  # noqa: F811
+    tmp_path,
+) -> None:
     """Item 9: local rank 0 killed with SIGKILL runs no ``finally``: its job's key file stays until its
-    torchrun agent is gone; then the next job (or client) of this user removes it."""
-    job = _start_service(_env(sdk_home, tag), "--tp", "1", "--engine", "fake", nproc=2)
+    torchrun agent is gone; then the next job (or client) of this user removes it.  The job keeps its key
+    in a directory of this test's (``XDG_RUNTIME_DIR``): no other test's client cleans it up meanwhile."""
+    env = dict(_env(sdk_home, tag), XDG_RUNTIME_DIR=str(tmp_path))
+    job = _start_service(env, "--tp", "1", "--engine", "fake", nproc=2)
     try:
-        files = [p for d in keyfiles.key_dirs() if d.exists() for p in d.glob(f"job-{job.proc.pid}-*.key")]
+        files = list(keyfiles.key_dir(env).glob(f"job-{job.proc.pid}-*.key"))
         assert len(files) == 1, files
         rank0 = next(
             pid for pid in _tagged(tag) if b"LOCAL_RANK=0" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -132,7 +138,7 @@ def test_a_rank_killed_with_sigkill_leaves_a_key_file_the_next_job_removes(sdk_h
         assert job.proc.wait(timeout=60) != 0
         assert _wait_gone(tag, 30) == []
         assert files[0].exists()  # nobody ran the rank's cleanup
-        assert all(p != files[0] for p in keyfiles.live_key_files())  # what a job start or a client runs
+        assert all(p != files[0] for p in keyfiles.live_key_files(env))  # what a job start or a client runs
         assert not files[0].exists()
     finally:
         job.close()

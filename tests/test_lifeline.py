@@ -1,4 +1,4 @@
-"""No process the SDK starts outlives its parent, whatever kills the parent (issue 36 item 10; _lifeline.py)."""
+"""No process the SDK starts outlives its parent, whatever kills the parent (issue 36 item 10; server/lifeline.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import multiprocessing, sys, time
 
 def child(lifeline):
     if lifeline:
-        from rollout_sdk._lifeline import die_with_parent
+        from rollout_sdk.server.lifeline import die_with_parent
         assert die_with_parent()
     while True:
         time.sleep(3600)  # blocked for good: only the lifeline can end it

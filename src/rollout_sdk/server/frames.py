@@ -26,7 +26,6 @@ from typing import Any
 
 import msgspec
 
-from .._lifeline import die_with_parent
 from ..errors import MessageTooLargeError, ProtocolError, RolloutError
 from ..protocol import (
     EngineLimits,
@@ -37,6 +36,7 @@ from ..protocol import (
     error_reply,
     is_generate_frame,
 )
+from .lifeline import die_with_parent
 
 __all__ = [
     "DecodeWorker",
@@ -122,7 +122,7 @@ class DecodeWorker:
 
 
 def _background_priority() -> None:
-    """In the decode worker, first: leave when the server is gone, whatever ended it (``_lifeline``), and
+    """In the decode worker, first: leave when the server is gone, whatever ended it (``server/lifeline.py``), and
     lower its priority below the server's."""
     die_with_parent()
     try:
