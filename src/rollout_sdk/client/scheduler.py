@@ -169,12 +169,13 @@ class _Waiter:
 class _Probation:
     """One suspect on probation on one server: cleared by an answer to a request sent there after it."""
 
-    __slots__ = ("probe_rid", "rid", "seq")
+    __slots__ = ("probe", "probe_rid", "rid", "seq")
 
     def __init__(self, rid: str) -> None:
         self.rid = rid
         self.seq = -1  # send order of the suspect (set when sent)
         self.probe_rid = ""
+        self.probe: asyncio.Future[GenerateResult] | None = None
 
 
 #: probe requests (module docstring, "Suspects"): the smallest request an engine answers with a token
@@ -337,8 +338,10 @@ class Scheduler:
     def _end_probation(self, conn: ServerConnection, suspect: _Probation) -> None:
         if self._probation.get(conn) is suspect:
             del self._probation[conn]
-            if suspect.probe_rid:
-                conn.cancel(suspect.probe_rid)  # no-op once answered
+            probe = suspect.probe
+            if probe is not None and not probe.done():  # the suspect ended first: its probe is not needed
+                conn.cancel(suspect.probe_rid)
+                self._rids.discard(suspect.probe_rid)
             self._wake_next()
 
     def _answered(self, conn: ServerConnection, seq: int) -> None:
@@ -358,16 +361,20 @@ class Scheduler:
         if self.config.clear_suspects != "answered" or suspect.probe_rid or suspect.seq < 0:
             return
         rid = f"probe-{next(self._probe_ids)}-{suspect.rid}"[:200]
+        if rid in self._rids:  # a caller's rid: no probe (other answers clear the suspect)
+            return
         req = GenerateRequest(input_ids=[0], sampling=_PROBE_SAMPLING, rid=rid)
         try:
             fut = conn.submit(rid, encode(req))
         except (ServerUnavailableError, MessageTooLargeError):  # without it, other answers clear the suspect
             return
         seq = next(self._send_seq)
-        suspect.probe_rid = rid
+        suspect.probe_rid, suspect.probe = rid, fut
+        self._rids.add(rid)  # in flight in this client: a caller's request with this rid is a duplicate
         self.probes_sent += 1
 
         def done(f: asyncio.Future[GenerateResult]) -> None:
+            self._rids.discard(rid)
             if f.cancelled() or f.exception() is not None:
                 return
             if f.result().finish_reason != "abort":

@@ -145,8 +145,8 @@ def seal(key: bytes | None, name: str, body: bytes) -> bytes:
 def unseal(key: bytes | None, name: str, data: bytes) -> bytes | None:
     """The body of a value read from ``name``; None when it is not sealed with ``key``.
 
-    Without a key (a reader that holds no job secret) the seal is removed unchecked: such a reader relies
-    on the servers' CURVE keys instead.
+    Without a key the seal is removed unchecked (only unit tests of the job read so);
+    :class:`StoreDiscovery` never does: without a key it finds the job's or refuses (issue 36).
     """
     sealed = data.startswith(_SEALED) and len(data) >= len(_SEALED) + _MAC_BYTES
     if key is None:
