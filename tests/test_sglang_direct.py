@@ -34,9 +34,9 @@ LONG = 4000  # tokens: runs for seconds in the stand-in (context 4096)
 
 @contextlib.asynccontextmanager
 async def engine(
-    model: str, path: str = "direct", *, step_s: float = 0.0005, max_running: int = 1024
+    model: str, path: str = "direct", *, step_s: float = 0.0005, max_running: int = 1024, **config: object
 ) -> AsyncIterator[SglangEngine]:
-    cfg = SglangEngineConfig(model_path=model, request_path=path, freeze_gc=False)
+    cfg = SglangEngineConfig(model_path=model, request_path=path, freeze_gc=False, **config)  # type: ignore[arg-type]
     eng = SglangEngine(
         cfg,
         launcher=StandinEngine.launcher(
@@ -286,3 +286,73 @@ async def test_engine_death_fails_direct_parts_as_the_engines_failure(model: str
             with pytest.raises(EngineDeadError):
                 await task
         assert not dying._path._reqs
+
+
+async def test_the_decode_window_keeps_at_most_its_size_inside_sglang(model: str) -> None:
+    """decode_window=4: never more than 4 of our requests inside SGLang at once, the rest queued in the
+    server (reported as queued, the window as the running limit), the same tokens as without it."""
+    prompts = [[3 + i, 9 + i] for i in range(20)]
+    async with engine(model, step_s=0.001, decode_window=4) as e:
+        assert e._path is not None and e.decode_window is not None and e.decode_window.size == 4
+        path = e._path
+        peak = 0
+        submit = path.submit
+
+        def counting_submit(*a: object, **kw: object) -> object:
+            nonlocal peak
+            fut = submit(*a, **kw)  # type: ignore[arg-type]
+            peak = max(peak, len(path._reqs))
+            return fut
+
+        path.submit = counting_submit  # type: ignore[method-assign]
+        tasks = [asyncio.create_task(e.generate(req(f"w{i}", p, 30))) for i, p in enumerate(prompts)]
+        await _until(lambda: e.decode_window is not None and e.decode_window.waiting == 16)
+        load = e.load()
+        assert load.max_running_requests == 4 and load.queued >= 16
+        outs = await asyncio.gather(*tasks)
+        assert 1 <= peak <= 4
+        assert e.decode_window.taken == 0 and e.decode_window.waiting == 0
+    vocab = _vocab(model)
+    assert [o.output_ids for o in outs] == [expected(p, 30, vocab) for p in prompts]
+
+
+async def test_an_aborted_request_leaves_the_decode_window_queue(model: str) -> None:
+    async with engine(model, step_s=0.001, decode_window=1) as e:
+        first = asyncio.create_task(e.generate(req("first", [5, 6], LONG)))
+        await _until(lambda: started(e, "first"))
+        queued = asyncio.create_task(e.generate(req("queued", [7, 8], 4)))
+        await _until(lambda: e.decode_window is not None and e.decode_window.waiting == 1)
+        e.abort("queued")
+        r = await asyncio.wait_for(queued, 60)
+        assert r.finish_reason == "abort" and r.output_ids == []
+        e.abort("first")
+        await first
+        after = await e.generate(req("after", [7, 8], 4))  # the window's one place is free again
+        assert after.output_ids == expected([7, 8], 4, _vocab(model))
+
+
+async def test_a_group_prompt_is_prefilled_once_inside_sglang(model: str) -> None:
+    """Members of a group sent at once: without prefill-once each computes the prompt (the stand-in, like
+    SGLang, caches a prompt only after the step that admitted it); with it, one prefill-only request
+    computes it and every member takes all but its last token from the cache.  Same tokens either way."""
+    n_prompt, g = 300, 4
+    prompts = [[100 + 13 * k + j % 89 for j in range(n_prompt)] for k in range(3)]
+
+    async def run(e: SglangEngine) -> list[tuple[list[int], int]]:
+        reqs = [
+            GenerateRequest(rid=f"g{k}m{m}", input_ids=p, group_id=f"grp{k}", sampling=SamplingParams(max_new_tokens=5))
+            for k, p in enumerate(prompts)
+            for m in range(g)
+        ]
+        outs = await asyncio.gather(*(e.generate(r) for r in reqs))
+        return [(o.output_ids, o.cached_tokens) for o in outs]
+
+    async with engine(model, prefill_once_min_tokens=None) as e:
+        naive = await run(e)
+    async with engine(model) as e:
+        once = await run(e)
+        assert e.prefill_once is not None and e.prefill_once.prefills == len(prompts)
+        assert e.prefill_once_tokens == len(prompts) * n_prompt
+    assert all(cached == 0 for _, cached in naive)
+    assert all(cached == n_prompt - 1 for _, cached in once)
+    assert [ids for ids, _ in naive] == [ids for ids, _ in once]

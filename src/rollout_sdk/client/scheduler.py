@@ -32,7 +32,11 @@ Held servers (paused, memory released, busy) take no new request: callers wait i
 their own timeout (none by default: until the fleet is resumed).  A rid is in flight at most once per
 client: a second request with it fails with DuplicateRequestError and the first is untouched.
 
-Placement: a request with a ``session_id`` goes back to the server that served the session before
+Placement: a request with a ``group_id`` (a GRPO group: generate_many, rollouts) goes where the group's
+first member went while that server has room (``in_flight < window``): the group is placed whole, so its
+server prefills the shared prompt once, and groups, not samples, are what the policy balances.  A member
+that finds no room there goes where the policy says (its new server prefills the prompt once as well).
+A request with a ``session_id`` goes back to the server that served the session before
 (prefix cache) unless that server's load exceeds ``(1 + affinity_margin) * min_load + affinity_slack``
 or it no longer takes work (dead, removed, waiting for weights); then the session moves to the server the
 policy picks, once, and the move is counted (``sessions_moved``, and the prompt tokens whose cached prefix
@@ -117,6 +121,9 @@ ServerHandle = ServerConnection
 
 _RETRYABLE = (ServerUnavailableError, EngineDeadError, ServerShuttingDownError)
 _DEATHS = (ServerUnavailableError, EngineDeadError)
+#: GRPO groups whose server is remembered (least recently placed forgotten first): far more than are in
+#: flight at once, since a group's members are placed within moments of each other
+_MAX_GROUPS = 65_536
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +144,9 @@ class SchedulerConfig:
     affinity_slack: int = 8
     #: sessions remembered (least recently used forgotten first)
     max_sessions: int = 200_000
+    #: place a GRPO group's members (a shared ``group_id``) on one server, so its prompt is prefilled once
+    #: there; False: every request where the policy says
+    place_groups: bool = True
     #: when a suspect leaves probation on its server (module docstring, "Suspects"): "answered" once the
     #: server answered a request sent after it (a probe follows it), "finished" only when it finishes
     clear_suspects: Literal["answered", "finished"] = "answered"
@@ -149,6 +159,8 @@ class SchedulerConfig:
             raise ConfigError("affinity_margin", self.affinity_margin, "must be >= 0")
         if self.max_sessions < 1:
             raise ConfigError("max_sessions", self.max_sessions, "must be >= 1")
+        if not isinstance(self.place_groups, bool):
+            raise ConfigError("place_groups", self.place_groups, "must be True or False")
         if self.clear_suspects not in ("answered", "finished"):
             raise ConfigError("clear_suspects", self.clear_suspects, "must be 'answered' or 'finished'")
 
@@ -189,6 +201,7 @@ class Scheduler:
         self.servers: list[ServerConnection] = []
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._sessions: collections.OrderedDict[str, ServerConnection] = collections.OrderedDict()
+        self._groups: collections.OrderedDict[str, ServerConnection] = collections.OrderedDict()
         self.latencies: collections.deque[float] = collections.deque(maxlen=10_000)
         self.retried = 0
         #: called with every result (its ``lifecycle`` filled), e.g. by the client's metrics
@@ -300,6 +313,9 @@ class Scheduler:
         return conn
 
     def _place(self, req: GenerateRequest, free: list[ServerConnection]) -> ServerConnection:
+        gid = req.group_id
+        if gid is not None and self.config.place_groups:
+            return self._place_group(gid, req, free)
         sid = req.session_id
         if sid is None:
             return self.policy.choose(free, req)
@@ -319,6 +335,25 @@ class Scheduler:
         sessions.move_to_end(sid)
         if len(sessions) > self.config.max_sessions:
             sessions.popitem(last=False)
+        return chosen
+
+    def _place_group(self, gid: str, req: GenerateRequest, free: list[ServerConnection]) -> ServerConnection:
+        """A GRPO group's members follow its first one while that server has room (module docstring)."""
+        groups = self._groups
+        conn = groups.get(gid)
+        if conn is not None and conn in free:
+            groups.move_to_end(gid)
+            if req.session_id is not None:  # a member's later turns follow it there (its prefix cache)
+                self._sessions[req.session_id] = conn
+                self._sessions.move_to_end(req.session_id)
+                if len(self._sessions) > self.config.max_sessions:
+                    self._sessions.popitem(last=False)
+            return conn
+        chosen = self._place(msgspec.structs.replace(req, group_id=None), free)  # its session, or the policy
+        groups[gid] = chosen
+        groups.move_to_end(gid)
+        if len(groups) > _MAX_GROUPS:
+            groups.popitem(last=False)
         return chosen
 
     def release(self, conn: ServerConnection, req: GenerateRequest, *, suspect: _Probation | None = None) -> None:

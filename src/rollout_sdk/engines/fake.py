@@ -18,6 +18,13 @@ the fake stops early with ``stop`` when a returned id is an EOS / stop id, as a 
 
 ``gate`` (an asyncio.Event) holds every request before its first token until set, for deterministic
 interleavings; ``kill()`` makes the engine die, failing everything in flight with EngineDeadError.
+
+``prefix_cache=True`` models a radix cache the way SGLang's behaves under a burst: a prompt is cached once
+the step that prefilled it has run, so requests admitted in the same step all compute it (each result's
+``cached_tokens`` says what it took from the cache: all of the prompt but its last token, or nothing;
+``prefill_tokens`` counts what was computed), and a step costs ``step_per_prefill_token_s`` per computed
+prompt token on top.  With ``prefill_once_min_tokens`` set, a GRPO group's prompt is prefilled once
+(engines/prefill.py), as the SGLang engine does.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from ..errors import (
 from ..protocol import EngineLimits, GenerateRequest, GenerateResult, InitWeightGroup, PauseMode, Timings
 from ..protocol.segments import append_segments
 from .base import Engine, EngineLoad, Gate, NamedTensors
+from .prefill import PrefillOnce
 
 __all__ = ["FakeEngine", "FakeEngineConfig"]
 
@@ -65,6 +73,11 @@ class FakeEngineConfig:
     #: fault injection: init_weight_group blocks a worker thread for good (a collective whose peers never
     #: come), for the tests of a bounded shutdown (issue 25)
     hang_init_weight_group: bool = False
+    #: the modelled prefix cache (module docstring) and the prefill cost per computed prompt token
+    prefix_cache: bool = False
+    step_per_prefill_token_s: float = 0.0
+    #: group prompts of at least this many tokens are prefilled once (engines/prefill.py); None: off
+    prefill_once_min_tokens: int | None = None
     #: named weights and their sizes, for update_weights checks
     weight_shapes: dict[str, tuple[int, ...]] = field(default_factory=lambda: {"w": (4,)})
 
@@ -82,7 +95,20 @@ def _burn(seconds: float) -> None:
 
 
 class _Req:
-    __slots__ = ("done", "future", "logprobs", "out", "req", "started_at", "stops", "t0", "target", "versions")
+    __slots__ = (
+        "cached",
+        "done",
+        "future",
+        "logprobs",
+        "out",
+        "prefill_only",
+        "req",
+        "started_at",
+        "stops",
+        "t0",
+        "target",
+        "versions",
+    )
 
     def __init__(
         self,
@@ -103,6 +129,8 @@ class _Req:
         self.t0 = time.perf_counter()
         self.started_at = 0.0
         self.done = False
+        self.cached = 0
+        self.prefill_only = False
 
 
 class FakeEngine(Engine):
@@ -135,6 +163,12 @@ class FakeEngine(Engine):
         self._decoded = 0  # tokens emitted (progress())
         #: fault injection: every step takes this many times its modelled time (a stalling engine)
         self.step_scale = 1.0
+        self._prefilled: collections.OrderedDict[int, None] = collections.OrderedDict()  # the modelled cache
+        #: prompt tokens computed (not taken from the modelled prefix cache), prefill-only passes included
+        self.prefill_tokens = 0
+        self.prefill_once: PrefillOnce | None = None
+        if self.config.prefill_once_min_tokens is not None:
+            self.prefill_once = PrefillOnce(self._prefill_prompt, min_tokens=self.config.prefill_once_min_tokens)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -145,6 +179,8 @@ class FakeEngine(Engine):
             self._loop_task = asyncio.create_task(self._step_loop(), name="fake-engine-steps")
 
     async def close(self) -> None:
+        if self.prefill_once is not None:
+            await self.prefill_once.close()
         task, self._loop_task = self._loop_task, None
         await cancel_and_wait(task)
         for r in list(self._reqs.values()):
@@ -197,6 +233,10 @@ class FakeEngine(Engine):
         if limit is not None and len(self.requests_seen) >= limit:
             self.kill(f"fault injection: died after {limit} requests")
             return await fut
+        if self.prefill_once is not None and not self.config.instant and self.prefill_once.wants(req):
+            await await_unless(self.prefill_once.wait(req), fut)  # its group's prefill, unless aborted meanwhile
+            if fut.done():
+                return fut.result()
         if self.gate is not None and not self.gate.is_set():
             await await_unless(self.gate.wait(), fut)  # the gate, unless the request ends meanwhile (abort)
             if fut.done():
@@ -213,6 +253,35 @@ class FakeEngine(Engine):
         self._waiting.append(r)
         self._wake.set()
         return await fut
+
+    async def _prefill_prompt(self, req: GenerateRequest) -> None:
+        """A prefill-only pass of ``req``'s prompt (PrefillOnce): admitted like a request, ends at its step."""
+        fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
+        r = _Req(req, [], fut, ())
+        r.prefill_only = True
+        self._waiting.append(r)
+        self._wake.set()
+        try:
+            await fut
+        finally:
+            r.done = True
+
+    def _admit_prefill(self, admitted: list[_Req]) -> int:
+        """The modelled prefix cache (module docstring): what each admitted request takes from it, and the
+        prompt tokens this step computes."""
+        keys = [hash(tuple(r.req.input_ids)) for r in admitted]
+        computed = 0
+        for r, key in zip(admitted, keys, strict=True):
+            n = len(r.req.input_ids)
+            r.cached = n - 1 if key in self._prefilled else 0
+            computed += n - r.cached
+        for key in keys:  # cached only after this step: requests admitted together all compute it
+            self._prefilled[key] = None
+            self._prefilled.move_to_end(key)
+        while len(self._prefilled) > 65_536:
+            self._prefilled.popitem(last=False)
+        self.prefill_tokens += computed
+        return computed
 
     def _emit(self, r: _Req) -> bool:
         """Append the next target token; return True when the request finished."""
@@ -244,6 +313,7 @@ class FakeEngine(Engine):
                     output_ids=list(r.out),
                     finish_reason=reason,  # type: ignore[arg-type]
                     prompt_tokens=len(r.req.input_ids),
+                    cached_tokens=r.cached,
                     weight_version=self._weight_version,
                     logprobs=list(r.logprobs) if r.req.return_logprobs else None,
                     matched_stop=matched,
@@ -263,10 +333,13 @@ class FakeEngine(Engine):
         while True:
             await self._gate.wait()
             self._running = [r for r in self._running if not r.done]
+            admitted: list[_Req] = []
             while len(self._running) < c.max_batch and self._waiting:
                 r = self._waiting.popleft()
                 if not r.done:
                     self._running.append(r)
+                    admitted.append(r)
+            computed = self._admit_prefill(admitted) if c.prefix_cache and admitted else 0
             if not self._running:
                 self._wake.clear()
                 if not self._waiting:
@@ -274,13 +347,18 @@ class FakeEngine(Engine):
                 continue
             # sleep to a running deadline: the loop's timer rounds each sleep to a millisecond, so a
             # per-step sleep would drift from the model; this keeps the average step exact
-            step_s = (c.step_base_s + c.step_per_seq_s * len(self._running)) * self.step_scale
+            step_s = c.step_base_s + c.step_per_seq_s * len(self._running) + c.step_per_prefill_token_s * computed
+            step_s *= self.step_scale
             deadline = max(deadline, loop.time()) + step_s
             await asyncio.sleep(deadline - loop.time())
             if self.paused:
                 continue
             for r in self._running:
-                if not r.done:
+                if r.prefill_only:
+                    r.done = True
+                    if not r.future.done():
+                        r.future.set_result(None)  # type: ignore[arg-type]
+                elif not r.done:
                     self._emit(r)
                     self._decoded += 1
 

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_MAX_CONTROL_BYTES",
     "DEFAULT_MAX_GENERATE_BYTES",
     "GREEDY_TEMPERATURE",
+    "MAX_GROUP_ID",
     "MAX_IMAGES",
     "MAX_IMAGE_BYTES",
     "MAX_INPUT_IDS",
@@ -107,6 +108,8 @@ MAX_TIMEOUT_S = 3600.0
 MAX_INPUT_IDS = 1 << 21
 #: the most stop token ids one request may name
 MAX_STOP_TOKEN_IDS = 4096
+#: characters of a request's ``group_id``
+MAX_GROUP_ID = 256
 #: the most tensors (and buckets, and IPC handles) one weight update may describe
 MAX_TENSORS = 1 << 16
 #: the most dimensions of one tensor in an update
@@ -218,7 +221,9 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
 
     ``rid`` is unique per client while the request is in flight; the client fills it when empty.
     ``session_id`` groups the turns of one multi-turn conversation so the scheduler keeps them on one
-    server (prefix cache).
+    server (prefix cache).  ``group_id`` names a GRPO group: requests that share it and their prompt are
+    placed on one server together, and that server prefills the prompt once for all of them
+    (``generate_many`` and ``rollouts`` set it; docs/design.md, "Group-native GRPO").
     """
 
     input_ids: _InputIds
@@ -238,8 +243,12 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
     images: Annotated[
         list[Annotated[bytes, msgspec.Meta(max_length=MAX_IMAGE_BYTES)]], msgspec.Meta(max_length=MAX_IMAGES)
     ] = []
+    #: the GRPO group this request is a member of (see above); at most MAX_GROUP_ID characters
+    group_id: Annotated[str, msgspec.Meta(max_length=MAX_GROUP_ID)] | None = None
 
     def __post_init__(self) -> None:
+        if self.group_id is not None and not 0 < len(self.group_id) <= MAX_GROUP_ID:
+            raise _bad("group_id", self.group_id[:40], f"must hold 1..{MAX_GROUP_ID} characters")
         if not self.input_ids:
             raise _bad("input_ids", self.input_ids, "must hold at least one token id")
         if len(self.input_ids) > MAX_INPUT_IDS:  # built in user code (a decoded one is checked by msgspec)
@@ -374,6 +383,9 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     routed_experts: RoutedExperts | None = None
     #: filled by the client: when and where the request ran
     lifecycle: Lifecycle | None = None
+    #: prompt tokens the engine took from its prefix cache instead of computing them (0 where the engine
+    #: does not say); ``prompt_tokens - cached_tokens`` is the prefill this request cost
+    cached_tokens: int = 0
     #: the server process that ran it (a restarted server has a new one; see ServerInfo.incarnation)
     incarnation: str = ""
     #: requests with ``images``: the prompt as the model saw it, every image mark expanded into the image's

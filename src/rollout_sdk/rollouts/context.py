@@ -2,7 +2,8 @@
 
 A context belongs to one trajectory: member ``member`` of its group.  Its n-th model call is turn n;
 a seeded request gets ``sample_seed(seed, member=member, turn=n)`` and each resumption after a
-preemption the next segment (:mod:`.seeds`).
+preemption the next segment (:mod:`.seeds`).  With a ``group_id``, the first turn (the prompt every member
+of the group shares) carries it: the group is placed together and its prompt prefilled once.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class RolloutContext:
         timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
         max_staleness: int | None = None,
         return_routed_experts: bool = False,
+        group_id: str | None = None,
     ) -> None:
         if member < 0:
             raise ValueError(f"member must be >= 0, got {member}")
@@ -49,6 +51,7 @@ class RolloutContext:
         self.timeout = timeout
         self.max_staleness = max_staleness
         self.return_routed_experts = return_routed_experts
+        self.group_id = group_id
         #: one per engine call, in order: when and where each ran (exported with the trajectory)
         self.lifecycles: list[Lifecycle] = []
         #: one per engine call when ``return_routed_experts``: the MoE experts of its tokens
@@ -103,6 +106,7 @@ class RolloutContext:
             rid=f"{self.session_id}.{self._calls}",
             return_routed_experts=self.return_routed_experts,
             images=list(images),
+            group_id=self.group_id if self._calls == 1 else None,  # later turns diverge per member
         )
         cont = Continuation(req)
         segment = 0

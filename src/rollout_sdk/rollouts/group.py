@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -111,10 +112,11 @@ async def rollout_group(
     if on_error not in ("raise", "record"):
         raise ConfigError("on_error", on_error, "must be 'raise' or 'record'")
     n = resolve_group_size(group_size, n, where="rollout_group")
+    group_id = uuid.uuid4().hex if n > 1 else None  # placed together, the shared prompt prefilled once
 
     async def one(k: int) -> Trajectory:
         # member k: a seeded sampling config gives n different samples, the same ones as generate_many
-        ctx = RolloutContext(client, member=k, timeout=timeout, max_staleness=max_staleness)
+        ctx = RolloutContext(client, member=k, timeout=timeout, max_staleness=max_staleness, group_id=group_id)
         try:
             return await run_trajectory(agent, ctx, sample, reward=reward, sample_index=sample_index)
         except RolloutError as exc:

@@ -15,6 +15,7 @@ Member k of a group is seeded ``sample_seed(seed, member=k)`` (:mod:`.seeds`).
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,7 @@ class ResultStream:
         self._sampling = sampling
         self._timeout = timeout
         self._return_exceptions = return_exceptions
+        self._group_prefix = secrets.token_hex(6)  # group ids: unique per stream, one system call per stream
         self._producer: Producer[Group] = Producer(
             requests, self._group, capacity=concurrency // n, spawn=spawn, name="generate-many", what="ResultStream"
         )
@@ -114,6 +116,8 @@ class ResultStream:
 
     async def _group(self, index: int, prompt: Prompt) -> Group:
         req = as_request(prompt, self._sampling)
+        if self._n > 1 and req.group_id is None:  # placed together, the prompt prefilled once (docs/design.md)
+            req = msgspec.structs.replace(req, group_id=f"{self._group_prefix}-{index}")
         samples = [sample_variant(req, k, self._n) for k in range(self._n)]
         outs = await asyncio.gather(
             *(self._generator.generate(s, timeout=self._timeout) for s in samples), return_exceptions=True
@@ -143,5 +147,3 @@ def sample_variant(req: GenerateRequest, k: int, n: int) -> GenerateRequest:
     if req.sampling.seed is not None:
         changes["sampling"] = msgspec.structs.replace(req.sampling, seed=sample_seed(req.sampling.seed, member=k))
     return msgspec.structs.replace(req, **changes) if changes else req
-
-

@@ -111,6 +111,8 @@ class _Group:
     index: int
     sample: Any
     ctxs: list[RolloutContext] = field(default_factory=list)
+    #: its members' first turns share it: placed together, the shared prompt prefilled once
+    group_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 class RolloutStream:
@@ -321,6 +323,7 @@ class RolloutStream:
             member=k,
             timeout=self.timeout,
             max_staleness=self.max_staleness,
+            group_id=group.group_id if self.n > 1 else None,
         )
         group.ctxs.append(ctx)
         traj = await run_trajectory(self.agent, ctx, group.sample, reward=self.reward, sample_index=group.index)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ...errors import ConfigError
 
@@ -59,6 +59,15 @@ class SglangEngineConfig:
     #: "tokenizer_manager" goes through ``generate_request`` like ``Engine.async_generate``.  Images always
     #: take the tokenizer manager (SGLang's multimodal processing lives there).
     request_path: str = "direct"
+    #: the most requests of ours decoding inside SGLang at once; the rest wait in the server, first come
+    #: first served, and enter as running ones end.  "graph": the largest batch SGLang captured a CUDA graph
+    #: for (``cuda_graph_max_bs``), so every decode step runs inside a graph: a 0.5B engine decoding 1,024
+    #: requests at once ran ~1.6x slower than with 512 (docs/benchmarks.md, "The engine's fast range");
+    #: an int: that many; None: SGLang's own running limit alone
+    decode_window: int | Literal["graph"] | None = "graph"
+    #: GRPO groups (requests sharing a ``group_id``) whose prompt has at least this many tokens are
+    #: prefilled once, by a prefill-only request their members wait for (engines/prefill.py); None: off
+    prefill_once_min_tokens: int | None = 256
     #: any other ServerArgs field, passed through unchanged
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -69,6 +78,15 @@ class SglangEngineConfig:
             raise ConfigError("node_rank", self.node_rank, f"must be in [0, nnodes={self.nnodes})")
         if self.request_path not in ("direct", "tokenizer_manager"):
             raise ConfigError("request_path", self.request_path, "must be 'direct' or 'tokenizer_manager'")
+        window = self.decode_window
+        if window not in (None, "graph") and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ConfigError("decode_window", window, "must be 'graph', an int >= 1 or None")
+        if self.prefill_once_min_tokens is not None and (
+            isinstance(self.prefill_once_min_tokens, bool)
+            or not isinstance(self.prefill_once_min_tokens, int)
+            or self.prefill_once_min_tokens < 1
+        ):
+            raise ConfigError("prefill_once_min_tokens", self.prefill_once_min_tokens, "must be an int >= 1 or None")
         if self.nnodes > 1 and not self.dist_init_addr:
             raise ConfigError("dist_init_addr", self.dist_init_addr, "is required when nnodes > 1")
 

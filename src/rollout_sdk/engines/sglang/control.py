@@ -45,10 +45,11 @@ T = TypeVar("T")
 class Flight:
     """One request of ours: possibly several SGLang requests (parts), one per weight version."""
 
-    __slots__ = ("held", "sid", "task", "user_aborted", "wake")
+    __slots__ = ("held", "sid", "slot", "task", "user_aborted", "wake")
 
     def __init__(self) -> None:
         self.sid = ""
+        self.slot = False  # holds a place in the engine's decode window (engine.py)
         self.task: asyncio.Future[Any] | None = None
         self.held = False  # checkpointed: its abort result means "continue after the gate opens"
         self.user_aborted = False

@@ -49,6 +49,7 @@ from ...protocol import (
     UpdateWeightsFromIpc,
 )
 from ..base import Engine, EngineLoad
+from ..prefill import PrefillOnce
 from . import radix_patch
 from .config import SglangEngineConfig
 from .control import Control, Flight
@@ -64,6 +65,7 @@ from .translate import (
     sampling_params,
     score_result,
 )
+from .window import DecodeWindow
 
 __all__ = ["SglangEngine"]
 
@@ -110,6 +112,13 @@ class SglangEngine(Engine):
         self._load = EngineLoad()
         self._load_task: asyncio.Task[None] | None = None
         self._decoded = 0  # progress(): growth of the KV tokens held by running requests, summed
+        self._window: DecodeWindow | None = None  # the fast range (window.py), sized at start
+        self._prefill: PrefillOnce | None = None
+        if config.prefill_once_min_tokens is not None:
+            self._prefill = PrefillOnce(self._prefill_prompt, min_tokens=config.prefill_once_min_tokens)
+        self._prefill_n = 0
+        #: prompt tokens computed by group prefills (their members' results count only their own part)
+        self.prefill_once_tokens = 0
         self._warned_seed = False
         self.startup_s = 0.0
 
@@ -179,6 +188,9 @@ class SglangEngine(Engine):
         self._top_k = int(getattr(hf_text, "num_experts_per_tok", 0) or 0)
         if self.supports_routed_experts and self._top_k <= 0:
             self.supports_routed_experts = False  # not an MoE model: refuse the flag instead of failing later
+        size = self._decode_window_size(tm.server_args)
+        if size is not None:
+            self._window = DecodeWindow(size)
         if self.config.freeze_gc:
             await self._freeze_gc()
         self._load_task = asyncio.create_task(self._refresh_load(), name="sglang-load")
@@ -192,6 +204,31 @@ class SglangEngine(Engine):
                 await self._tm.freeze_gc()
         except Exception:
             log.warning("freezing the garbage collector failed; continuing without", exc_info=True)
+
+    def _decode_window_size(self, args: Any) -> int | None:
+        """The decode window (config.decode_window): "graph" reads the decode CUDA-graph batch SGLang
+        resolved (sglang 0.5.16: ``cuda_graph_config.decode``); no graphs, no window."""
+        want = self.config.decode_window
+        if want is None or isinstance(want, int):
+            return want
+        decode = getattr(getattr(args, "cuda_graph_config", None), "decode", None)
+        backend = str(getattr(decode, "backend", "") or "").lower()
+        on_gpu = getattr(args, "device", None) != "cpu"
+        if getattr(args, "disable_cuda_graph", False) or "disabled" in backend or not on_gpu:
+            return None  # no CUDA graphs: nothing to stay inside
+        bs = getattr(decode, "max_bs", None) or getattr(args, "cuda_graph_max_bs_decode", None)
+        if not isinstance(bs, int) or bs < 1:
+            log.warning("SGLang's decode CUDA-graph batch is unknown: no decode window")
+            return None
+        return bs
+
+    @property
+    def decode_window(self) -> DecodeWindow | None:
+        return self._window
+
+    @property
+    def prefill_once(self) -> PrefillOnce | None:
+        return self._prefill
 
     def _build(self) -> Any:
         import sglang
@@ -251,6 +288,8 @@ class SglangEngine(Engine):
     async def close(self) -> None:
         task, self._load_task = self._load_task, None
         await cancel_and_wait(task)
+        if self._prefill is not None:
+            await self._prefill.close()
         if self._path is not None:
             self._path.uninstall()
         for flight in list(self._flights.values()):
@@ -309,6 +348,14 @@ class SglangEngine(Engine):
             load = msgspec.structs.replace(load, running=parts - waiting, queued=waiting)
         if not parts:
             load = msgspec.structs.replace(load, queued_tokens=0)
+        window = self._window
+        if window is not None:  # the window is the running limit; its waiters are queued (window.py)
+            limit = load.max_running_requests
+            load = msgspec.structs.replace(
+                load,
+                queued=load.queued + window.waiting,
+                max_running_requests=min(limit, window.size) if limit else window.size,
+            )
         return load
 
     async def _refresh_load(self) -> None:
@@ -344,6 +391,10 @@ class SglangEngine(Engine):
         parts = Parts(req.return_logprobs)
         t0 = time.perf_counter()
         try:
+            if self._prefill is not None and self._prefill.wants(req):
+                await self._until_aborted(flight, self._prefill.wait(req))
+            if self._window is not None:
+                await self._window.enter(flight, stop=self._dead_event)
             while True:
                 await self._control.wait_gate(flight)
                 if self._dead is not None:
@@ -368,8 +419,54 @@ class SglangEngine(Engine):
                     continue
                 return parts.result(req, kind, t0, self._weight_version)
         finally:
+            if self._window is not None:
+                self._window.leave(flight)
             if self._flights.get(req.rid) is flight:
                 del self._flights[req.rid]
+
+    async def _until_aborted(self, flight: Flight, aw: Any) -> None:
+        """Await ``aw`` unless ``flight`` is aborted or the engine dies first (then ``aw`` is cancelled and
+        the caller's loop returns the abort or raises EngineDeadError)."""
+        task = asyncio.ensure_future(aw)
+        try:
+            while not task.done() and not flight.user_aborted and self._dead is None:
+                flight.wake = asyncio.get_running_loop().create_future()
+                try:
+                    await asyncio.wait({task, flight.wake}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    flight.wake = None
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _prefill_prompt(self, req: GenerateRequest) -> None:
+        """A group's prompt, prefilled once (engines/prefill.py): a prefill-only SGLang request
+        (``max_new_tokens=0``) that leaves the prompt's KV in the prefix cache.  It is a flight of its own,
+        so it waits at the gate, is checkpointed and aborted like any request (a weight update between it
+        and the members only costs the members their cache hit)."""
+        self._prefill_n += 1
+        key = f"prefill/{self._sid_prefix}/{self._prefill_n}"  # no client rid looks like it
+        flight = self._flights[key] = Flight()
+        try:
+            await self._control.wait_gate(flight)
+            if self._dead is not None or flight.user_aborted:
+                return
+            flight.sid = self._next_sid()
+            bare = msgspec.structs.replace(req, return_logprobs=False, return_routed_experts=False)
+            done = await self._run_part(
+                flight,
+                {"input_ids": list(req.input_ids)},
+                {"max_new_tokens": 0},
+                bare,
+                field="input_ids",
+                value=f"<{len(req.input_ids)} tokens>",
+                what="group prefill",
+            )
+            self.prefill_once_tokens += max(0, len(req.input_ids) - done.cached_tokens)
+        finally:
+            if self._flights.get(key) is flight:
+                del self._flights[key]
 
     async def _score(self, req: GenerateRequest) -> GenerateResult:
         """Prompt logprobs: a prefill-only request (``max_new_tokens=0``, ``logprob_start_len=0``); SGLang

@@ -7,7 +7,10 @@ scheduler process is replaced by a small loop that speaks the scheduler's half o
 ``AbortReq`` / ``FlushCacheReqInput``, runs "decode steps" that append one token per running request, and
 sends ``BatchTokenIDOutput`` every ``SGLANG_FORCE_STREAM_INTERVAL`` tokens and at the end, exactly as
 SGLang's output streamer does for non-streaming requests with ``skip_tokenizer_init``.  Requests in the
-waiting queue that are aborted are echoed back as ``AbortReq`` (as SGLang's scheduler does).
+waiting queue that are aborted are echoed back as ``AbortReq`` (as SGLang's scheduler does).  Its prefix
+cache is a model of SGLang's under a burst: a prompt counts as cached once the step that admitted it has
+run, so requests admitted in the same step all compute it, and a later request with the same prompt
+reports all of it but the last token in ``cached_tokens`` (a flush empties it).
 
 Tokens are a deterministic function of the whole sequence as received (its ids, and for images SGLang's
 offsets and the pixels: :func:`standin_seed`), so the same request gives the same tokens on either path
@@ -89,13 +92,28 @@ class StandinScheduler:
 
 
 class _Req:
-    __slots__ = ("ids", "max_new", "n_prompt", "out", "rid", "sent", "state", "stop", "want_in", "want_lp")
+    __slots__ = (
+        "cached",
+        "digest",
+        "ids",
+        "max_new",
+        "n_prompt",
+        "out",
+        "rid",
+        "sent",
+        "state",
+        "stop",
+        "want_in",
+        "want_lp",
+    )
 
     def __init__(self, r: Any) -> None:
         self.rid: str = r.rid
         ids = list(r.input_ids)
         self.n_prompt = len(ids)
         self.state = standin_seed(ids, _mm_digest(r))
+        self.digest = self.state
+        self.cached = 0
         self.ids = ids
         sp = r.sampling_params
         self.max_new = int(sp.max_new_tokens if sp.max_new_tokens is not None else 128)
@@ -119,6 +137,7 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
     interval = int(os.environ.get("SGLANG_FORCE_STREAM_INTERVAL", "50"))
     waiting: deque[_Req] = deque()
     running: dict[str, _Req] = {}
+    prefilled: set[int] = set()  # the modelled prefix cache (module docstring)
     ready.set()
 
     def finish(req: _Req, reason: dict[str, Any]) -> tuple[_Req, dict[str, Any]]:
@@ -153,10 +172,21 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
                         if msg.abort_all or r.rid.startswith(prefix):
                             r.max_new = -1  # ends at this step with an abort
                 elif isinstance(msg, io.FlushCacheReqInput):
-                    io.sock_send(push, io.FlushCacheReqOutput(success=not running and not waiting))
+                    ok = not running and not waiting
+                    if ok:
+                        prefilled.clear()
+                    io.sock_send(push, io.FlushCacheReqOutput(success=ok))
+        admitted: list[_Req] = []
         while waiting and len(running) < cfg.max_running:
             w = waiting.popleft()
             running[w.rid] = w
+            admitted.append(w)
+        for w in admitted:
+            w.cached = w.n_prompt - 1 if w.digest in prefilled else 0
+        for w in admitted:  # cached only after this step: requests admitted together all compute it
+            prefilled.add(w.digest)
+        if len(prefilled) > 100_000:
+            prefilled.clear()
         if not running:
             continue
         ended: list[tuple[_Req, dict[str, Any] | None]] = []
@@ -234,7 +264,7 @@ def _batch_output(io: Any, items: list[tuple[_Req, dict[str, Any] | None]]) -> A
         prompt_tokens=[r.n_prompt for r, _ in items],
         reasoning_tokens=[0] * n,
         completion_tokens=[len(r.out) for r, _ in items],
-        cached_tokens=[0] * n,
+        cached_tokens=[r.cached for r, _ in items],
         **(logprobs if any_lp else dict.fromkeys(logprobs)),
         output_token_entropy_val=None,
         output_token_sampling_mask=None,

@@ -143,6 +143,7 @@ class Parts:
         self.queue_s: float | None = None
         self.e2e_s = 0.0
         self.count = 0
+        self.cached_tokens = 0  # of the first part: prompt tokens SGLang took from its prefix cache
         self.matched: int | None = None
         self.routed: Any = None  # int32 [tokens, layers, top_k] over the sequence so far (MoE replay)
 
@@ -172,6 +173,8 @@ class Parts:
         append_segments(self.segments, ((version, len(ids)),))  # no run for a part without tokens
         if self.queue_s is None:
             self.queue_s = done.queue_s or 0.0
+        if self.count == 0:
+            self.cached_tokens = done.cached_tokens
         self.e2e_s = done.e2e_s or 0.0
         self.count += 1
         fr = done.finish or {}
@@ -191,6 +194,7 @@ class Parts:
             matched_stop=self.matched,
             version_segments=self.segments,
             routed_experts=_routed(self.routed),
+            cached_tokens=self.cached_tokens,
             timings=Timings(
                 queue_s=self.queue_s or 0.0,
                 ttft_s=0.0,

