@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from rollout_sdk import AuthenticationError, DiscoveryError, RolloutClient, SamplingParams
+from rollout_sdk import DiscoveryError, RolloutClient, SamplingParams
 from rollout_sdk.errors import ConfigError
 from rollout_sdk.launch import Layout, StoreDiscovery
 
@@ -444,17 +444,23 @@ async def test_discovery_timeout_names_the_missing_ranks() -> None:
     import msgspec
     import torch.distributed as dist
 
-    from rollout_sdk.discovery.store import ServerRecord, StoreKeys
+    from rollout_sdk.auth import JobSecret
+    from rollout_sdk.discovery.store import ServerRecord, StoreKeys, seal
+
+    secret = JobSecret.generate()
+
+    def put(name: str, body: bytes) -> None:
+        master.set(name, seal(secret.store_key, name, body))
 
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     keys = StoreKeys("rollout_sdk/a0")
-    master.set(StoreKeys.latest(), keys.prefix)
-    master.set(keys.num_servers, "3")
+    put(StoreKeys.latest(), keys.prefix.encode())
+    put(keys.num_servers, b"3")
     rec = ServerRecord(
         address="tcp://127.0.0.1:1", dp_rank=1, tp_size=1, global_rank=1, node_rank=0, pid=1, backend="fake", model="m"
     )
-    master.set(keys.server(1), msgspec.msgpack.encode(rec))
-    disc = StoreDiscovery(f"127.0.0.1:{master.port}")
+    put(keys.server(1), msgspec.msgpack.encode(rec))
+    disc = StoreDiscovery(f"127.0.0.1:{master.port}", secret=secret)
     t0 = time.monotonic()
     with pytest.raises(DiscoveryError, match=r"DP ranks \[0, 2\]") as info:
         await disc.open(timeout=1.0)
@@ -531,8 +537,8 @@ def test_forged_shutdown_key_is_ignored_and_keyless_clients_are_refused(tmp_path
         # the job still serves a client holding the secret; a client without it is refused
         _client_env(monkeypatch, ROLLOUT_SDK_SECRET_FILE=env["ROLLOUT_SDK_SECRET_FILE"])
         assert asyncio.run(_one_request(job.store)) == "length"
-        _client_env(monkeypatch)
-        with pytest.raises(AuthenticationError, match="requires authentication"):
+        _client_env(monkeypatch)  # no secret: it cannot verify the sealed records, so it trusts none (issue 36)
+        with pytest.raises(DiscoveryError, match="ROLLOUT_SDK_SECRET_FILE"):
             asyncio.run(_one_request(job.store))
         # a forged server record fails discovery for a client that holds the secret
         attacker.set("rollout_sdk/a0/server/0", b"\x80")

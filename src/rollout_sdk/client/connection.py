@@ -136,6 +136,9 @@ class ServerConnection:
         self.window = AdmissionController(admission)
         # counters
         self.sent = 0
+        #: send order (the scheduler's, over all servers) of the latest request this server answered with
+        #: tokens: what was sent here before it has been through an engine step (client/scheduler.py)
+        self.answered_seq = -1
         self.completed = 0
         self.aborted = 0
         self.errors = 0

@@ -18,11 +18,12 @@ Concurrency (everything on the client's event loop; no thread, no lock)::
       │                                      heartbeat missed, engine dead), or cancellation
       │                        on cancel / timeout: Abort(rid) goes to the server, the slot is freed
       │                        on server death: a *suspect* from then on, retried on another server
-      │                                      (a fresh budget: the death uses none of ``retries``, unless
-      │                                      retries=0), at most one suspect in flight per server; a
-      │                                      suspect whose server dies too is PoisonRequestError, never
-      │                                      retried (so a poison request kills at most 2 engines, and
-      │                                      an innocent never shares a server with it as a suspect)
+      │                                      at once (a fresh budget: the death uses none of ``retries``,
+      │                                      unless retries=0), on probation there: at most one suspect
+      │                                      *on probation* per server (see "Suspects" below); a suspect
+      │                                      whose server dies while it is on probation there is
+      │                                      PoisonRequestError, never retried, and so is one that met 3
+      │                                      deaths
       │                        on busy: the server is held for a back-off; acquire again (waits, or
       │                                 goes elsewhere); no retry is used up
       └─ release() ......... frees the slot, wakes the first waiter
@@ -43,6 +44,44 @@ stays behind, ``prefix_tokens_lost``).  Everything else goes where the policy sa
 
 The server set changes at run time (``add`` / ``remove``): a request only ever sees the servers that take
 work at the moment it is placed.
+
+Suspects (issue 36).  Every request in flight on a server when it dies (its *cohort*) is a suspect: one of
+them may have killed it.  A suspect is retried at once, with every other suspect, at the survivors' normal
+windows, but on each server at most one suspect is *on probation*: sent there, and not yet *cleared* by
+the server answering (with tokens) a request that was sent to it after the suspect.  To clear the
+probation soon whatever other traffic there is, a 1-token *probe* request follows the suspect onto its
+server as soon as anyone waits for a slot (a suspect retried alone costs the engine nothing more).  Once
+cleared, the suspect keeps running there and the server takes the next suspect::
+
+    server B:  s1 probe1 | s1 cleared -> s2 probe2 | s2 cleared -> s3 ...   (s1, s2, s3 all still decoding)
+
+so a cohort of n suspects re-enters the survivors at about one suspect per server every two engine steps
+(the answer that clears one comes at the end of the step that admitted it; the next one, sent then, is
+admitted at the step after next), and then decodes concurrently, as fresh requests would.  A request that
+some server already answered a later request after (``ServerConnection.answered_seq``: it went through an
+engine step there, so it is not a poison of the kind below) is retried at once with no probation at all:
+with steady traffic that is most of a dead server's requests.
+
+Why a poison request kills at most 2 engines and fails no innocent.  A *poison* request kills every engine
+it touches, before that engine answers any request sent to it after the poison (it dies in the step that
+admits it: a prefill crash, an out-of-vocabulary id, a sampler fault; engines admit in arrival order: the
+fake and CPU engines, and SGLang's default ``fcfs`` policy).  (1) Its first engine A dies: death 1 for it
+and every request in flight there.  (2) As a suspect it goes to a server B only when B holds no other
+suspect on probation; B dies before it answers the probe that follows the poison, so the poison is still
+on probation there: death 2, on probation: PoisonRequestError, never sent again.  2 engines.  (3) Every
+other request in flight on B at its death was either a fresh request (its first death) or a suspect
+already cleared (B held one suspect on probation, the poison), or one that never needed probation (it
+had been cleared before): a second death while cleared is not a conviction, only a retry, and only a
+third death fails it.  The poison itself is never cleared (every engine it reaches dies first), so it
+never skips probation.  No innocent fails unless further independent crashes add up to its third death
+(or catch it on probation at its second).
+
+Outside that model (a request that kills its engine only after a later request was answered there, or an
+engine that admits out of order), the rule ``deaths >= 3`` still convicts it: at most 3 engines; an
+innocent that happened to be on probation where it killed the second or third is failed with it.  For
+such a workload ``SchedulerConfig(clear_suspects="finished")`` keeps every suspect on probation until it
+finishes (issue 25's rule: at most 2 engines and no innocent failed for any poison, but the cohort goes
+through one suspect per server at a time: recovery time ~ in-flight / survivors x request time).
 """
 
 from __future__ import annotations
@@ -50,9 +89,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 
@@ -60,6 +101,7 @@ from ..errors import (
     ConfigError,
     DuplicateRequestError,
     EngineDeadError,
+    MessageTooLargeError,
     NoServersError,
     PoisonRequestError,
     QueueFullError,
@@ -67,7 +109,7 @@ from ..errors import (
     ServerShuttingDownError,
     ServerUnavailableError,
 )
-from ..protocol import GenerateRequest, GenerateResult, Lifecycle
+from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams, encode
 from .admission import AdmissionConfig
 from .connection import ServerConnection
 from .policies import Policy, make_policy
@@ -105,6 +147,9 @@ class SchedulerConfig:
     #: place a GRPO group's members (a shared ``group_id``) on one server, so its prompt is prefilled once
     #: there; False: every request where the policy says
     place_groups: bool = True
+    #: when a suspect leaves probation on its server (module docstring, "Suspects"): "answered" once the
+    #: server answered a request sent after it (a probe follows it), "finished" only when it finishes
+    clear_suspects: Literal["answered", "finished"] = "answered"
 
     def __post_init__(self) -> None:
         self.admission_config()  # validates the ceiling
@@ -116,6 +161,8 @@ class SchedulerConfig:
             raise ConfigError("max_sessions", self.max_sessions, "must be >= 1")
         if not isinstance(self.place_groups, bool):
             raise ConfigError("place_groups", self.place_groups, "must be True or False")
+        if self.clear_suspects not in ("answered", "finished"):
+            raise ConfigError("clear_suspects", self.clear_suspects, "must be 'answered' or 'finished'")
 
     def admission_config(self) -> AdmissionConfig:
         base = self.admission or AdmissionConfig()
@@ -129,6 +176,22 @@ class _Waiter:
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
+
+
+class _Probation:
+    """One suspect on probation on one server: cleared by an answer to a request sent there after it."""
+
+    __slots__ = ("probe", "probe_rid", "rid", "seq")
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.seq = -1  # send order of the suspect (set when sent)
+        self.probe_rid = ""
+        self.probe: asyncio.Future[GenerateResult] | None = None
+
+
+#: probe requests (module docstring, "Suspects"): the smallest request an engine answers with a token
+_PROBE_SAMPLING = SamplingParams(max_new_tokens=1)
 
 
 class Scheduler:
@@ -145,7 +208,15 @@ class Scheduler:
         self.on_result: Callable[[GenerateResult], None] | None = None
         self.poisoned = 0
         self._rids: set[str] = set()  # rids in flight in this client
-        self._suspects_on: set[ServerConnection] = set()  # servers running a suspect (at most one each)
+        #: the suspect on probation on each server (at most one each)
+        self._probation: dict[ServerConnection, _Probation] = {}
+        self._send_seq = itertools.count()  # send order of every request of this client (all servers)
+        self._probe_ids = itertools.count()
+        self.probes_sent = 0
+        self.suspects_cleared = 0
+        #: most suspects sent and not yet finished at once on one server (how concurrent a recovery was)
+        self.max_suspects_running = 0
+        self._suspects_running: collections.Counter[ServerConnection] = collections.Counter()
         self.sessions_moved = 0
         self.prefix_tokens_lost = 0
 
@@ -184,10 +255,10 @@ class Scheduler:
     # -- slots -------------------------------------------------------------------------------------
 
     async def acquire(
-        self, req: GenerateRequest, exclude: Sequence[ServerConnection] = (), *, suspect: bool = False
+        self, req: GenerateRequest, exclude: Sequence[ServerConnection] = (), *, suspect: _Probation | None = None
     ) -> ServerConnection:
-        """A slot on a live server; a ``suspect`` (in flight at a server's death) only on a server that runs
-        no other suspect: a second death then names the one request that was at both."""
+        """A slot on a live server; a ``suspect`` (in flight at a server's death) only on a server with no
+        other suspect on probation: a death there while it is on probation names it alone."""
         if not self._waiters:
             conn = self._try_take(req, exclude, suspect)
             if conn is not None:
@@ -217,22 +288,26 @@ class Scheduler:
             self._wake_next()
 
     def _try_take(
-        self, req: GenerateRequest, exclude: Sequence[ServerConnection], suspect: bool = False
+        self, req: GenerateRequest, exclude: Sequence[ServerConnection], suspect: _Probation | None = None
     ) -> ServerConnection | None:
         live = [s for s in self.servers if s.accepting]
         if not live:
             raise NoServersError(self._no_servers_message())
         free = [s for s in live if s.in_flight < s.window.limit and not s.held]
-        if suspect:
-            free = [s for s in free if s not in self._suspects_on]
+        if suspect is not None:
+            held = [s for s in free if s in self._probation]
+            free = [s for s in free if s not in self._probation]
+            if not free:  # this suspect waits for a probation to end: have each one cleared soon
+                for s in held:
+                    self._send_probe(s, self._probation[s])
         if exclude:
             preferred = [s for s in free if s not in exclude]
             free = preferred or free
         if not free:
             return None
         conn = self._place(req, free)
-        if suspect:
-            self._suspects_on.add(conn)
+        if suspect is not None:
+            self._probation[conn] = suspect
         conn.in_flight += 1
         conn.outstanding_tokens += len(req.input_ids) + req.sampling.max_new_tokens
         return conn
@@ -281,14 +356,66 @@ class Scheduler:
             groups.popitem(last=False)
         return chosen
 
-    def release(self, conn: ServerConnection, req: GenerateRequest, *, suspect: bool = False) -> None:
-        if suspect:
-            self._suspects_on.discard(conn)
+    def release(self, conn: ServerConnection, req: GenerateRequest, *, suspect: _Probation | None = None) -> None:
+        if suspect is not None:
+            self._end_probation(conn, suspect)
         conn.in_flight -= 1
         if conn.in_flight == 0:
             conn.notify_idle()
         conn.outstanding_tokens -= len(req.input_ids) + req.sampling.max_new_tokens
         self._wake_next()
+
+    # -- suspects on probation ---------------------------------------------------------------------
+
+    def _on_probation(self, conn: ServerConnection, suspect: _Probation | None) -> bool:
+        return suspect is not None and self._probation.get(conn) is suspect
+
+    def _end_probation(self, conn: ServerConnection, suspect: _Probation) -> None:
+        if self._probation.get(conn) is suspect:
+            del self._probation[conn]
+            probe = suspect.probe
+            if probe is not None and not probe.done():  # the suspect ended first: its probe is not needed
+                conn.cancel(suspect.probe_rid)
+                self._rids.discard(suspect.probe_rid)
+            self._wake_next()
+
+    def _answered(self, conn: ServerConnection, seq: int) -> None:
+        """``conn`` answered, with tokens, the request it was sent as number ``seq``: a suspect on
+        probation there that was sent before it is cleared."""
+        conn.answered_seq = max(conn.answered_seq, seq)
+        if self.config.clear_suspects != "answered":
+            return
+        suspect = self._probation.get(conn)
+        if suspect is not None and 0 <= suspect.seq < seq:
+            self.suspects_cleared += 1
+            self._end_probation(conn, suspect)
+
+    def _send_probe(self, conn: ServerConnection, suspect: _Probation) -> None:
+        """A 1-token request behind the suspect: its answer clears the suspect (module docstring).  Sent only
+        when someone waits (a suspect alone costs the engine nothing more), once per suspect."""
+        if self.config.clear_suspects != "answered" or suspect.probe_rid or suspect.seq < 0:
+            return
+        rid = f"probe-{next(self._probe_ids)}-{suspect.rid}"[:200]
+        if rid in self._rids:  # a caller's rid: no probe (other answers clear the suspect)
+            return
+        req = GenerateRequest(input_ids=[0], sampling=_PROBE_SAMPLING, rid=rid)
+        try:
+            fut = conn.submit(rid, encode(req))
+        except (ServerUnavailableError, MessageTooLargeError):  # without it, other answers clear the suspect
+            return
+        seq = next(self._send_seq)
+        suspect.probe_rid, suspect.probe = rid, fut
+        self._rids.add(rid)  # in flight in this client: a caller's request with this rid is a duplicate
+        self.probes_sent += 1
+
+        def done(f: asyncio.Future[GenerateResult]) -> None:
+            self._rids.discard(rid)
+            if f.cancelled() or f.exception() is not None:
+                return
+            if f.result().finish_reason != "abort":
+                self._answered(conn, seq)
+
+        fut.add_done_callback(done)
 
     def _wake_next(self) -> None:
         if self._waiters:
@@ -326,18 +453,27 @@ class Scheduler:
         attempt = 0  # retries so far
         used = 0  # of them, those that count against ``retries`` (a death while serving it does not)
         deaths = 0  # servers that died while serving this request
+        cleared = False  # a server answered a request sent after this one: it went through an engine step
         exclude: tuple[ServerConnection, ...] = ()
         queued_at = time.time()
         failed_over_from: list[str] = []
         while True:
-            suspect = deaths > 0
+            suspect = _Probation(req.rid) if deaths > 0 and not cleared else None
             conn = await self.acquire(req, exclude, suspect=suspect)
             dispatched_at = time.time()
             t0 = time.perf_counter()
             sent = False
+            seq = -1
             try:
                 fut = conn.submit(req.rid, payload)
                 sent = True
+                seq = next(self._send_seq)
+                if suspect is not None:
+                    suspect.seq = seq
+                    if self._waiters:  # others wait (suspects among them, maybe): clear this one soon
+                        self._send_probe(conn, suspect)
+                    self._suspects_running[conn] += 1
+                    self.max_suspects_running = max(self.max_suspects_running, self._suspects_running[conn])
                 try:
                     result = await fut
                 except asyncio.CancelledError:
@@ -353,11 +489,14 @@ class Scheduler:
                         conn.mark_dead(str(exc))
                     if sent:
                         deaths += 1
-                        if deaths >= 2:
+                        on_probation = self._on_probation(conn, suspect)
+                        cleared = cleared or (self.config.clear_suspects == "answered" and conn.answered_seq > seq)
+                        if deaths >= 3 or (deaths >= 2 and on_probation):
                             self.poisoned += 1
+                            why = "while it was on probation there" if on_probation else f"its death {deaths}"
                             raise PoisonRequestError(
-                                f"request {req.rid}: server {conn.server_id} died while serving it, and so did "
-                                f"the server it ran on before; not retried again ({exc})"
+                                f"request {req.rid}: server {conn.server_id} died while serving it ({why}), and so "
+                                f"did the server it ran on before; not retried again ({exc})"
                             ) from exc
                 if used >= retries:
                     raise
@@ -376,7 +515,13 @@ class Scheduler:
                 conn.errors += 1
                 raise
             finally:
+                if suspect is not None and sent:
+                    self._suspects_running[conn] -= 1
+                    if self._suspects_running[conn] <= 0:
+                        del self._suspects_running[conn]
                 self.release(conn, req, suspect=suspect)
+            if result.finish_reason != "abort":
+                self._answered(conn, seq)
             dt = time.perf_counter() - t0
             conn.latencies.append(dt)
             self.latencies.append(dt)

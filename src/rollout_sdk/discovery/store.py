@@ -22,7 +22,10 @@ service), but cannot make the job act on a forgery.
 A client waits for ``num_servers`` and then for every server key: a handshake, not sleep-and-poll; on
 timeout the error names the DP ranks that never registered.  A client in another process needs only the
 store address (``host:port``): ``RolloutClient(discovery=StoreDiscovery("10.0.0.1:29500"))``, or the
-environment variable ``ROLLOUT_SDK_STORE``.
+environment variable ``ROLLOUT_SDK_STORE``.  It verifies what it reads with the job's secret or
+:data:`ENV_JOB_KEY_FILE`; with neither (started outside the job), with the key file of this user's live job
+on this machine whose seal verifies the job's first record (``discovery/keyfiles.py``), else it refuses
+the records with a :class:`DiscoveryError` that says how to pass the key: nothing unverified is trusted.
 
 After open, :meth:`StoreDiscovery.watch` follows ``{p}/member/<k>`` for k past what open saw: each later
 registration (a rank whose engine was restarted, a server that registers late) reaches the client, which
@@ -45,8 +48,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ..auth import JobSecret
+from ..auth import ENV_SECRET_FILE, JobSecret
 from ..errors import ConfigError, DiscoveryError
+from .keyfiles import live_key_files
 
 __all__ = [
     "ENV_JOB_KEY_FILE",
@@ -141,8 +145,8 @@ def seal(key: bytes | None, name: str, body: bytes) -> bytes:
 def unseal(key: bytes | None, name: str, data: bytes) -> bytes | None:
     """The body of a value read from ``name``; None when it is not sealed with ``key``.
 
-    Without a key (a reader that holds no job secret) the seal is removed unchecked: such a reader relies
-    on the servers' CURVE keys instead.
+    Without a key the seal is removed unchecked (only unit tests of the job read so);
+    :class:`StoreDiscovery` never does: without a key it finds the job's or refuses (issue 36).
     """
     sealed = data.startswith(_SEALED) and len(data) >= len(_SEALED) + _MAC_BYTES
     if key is None:
@@ -237,11 +241,15 @@ class StoreDiscovery:
         self._watch_stop = threading.Event()
         self._watch_thread_handle: threading.Thread | None = None
         #: verifies what the job published (default: the job secret from the environment, else the per-job
-        #: store key of a job without a secret, ``ROLLOUT_SDK_JOB_KEY_FILE``; with neither, nothing is checked)
+        #: store key of a job without a secret, ``ROLLOUT_SDK_JOB_KEY_FILE``; with neither, the key file of
+        #: this user's live job whose seal verifies the job's first record, found at open: ``_find_job_key``)
         self.secret = secret if secret is not None else (JobSecret.from_env() or job_key_from_env())
 
     def _get(self, store: Any, name: str) -> bytes:
-        body = unseal(self.secret.store_key if self.secret is not None else None, name, store.get(name))
+        data = store.get(name)
+        if self.secret is None:  # outside the job: its key where the job wrote it, or nothing is trusted
+            self.secret = self._find_job_key(name, data)
+        body = unseal(self.secret.store_key, name, data)
         if body is None:
             raise DiscoveryError(
                 f"store entry {name!r} at {self.store_address} is not signed with this job's secret "
@@ -249,6 +257,26 @@ class StoreDiscovery:
                 missing=[name],
             )
         return body
+
+    def _find_job_key(self, name: str, data: bytes) -> JobSecret:
+        """The key of this user's live job whose seal verifies ``data`` (the job's first store value), from
+        the job key files on this machine (``discovery/keyfiles.py``).  Fails closed: with none, a
+        DiscoveryError says how to pass the key; a record nobody can verify is never trusted (issue 36)."""
+        for path in live_key_files():
+            try:
+                key = JobSecret.read(path)
+            except (OSError, ConfigError) as exc:
+                log.warning("skipped job key file %s: %s", path, exc)
+                continue
+            if unseal(key.store_key, name, data) is not None:
+                log.info("the job's store values verify with its key file %s", path)
+                return key
+        raise DiscoveryError(
+            f"the store at {self.store_address} holds records this client cannot verify (no job secret, no "
+            f"{ENV_JOB_KEY_FILE}, no key file of a live job of this user here): set {ENV_JOB_KEY_FILE} to the "
+            f"job's key file (its ranks log the path) or {ENV_SECRET_FILE} to the job's secret",
+            missing=[name],
+        )
 
     async def open(self, timeout: float) -> list[str]:
         self.records = await in_daemon_thread(lambda: self._discover(timeout))

@@ -41,8 +41,6 @@ import asyncio
 import logging
 import os
 import signal
-import stat
-import tempfile
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +50,7 @@ from .._aio import cancel_and_wait, first_exception
 from .._transport import local_ip
 from ..auth import HOW_TO_ENABLE, JobSecret, is_loopback
 from ..discovery.env import ENV_NUM_SERVERS, ENV_PREFIX, ENV_STORE
+from ..discovery.keyfiles import key_dir, key_file_name, private_dir, remove_stale
 from ..discovery.store import (
     ENV_JOB_KEY_FILE,
     ROOT,
@@ -161,33 +160,26 @@ def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None 
 
 def job_key_path(layout: Layout, env: Mapping[str, str] | None = None) -> Path:
     """Where the ranks of this node find the per-job store key of a job without a secret: a directory of
-    this user's (0700) named by the torchrun agent (every rank's parent), its run id and restart count."""
+    this user's (0700), the file named by the torchrun agent (every rank's parent: its pid and start time),
+    its run id and restart count (``discovery/keyfiles.py``)."""
     env = os.environ if env is None else env
-    base = Path(env.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"rollout_sdk-{os.getuid()}"
-    run_id = "".join(c for c in env.get("TORCHELASTIC_RUN_ID", "none") if c.isalnum() or c in "-_")[:64]
-    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return base / f"job-{os.getppid()}-{run_id}-a{restart}.key"
-
-
-def _private_dir(path: Path) -> None:
-    """Make ``path`` (mode 0700), or accept it only when it is this user's and nobody else may enter it (a
-    directory someone else made in a shared /tmp could hand the key over)."""
-    path.mkdir(mode=0o700, exist_ok=True)
-    st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise ConfigError(
-            "job key directory", str(path), "must be a directory of this user's with mode 0700 (remove it)"
-        )
+    name = key_file_name(
+        os.getppid(), env.get("TORCHELASTIC_RUN_ID", "none"), env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    )
+    return key_dir(env) / name
 
 
 def _share_job_key(layout: Layout, barrier: Callable[[], Any]) -> tuple[JobSecret, Path]:
     """A job without a secret (one node: ``preflight``): local rank 0 makes a fresh key and writes it where
     only this user can read it; after a barrier every rank reads it.  It seals the job's store values and
-    is set in the environment (:data:`ENV_JOB_KEY_FILE`) for the driver's discovery and its children."""
+    is set in the environment (:data:`ENV_JOB_KEY_FILE`) for the driver's discovery and its children.
+    Key files of jobs that are gone (a rank killed with SIGKILL runs no ``finally``) are removed first."""
     path = job_key_path(layout)
     if layout.local_rank == 0:
-        _private_dir(path.parent)
-        path.unlink(missing_ok=True)  # a stale one of a crashed run with the same agent pid and run id
+        private_dir(path.parent)
+        for stale in remove_stale(path.parent):
+            log.info("removed the key file of a job that is gone: %s", stale)
+        path.unlink(missing_ok=True)  # a stale one of a crashed run with the same agent
         JobSecret.generate().write(path)
     barrier()
     key = JobSecret.read(path)

@@ -36,6 +36,7 @@ from ..protocol import (
     error_reply,
     is_generate_frame,
 )
+from .lifeline import die_with_parent
 
 __all__ = [
     "DecodeWorker",
@@ -121,7 +122,9 @@ class DecodeWorker:
 
 
 def _background_priority() -> None:
-    """In the decode worker, first: lower its priority below the server's."""
+    """In the decode worker, first: leave when the server is gone, whatever ended it (``server/lifeline.py``), and
+    lower its priority below the server's."""
+    die_with_parent()
     try:
         os.nice(_WORKER_NICENESS)
     except OSError:  # not permitted here: decode at normal priority
