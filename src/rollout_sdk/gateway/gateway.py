@@ -46,6 +46,7 @@ import msgspec
 from .._aio import Lifecycle, OpenedWith, await_unless, cancel_and_wait
 from ..agents import Trajectory
 from ..agents.parsers import get_reasoning_parser
+from ..auth import is_loopback
 from ..errors import ClientStateError, ConfigError
 from .errors import GatewayError
 from .records import SessionRecord, session_record
@@ -91,7 +92,11 @@ class GatewayConfig:
     session_idle_timeout_s: float | None = 3600.0
     #: a request with an unknown session key opens that session (else 404: create sessions first)
     auto_sessions: bool = True
-    #: if set, the session endpoints (create, reward, finish, info) need ``Authorization: Bearer <admin_key>``
+    #: of max_sessions, how many sessions opened that way may hold at once (429 beyond); the rest is kept
+    #: for sessions the trainer opens (POST /v1/sessions, Gateway.session()).  None: 90% of max_sessions
+    max_auto_sessions: int | None = None
+    #: if set, the session endpoints (create, reward, finish, info) need ``Authorization: Bearer <admin_key>``;
+    #: required to listen beyond loopback (the same rule as ``rollout-sdk serve``)
     admin_key: str | None = None
     #: append finished trajectories to this file (then the gateway consumes them, not trajectories())
     trajectories_jsonl: str | None = None
@@ -106,10 +111,19 @@ class GatewayConfig:
     keep_exported: int = 1024
     #: GET /v1/trajectories/stream consumers at once (429 beyond)
     max_export_streams: int = 16
+    #: a record sent on an export stream and not acknowledged (POST /v1/trajectories/ack) for this long goes
+    #: back to the queue for the next consumer (at-least-once delivery: docs/gateway.md)
+    export_ack_timeout_s: float = 60.0
     #: times an aborted generation (a trainer's pause) is continued from its tokens
     max_resumes: int = 8
 
     def __post_init__(self) -> None:
+        if self.admin_key is None and not is_loopback(self.host):
+            raise ConfigError(
+                "host", self.host, "listening beyond loopback needs an admin key: pass --admin-key (admin_key=...)"
+            )
+        if self.admin_key is not None and not self.admin_key.strip():
+            raise ConfigError("admin_key", "<empty>", "must not be empty")
         for name in (
             "max_sessions",
             "max_turns_per_session",
@@ -125,12 +139,16 @@ class GatewayConfig:
                 raise ConfigError(name, getattr(self, name), "must be >= 1")
         if not 0 <= self.port < 65536:
             raise ConfigError("port", self.port, "must be in [0, 65535]")
+        if not self.export_ack_timeout_s > 0:
+            raise ConfigError("export_ack_timeout_s", self.export_ack_timeout_s, "must be > 0")
         for name in ("request_timeout_s", "session_idle_timeout_s"):
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise ConfigError(name, v, "must be > 0 or None")
         if self.template_strategy not in ("auto", "strict"):
             raise ConfigError("template_strategy", self.template_strategy, "must be 'auto' or 'strict'")
+        if self.max_auto_sessions is not None and not 0 <= self.max_auto_sessions <= self.max_sessions:
+            raise ConfigError("max_auto_sessions", self.max_auto_sessions, "must be in [0, max_sessions]")
         if self.max_resumes < 0:
             raise ConfigError("max_resumes", self.max_resumes, "must be >= 0")
         if self.keep_exported < 0:
@@ -181,7 +199,13 @@ class Gateway(OpenedWith):
         self._client_options = dict(client_options or {})
         self._tokenizer = tokenizer
         self._life = Lifecycle("Gateway", error=ClientStateError)
-        self.store = SessionStore(max_sessions=self.config.max_sessions, max_turns=self.config.max_turns_per_session)
+        cfg = self.config
+        auto = cfg.max_auto_sessions
+        self.store = SessionStore(
+            max_sessions=cfg.max_sessions,
+            max_turns=cfg.max_turns_per_session,
+            max_auto_sessions=max(1, cfg.max_sessions - cfg.max_sessions // 10) if auto is None else auto,
+        )
         self._service: TurnService | None = None
         self._runner: Any = None
         self._background: asyncio.Task[None] | None = None  # runs the gateway's own tasks in one group
@@ -199,6 +223,10 @@ class Gateway(OpenedWith):
         self._exported: collections.OrderedDict[str, SessionRecord] = collections.OrderedDict()
         self.export_streams = 0
         self.exported_sessions = 0
+        #: sessions sent on an export stream, not yet acknowledged: id -> (session, its stream's lease,
+        #: the timer that gives it back)
+        self._unacked: dict[str, tuple[Session, ExportLease, asyncio.TimerHandle]] = {}
+        self.redelivered_sessions = 0
         self._registry: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -260,6 +288,8 @@ class Gateway(OpenedWith):
             await runner.cleanup()  # stops the listener; cancels handlers still running
         for session in list(self.store.sessions.values()):
             self.store.finish(session, reason="closed")
+        for _, _, timer in self._unacked.values():
+            timer.cancel()
         self._closed.set()
         background, self._background = self._background, None
         if background is not None:
@@ -382,18 +412,27 @@ class Gateway(OpenedWith):
             raise ClientStateError("this gateway writes its trajectories to trajectories_jsonl; read that file")
 
     async def _finished(
-        self, heartbeat_s: float | None = None, *, http: bool = False
+        self, heartbeat_s: float | None = None, *, http: bool = False, room: asyncio.Event | None = None
     ) -> AsyncGenerator[Session | None, None]:
         """Finished sessions as they come (each to one consumer); ``None`` after ``heartbeat_s`` without
-        one.  The consumer exports a session (:meth:`_export`) or gives it back (``store.requeue``).
-        Ends once closed and drained; ``http`` consumers (export streams) end as soon as closing begins."""
+        one.  The consumer exports a session (:meth:`_export`), leases it (:meth:`_lease`) or gives it back
+        (``store.requeue``).  ``room``: the next session is taken only while it is set (an export stream's
+        window of unacknowledged records).  Ends once closed and drained; ``http`` consumers (export
+        streams) end as soon as closing begins."""
         queue = self.store.finished
         end = self._stopping if http else self._closed
         while True:
             if end.is_set() and (http or queue.empty()):
                 return
+            if room is not None and not room.is_set():
+                await await_unless(room.wait(), end.wait(), timeout=heartbeat_s)
+                if not room.is_set() and not end.is_set():
+                    yield None
+                continue
             session = await await_unless(queue.get(), end.wait(), timeout=heartbeat_s)
             if session is not None:
+                if session.state == "exported":  # acknowledged while it waited in the queue again
+                    continue
                 yield session
             elif not end.is_set():
                 yield None
@@ -409,13 +448,62 @@ class Gateway(OpenedWith):
                 self._exported.popitem(last=False)
         return record
 
+    # -- at-least-once delivery of export streams -------------------------------------------------
+
+    def _lease(self, session: Session, lease: ExportLease, record: SessionRecord | None) -> None:
+        """``session``'s record was written to an export stream: it stays in the store until acknowledged,
+        and goes back to the queue ``export_ack_timeout_s`` after being sent if it is not."""
+        timer = asyncio.get_running_loop().call_later(self.config.export_ack_timeout_s, self._expire, session.id)
+        self._unacked[session.id] = (session, lease, timer)
+        lease.add(session.id, record)
+
+    def _expire(self, sid: str) -> None:
+        entry = self._unacked.pop(sid, None)
+        if entry is None:
+            return
+        session, lease, _ = entry
+        lease.remove(sid)
+        if session.state == "finished":
+            self.redelivered_sessions += 1
+            self.store.requeue(session)
+
+    def ack(self, ids: list[str]) -> dict[str, list[str]]:
+        """Acknowledge delivered records by session id: they leave the store (exported).  Idempotent: an id
+        already exported is reported as such; an id never finished, or unknown, is not acknowledged."""
+        acked, already, unknown = [], [], []
+        for sid in ids:
+            entry = self._unacked.pop(sid, None)
+            record = None
+            if entry is not None:
+                _, lease, timer = entry
+                timer.cancel()
+                record = lease.remove(sid)
+            session = self.store.sessions.get(sid)
+            if session is not None and session.state == "finished":
+                self._export(session, record)
+                acked.append(sid)
+            elif self.store.was_taken(sid):
+                already.append(sid)
+            else:
+                unknown.append(sid)
+        return {"acknowledged": acked, "already_acknowledged": already, "unknown": unknown}
+
     async def _write_jsonl(self, path: str) -> None:
+        """Each finished session's trajectories appended to ``path``; the session leaves the store only once
+        written (a failed write is logged and the session stays queued: nothing is lost)."""
         async for session in self._finished():
             if session is None:
                 continue
-            trajs = self._export(session).trajectories
-            if trajs:
-                await asyncio.to_thread(_append_jsonl, path, trajs)
+            record = session_record(session, state="exported")
+            if record.trajectories:
+                try:
+                    await asyncio.to_thread(_append_jsonl, path, record.trajectories)
+                except OSError:
+                    log.exception("writing %s failed; session %s stays queued", path, session.id)
+                    self.store.requeue(session)
+                    await asyncio.sleep(1.0)  # a full disk is not retried in a busy loop
+                    continue
+            self._export(session, record)
 
     async def _run_background(self) -> None:
         """The gateway's own tasks, in one task group: the idle-session reaper (cancelled at close) and the
@@ -461,6 +549,29 @@ class Gateway(OpenedWith):
             "in_flight": self._in_flight,
             "served_turns": self.served_turns,
         }
+
+
+class ExportLease:
+    """The records one export stream sent that wait for their acknowledgement; the stream takes a new
+    session only while fewer than ``window`` wait (``room`` set): a consumer that reads but never
+    acknowledges holds at most ``window`` sessions."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.records: dict[str, SessionRecord | None] = {}
+        self.room = asyncio.Event()
+        self.room.set()
+
+    def add(self, sid: str, record: SessionRecord | None) -> None:
+        self.records[sid] = record
+        if len(self.records) >= self.window:
+            self.room.clear()
+
+    def remove(self, sid: str) -> SessionRecord | None:
+        record = self.records.pop(sid, None)
+        if len(self.records) < self.window:
+            self.room.set()
+        return record
 
 
 class _GatewayCollector:
