@@ -51,7 +51,7 @@ from ..errors import ClientStateError, ConfigError
 from .errors import GatewayError
 from .records import SessionRecord, session_record
 from .sampling import SessionSampling
-from .service import Outcome, ServiceLimits, TurnService
+from .service import Outcome, ServiceLimits, TurnService, max_token_chars
 from .sessions import Session, SessionStore
 
 __all__ = ["Gateway", "GatewayConfig", "SessionHandle", "read_trajectories"]
@@ -69,6 +69,13 @@ class GatewayConfig:
     #: the listening socket's accept queue: a burst of agents connecting at once beyond it is dropped
     #: and retried by the kernel (the OS caps it at net.core.somaxconn)
     backlog: int = 1024
+    #: open connections at once: one more is answered 503 (too_many_connections) and closed at accept
+    max_connections: int = 4096
+    #: a connection that has not sent a whole request head this long after it opened or after its last
+    #: answer (idle keep-alive included) is closed
+    header_timeout_s: float = 30.0
+    #: a request body not fully received this long after its handler began reading it: 408, connection closed
+    body_timeout_s: float = 60.0
     #: the model name clients must send (default: the served model directory's name)
     model_name: str | None = None
     #: the tokenizer / chat template (a local HF directory); default: the served model's, or the embedded one
@@ -134,13 +141,15 @@ class GatewayConfig:
             "default_max_tokens",
             "backlog",
             "max_export_streams",
+            "max_connections",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "must be >= 1")
         if not 0 <= self.port < 65536:
             raise ConfigError("port", self.port, "must be in [0, 65535]")
-        if not self.export_ack_timeout_s > 0:
-            raise ConfigError("export_ack_timeout_s", self.export_ack_timeout_s, "must be > 0")
+        for name in ("export_ack_timeout_s", "header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, getattr(self, name), "must be > 0")
         for name in ("request_timeout_s", "session_idle_timeout_s"):
             v = getattr(self, name)
             if v is not None and v <= 0:
@@ -208,6 +217,7 @@ class Gateway(OpenedWith):
         )
         self._service: TurnService | None = None
         self._runner: Any = None
+        self._site: Any = None
         self._background: asyncio.Task[None] | None = None  # runs the gateway's own tasks in one group
         self._closed = asyncio.Event()
         #: set when closing begins: export streams end then (the listener is going away)
@@ -239,6 +249,7 @@ class Gateway(OpenedWith):
         try:
             from aiohttp import web
 
+            from .listener import BoundedSite
             from .routes import build_app
         except ImportError as exc:  # pragma: no cover - the extra is installed in tests
             raise ConfigError(
@@ -265,15 +276,24 @@ class Gateway(OpenedWith):
             parser=cfg.parser,
             reasoning_parser=cfg.reasoning_parser,
         )
-        self._service = TurnService(self._client, tokenizer, model=self.model_name, limits=limits)
-        self._runner = web.AppRunner(build_app(self), access_log=None, handler_cancellation=True, shutdown_timeout=5)
+        token_chars = await asyncio.to_thread(max_token_chars, tokenizer)
+        self._service = TurnService(
+            self._client, tokenizer, model=self.model_name, limits=limits, max_token_chars=token_chars
+        )
+        self._runner = web.AppRunner(
+            build_app(self),
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=5,
+            keepalive_timeout=cfg.header_timeout_s,  # aiohttp closes a connection idle in its head this long
+        )
         await self._runner.setup()
         # bind the socket here (port 0: a free one) and hand it to aiohttp, so the bound port is known
         family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
         sock = socket.create_server((cfg.host, cfg.port), family=family, backlog=cfg.backlog)
         # aiohttp listens again with its own backlog (128 unless told): pass ours, or a burst overflows it
-        site = web.SockSite(self._runner, sock, backlog=cfg.backlog)
-        await site.start()
+        self._site = BoundedSite(self._runner, sock, backlog=cfg.backlog, max_connections=cfg.max_connections)
+        await self._site.start()
         self.host, self.port = sock.getsockname()[:2]
         self._background = asyncio.get_running_loop().create_task(self._run_background(), name="gateway")
 

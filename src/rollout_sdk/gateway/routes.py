@@ -90,7 +90,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         err = to_gateway_error(exc)
         if err.status >= 500 and err.code == "internal":
             log.exception("unexpected error serving %s %s", request.method, request.path)
-        return _error(request, err.body(), err.status)
+        resp = _error(request, err.body(), err.status)
+        if err.close:  # e.g. a body that never arrived: the connection is not reused (nor its rest read)
+            resp.force_close()
+        return resp
 
 
 #: JSON bodies nested deeper than this are refused (msgspec itself stops near 1,000 with a RecursionError;
@@ -106,24 +109,33 @@ async def _read(request: web.Request) -> bytearray:
     length = request.content_length
     if length is not None and length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
-    if length is not None:
-        buf, pos = bytearray(length), 0
-        view = memoryview(buf)
-        while pos < length:
-            chunk = await request.content.readany()
-            if not chunk:
-                break
-            view[pos : pos + len(chunk)] = chunk
-            pos += len(chunk)
-        view.release()
-        del buf[pos:]
-        return buf
-    buf = bytearray()
-    while chunk := await request.content.readany():
-        buf += chunk
-        if len(buf) > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(buf))
-    return buf
+    timeout_s = request.app[_GATEWAY].config.body_timeout_s
+    try:
+        async with asyncio.timeout(timeout_s):
+            if length is not None:
+                buf, pos = bytearray(length), 0
+                with memoryview(buf) as view:
+                    while pos < length:
+                        chunk = await request.content.readany()
+                        if not chunk:
+                            break
+                        view[pos : pos + len(chunk)] = chunk
+                        pos += len(chunk)
+                del buf[pos:]
+                return buf
+            buf = bytearray()
+            while chunk := await request.content.readany():
+                buf += chunk
+                if len(buf) > limit:
+                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(buf))
+            return buf
+    except TimeoutError:
+        raise GatewayError(
+            408,
+            f"the request body did not arrive within {timeout_s} s (body_timeout_s)",
+            code="body_timeout",
+            close=True,
+        ) from None
 
 
 async def _body(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
