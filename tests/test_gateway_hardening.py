@@ -488,3 +488,43 @@ async def test_a_call_that_cannot_fit_is_refused_before_it_is_tokenized_whole(fa
         assert r2.choices[0].message is not None
         await oa.close()
         assert gw.store.sessions.keys() == {"k"}  # the refused calls opened nothing
+
+
+async def test_image_expansions_run_at_most_max_image_expansions_at_once(tiny_model: Path) -> None:
+    """The CPU engine decodes and expands the images of at most ``max_image_expansions`` requests at once
+    (each holds its decoded pixels meanwhile); the others wait, and a cancelled request's expansion keeps
+    its slot until its thread is done."""
+    import threading as th
+
+    from rollout_sdk.engines.cpu import CpuEngine, CpuEngineConfig
+    from rollout_sdk.models.vision import IMAGE_PAD_ID
+    from rollout_sdk.protocol import EngineLimits, GenerateRequest, SamplingParams
+
+    class Processor:
+        def __init__(self) -> None:
+            self.lock = th.Lock()
+            self.running = self.peak = 0
+            self.release = th.Event()
+
+        def expand(self, ids: list[int], images: list[bytes]) -> Any:
+            with self.lock:
+                self.running += 1
+                self.peak = max(self.peak, self.running)
+            self.release.wait(60)
+            with self.lock:
+                self.running -= 1
+            return type("V", (), {"input_ids": list(ids)})()
+
+    engine = CpuEngine(CpuEngineConfig(model_path=str(tiny_model), max_image_expansions=2))
+    proc = Processor()
+    engine._runner.vision = proc
+    engine._limits = EngineLimits(vocab_size=10, max_context=1 << 20, eos_token_ids=[])
+    req = GenerateRequest(input_ids=[IMAGE_PAD_ID], sampling=SamplingParams(max_new_tokens=1), images=[b"x"])
+    tasks = [asyncio.create_task(engine._expand_images(req)) for _ in range(6)]
+    await wait_for(lambda: proc.running == 2)
+    tasks[0].cancel()  # cancelled while expanding: its slot stays taken until its thread ends
+    await asyncio.gather(tasks[0], return_exceptions=True)
+    assert proc.running == 2 and engine._expansions.locked()
+    proc.release.set()
+    await asyncio.gather(*tasks[1:])
+    assert proc.peak == 2 and proc.running == 0 and not engine._expansions.locked()

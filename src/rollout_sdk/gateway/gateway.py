@@ -58,6 +58,10 @@ __all__ = ["Gateway", "GatewayConfig", "SessionHandle", "read_trajectories"]
 
 log = logging.getLogger("rollout_sdk.gateway")
 
+#: after answering a request whose body was not read whole (a 413, a 408, an early 401), aiohttp reads and
+#: drops the rest for at most this long (so the client sees the answer, not a reset), then closes
+LINGER_S = 2.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class GatewayConfig:
@@ -286,6 +290,7 @@ class Gateway(OpenedWith):
             handler_cancellation=True,
             shutdown_timeout=5,
             keepalive_timeout=cfg.header_timeout_s,  # aiohttp closes a connection idle in its head this long
+            lingering_time=LINGER_S,  # the unread rest of a refused body is drained this long at most
         )
         await self._runner.setup()
         # bind the socket here (port 0: a free one) and hand it to aiohttp, so the bound port is known

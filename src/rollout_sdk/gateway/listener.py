@@ -9,8 +9,9 @@ The other connection-level bounds are aiohttp's, set by the gateway (``Gateway._
 idle, or still sending a request head, ``header_timeout_s`` after it opened or after its last answer is
 closed (aiohttp's keep-alive timeout, which also covers a connection that never completes its headers);
 a request body that has not fully arrived ``body_timeout_s`` after its handler started reading it is
-answered ``408`` and the connection closed (``routes._read``).  aiohttp has no accept-time hook, so the
-bound is a site whose protocol factory counts aiohttp's live connections.
+answered ``408`` and the connection closed (``routes._read``; the body's unread rest drained for at most
+``gateway.LINGER_S``, 2 s, as after any answer given before the whole body arrived).  aiohttp has no
+accept-time hook, so the bound is a site whose protocol factory counts aiohttp's live connections.
 """
 
 from __future__ import annotations

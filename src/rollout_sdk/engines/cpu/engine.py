@@ -95,6 +95,7 @@ class CpuEngine(Engine):
         self._loop_task: asyncio.Task[None] | None = None
         self._rng = random.Random(self.config.seed)
         self._groups: dict[str, Any] = {}
+        self._expansions = asyncio.Semaphore(self.config.max_image_expansions)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -174,7 +175,16 @@ class CpuEngine(Engine):
             return None
         if not req.images and IMAGE_PAD_ID not in req.input_ids:
             return None
-        vision: VisionInputs = await asyncio.to_thread(processor.expand, req.input_ids, list(req.images))
+        # at most max_image_expansions at once, each holding its decoded pixels; the slot is released when
+        # the thread's work ends (a cancelled request's expansion still runs to its end, still counted)
+        await self._expansions.acquire()
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(None, processor.expand, req.input_ids, list(req.images))
+        except BaseException:
+            self._expansions.release()
+            raise
+        fut.add_done_callback(self._expansion_done)
+        vision: VisionInputs = await asyncio.shield(fut)
         n, ctx = len(vision.input_ids), self.limits.max_context
         if n > ctx or (not req.score_only and n + req.sampling.max_new_tokens > ctx):
             raise InvalidRequestError(
@@ -183,6 +193,11 @@ class CpuEngine(Engine):
                 f"the expanded prompt exceeds the context ({ctx})",
             )
         return vision
+
+    def _expansion_done(self, fut: asyncio.Future[Any]) -> None:
+        self._expansions.release()
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a request cancelled meanwhile does not leave it unread
 
     async def _score(self, req: GenerateRequest) -> GenerateResult:
         """Prompt logprobs: one forward over the prompt on the worker, between two decode steps (so on one
