@@ -68,8 +68,33 @@ def _error(request: web.Request, body: dict[str, Any], status: int) -> web.Respo
 STREAM_HEARTBEAT_S = 15.0
 
 
+#: after a request body this large, the C heap's free pages are handed back to the OS (glibc keeps them)
+TRIM_AFTER_BYTES = 1 << 20
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    resp = await _answer(request, handler)
+    if (request.content_length or 0) >= TRIM_AFTER_BYTES:
+        await asyncio.to_thread(_trim_heap)  # the body and its decoded text are freed by now
+    return resp
+
+
+def _trim_heap() -> None:
+    """``malloc_trim(0)``: glibc keeps freed blocks of a large body (its mmap threshold grows with them),
+    so without it a 15 MiB call leaves the gateway ~15-30 MB larger.  A no-op off glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -93,6 +118,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         resp = _error(request, err.body(), err.status)
         if err.close:  # e.g. a body that never arrived: the connection is not reused (nor its rest read)
             resp.force_close()
+        # err may be exc, whose traceback holds this frame (and the handler's, with the request body):
+        # unbound, the cycle is gone and the body is freed now, not at the next garbage collection
+        del err
         return resp
 
 
