@@ -86,9 +86,9 @@ async def model_name(http: Any, url: str) -> str:
         return str((await r.json())["data"][0]["id"])
 
 
-async def part_big(http: Any, url: str, pid: int, apis: list[str]) -> list[dict[str, Any]]:
+async def part_big(http: Any, url: str, pid: int, apis: list[str], mib: float) -> list[dict[str, Any]]:
     name = await model_name(http, url)
-    text = "word " * (15 * MiB // 5 - 40)
+    text = "word " * (int(mib * MiB) // 5 - 40)
     rows = []
     for api in apis:
         path, body = {
@@ -300,14 +300,14 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     served = [p for p in parts if p != "bind"]
     if not served:
         return rows
-    gw = GatewayProc(args.python, "--max-sessions", "10000")
+    gw = GatewayProc(args.python, "--max-sessions", "10000", *args.gateway_args.split())
     try:
         url = await gw.ready()
         pid = gw.proc.pid
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             if "big" in served:
-                rows += await part_big(http, url, pid, args.apis.split(","))
+                rows += await part_big(http, url, pid, args.apis.split(","), args.big_mib)
             if "junk" in served:
                 rows += await part_junk(http, url)
             if "deep" in served:
@@ -326,6 +326,8 @@ if __name__ == "__main__":
     ap.add_argument("--python", default=sys.executable, help="the interpreter whose rollout_sdk runs the gateway")
     ap.add_argument("--parts", default="bind,big,junk,deep,stream,slow")
     ap.add_argument("--apis", default="chat,responses,messages")
+    ap.add_argument("--big-mib", type=float, default=15.0, help="size of the big call's body")
+    ap.add_argument("--gateway-args", default="", help="more flags for rollout-sdk gateway (one string)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/gateway_attacks.json"))
     a = ap.parse_args()
     result = asyncio.run(main(a))
