@@ -55,6 +55,8 @@ OFFLOAD_CHARS = 16_384
 PROBE_CHARS_PER_TOKEN = 8
 #: tokens a prefix may have beyond the room before it is refused (its cut can split one pre-token)
 PROBE_SLACK_TOKENS = 64
+#: the prefix is tokenized in pieces of about this many characters (the tokenizer's memory: a few MB)
+PROBE_PIECE_CHARS = 32_768
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,17 +204,48 @@ class TurnService:
 
     def _encode_bounded(self, text: str, room: int, encode: Callable[[str], list[int]], param: str) -> list[int]:
         """``encode(text)``, unless it cannot fit in ``room`` tokens: refused by its length in characters,
-        or by tokenizing only a prefix of ``PROBE_CHARS_PER_TOKEN * room`` characters whose tokens alone
-        already overflow.  So the work on a text that cannot fit is bounded by the context, not by the text.
-        Runs on the tokenizer thread for large texts."""
+        or by tokenizing only a prefix (:meth:`_probe`) whose tokens alone already overflow.  So the work
+        on a text that cannot fit is bounded by the context, not by the text.  Runs on the tokenizer
+        thread for large texts."""
         self._check_chars(len(text), room, param)
-        probe = max(room, 0) * PROBE_CHARS_PER_TOKEN
-        if len(text) > probe + PROBE_SLACK_TOKENS:
-            n = len(encode(text[:probe]))
-            # a prefix's tokens are the text's own except at the cut (the last pre-token): a slack covers it
-            if n > room + PROBE_SLACK_TOKENS:
-                raise self._too_long(param, f"the first {probe} characters alone are {n} tokens, the room is {room}")
+        self._probe([text], room, encode, param)
         return encode(text)
+
+    def _probe(self, texts: Sequence[str], room: int, encode: Callable[[str], list[int]], param: str) -> None:
+        """Refuse ``texts`` (the parts of one prompt, in order) when their first ``PROBE_CHARS_PER_TOKEN x
+        room`` characters alone are more than ``room`` tokens.  Nothing is tokenized when they are shorter
+        than that (a prompt that can fit averages ~3-5 characters a token).  The prefix is tokenized in
+        pieces cut before a space (where pre-tokenizers split anyway), so the tokenizer's memory is a
+        piece's, and counting stops as soon as the room is clearly exceeded; each piece may add a token or
+        two at its edges (a split pre-token, special tokens): a slack per piece covers it."""
+        probe = max(room, 0) * PROBE_CHARS_PER_TOKEN
+        if sum(len(t) for t in texts) <= probe + PROBE_SLACK_TOKENS:
+            return
+        left = probe
+        n = pieces = 0
+        for text in texts:
+            pos, stop = 0, min(len(text), left)
+            while pos < stop and n <= room + PROBE_SLACK_TOKENS + 4 * pieces:
+                end = min(pos + PROBE_PIECE_CHARS, stop)
+                cut = text.rfind(" ", pos + 1, end) if end < stop else -1
+                end = cut if cut > pos else end
+                n += len(encode(text[pos:end]))
+                pos, pieces = end, pieces + 1
+            left -= pos
+            if left <= 0 or n > room + PROBE_SLACK_TOKENS + 4 * pieces:
+                break
+        if n > room + PROBE_SLACK_TOKENS + 4 * pieces:
+            raise self._too_long(param, f"the first {probe - left} characters alone are {n} tokens, the room is {room}")
+
+    def _check_messages(self, messages: list[dict[str, Any]], room: int) -> None:
+        """The context refusal on the messages' own text, before they are hashed or rendered (each of those
+        copies the text): by characters, then by a bounded prefix (:meth:`_probe`).  The rendered prompt
+        holds every system / user / tool text verbatim between the template's special tokens, so its
+        tokens are at least theirs."""
+        texts = _kept_texts(messages)
+        self._check_chars(sum(len(t) for t in texts), room, "messages")
+        tok = self.tokenizer
+        self._probe(texts, room, lambda t: list(tok.encode(t, add_special_tokens=False)), "messages")
 
     def _fit(self, prompt_len: int, opts: RequestOptions) -> SamplingParams:
         context = self._context()
@@ -359,7 +392,7 @@ class TurnService:
         messages = template_messages(body.get("messages"), max_messages=self.limits.max_messages)
         session.check_open()
         room = self._prompt_room(opts)
-        self._check_chars(_kept_chars(messages), room, "messages")  # before hashing or rendering the text
+        await self._cpu(lambda: self._check_messages(messages, room), _chars(messages))
         keys = prefix_keys("chat\x00" + canonical({"tools": tools}), [canonical(m) for m in messages])
         parent, covered = session.match(keys)
         template = self._template(tools)
@@ -515,19 +548,19 @@ def _response_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
-def _kept_chars(messages: list[dict[str, Any]]) -> int:
-    """Characters of the messages' text that every chat template renders as given: system, user and tool
-    content (a template may drop parts of assistant turns, e.g. earlier reasoning, so those do not count)."""
-    total = 0
+def _kept_texts(messages: list[dict[str, Any]]) -> list[str]:
+    """The messages' text that every chat template renders as given: system, user and tool content (a
+    template may drop parts of assistant turns, e.g. earlier reasoning, so those do not count)."""
+    out: list[str] = []
     for m in messages:
         if m["role"] == "assistant":
             continue
         content = m.get("content")
         if isinstance(content, str):
-            total += len(content)
+            out.append(content)
         elif isinstance(content, list):
-            total += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return total
+            out.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return out
 
 
 def max_token_chars(tokenizer: Any) -> int | None:
