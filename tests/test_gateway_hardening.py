@@ -129,9 +129,18 @@ async def test_junk_keys_open_nothing_and_cannot_starve_the_trainer(fake_servers
                     assert r.status == 400
             assert gw.store.sessions == {} and gw.store.num_auto == 0
             # a call that ends any other way (cancelled, say) before its session served a turn: the same
-            with pytest.raises(asyncio.CancelledError), gw.store.call("cancelled", create=True) as session:
-                assert session.auto and "cancelled" in gw.store.sessions
-                raise asyncio.CancelledError
+            seen = []
+
+            async def cancelled_call() -> None:
+                with gw.store.call("cancelled", create=True) as session:
+                    seen.append(session.auto and "cancelled" in gw.store.sessions)
+                    await asyncio.Event().wait()
+
+            task = asyncio.create_task(cancelled_call())
+            await wait_for(lambda: bool(seen))
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            assert seen == [True]
             assert gw.store.sessions == {} and gw.store.num_auto == 0
             # junk keys with *valid* calls fill the auto sessions' share, and no more
             good = {"model": gw.model_name, "messages": [{"role": "user", "content": "hi"}]}
@@ -186,6 +195,7 @@ async def test_a_consumer_that_vanishes_loses_nothing_for_the_next(fake_servers,
             r.close()
             await wait_for(lambda: gw.export_streams == 0)
             assert gw.exported_sessions == 0 and gw._unacked == {}  # given back at once, not lost
+            assert gw.redelivered_sessions == 20 and b"rollout_gateway_export_redelivered_total 20.0" in gw.metrics()[0]
             got = await _read_records(http, f"{root(gw)}/v1/trajectories/stream?limit=20")
             assert sorted(got) == sorted(ids)
             async with http.post(f"{root(gw)}/v1/trajectories/ack", json={"ids": [*got, "nope"]}) as r:
@@ -366,7 +376,12 @@ def _bodies(draw: st.DrawFn) -> bytes:
 _NOT_A_FIELD = {"invalid_json", "nested_too_deep", "too_many_turns"}
 
 
-@settings(max_examples=int(os.environ.get("ROLLOUT_SDK_FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(
+    max_examples=int(os.environ.get("ROLLOUT_SDK_FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
 @given(route=st.sampled_from(ROUTES), body=_bodies())
 def test_fuzz_every_route_answers_a_typed_4xx_or_success(
     thread_gateway: _ThreadGateway, route: tuple[str, str], body: bytes
@@ -381,7 +396,7 @@ def test_fuzz_every_route_answers_a_typed_4xx_or_success(
         err = answer["error"]
         assert isinstance(err["message"], str) and err["message"] and err["type"] and err["code"], answer
         if status == 400 and err["code"] not in _NOT_A_FIELD:
-            assert err["param"], answer  # a bad field is named
+            assert err["param"] is not None, answer  # a bad field is named
     status, _ = thread_gateway.request("GET", "/health", b"")
     assert status == 200  # and it keeps serving
 
@@ -425,6 +440,7 @@ async def test_slow_heads_and_bodies_are_closed_and_connections_are_bounded(fake
         answer = await asyncio.wait_for(_until_closed(reader), 60)
         assert answer.startswith(b"HTTP/1.1 503") and b'"too_many_connections"' in answer
         writer.close()
+        assert b"rollout_gateway_connections_refused_total 1.0" in gw.metrics()[0]
         for _, w in held:
             w.close()
         await wait_for(lambda: len(server.connections) == 0)

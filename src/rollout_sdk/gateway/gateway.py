@@ -8,11 +8,14 @@ Concurrency::
 
     aiohttp (one handler task per HTTP request) ──▶ TurnService ──▶ RolloutClient.generate
          │  admission: at most max_in_flight model calls at once (429 beyond, never an unbounded wait)
-         └─ sessions: SessionStore (max_sessions) ── finish / idle ──▶ finished queue (bounded by
-            max_sessions, so put_nowait never overflows) ──▶ ONE of: trajectories(), the JSONL writer
-            task, or GET /v1/trajectories/stream handlers (at most max_export_streams; each writes a
-            record and awaits its drain before taking the next: TCP back-pressure; a failed write
-            puts the session back) ──▶ exported records, the last keep_exported kept for GET
+         └─ sessions: SessionStore (max_sessions; keys' auto sessions at most max_auto_sessions, and
+            forgotten when their call fails before a turn) ── finish / idle ──▶ finished queue (at most
+            max_sessions live entries) ──▶ ONE of: trajectories(), the JSONL writer task (removes a
+            session once written), or GET /v1/trajectories/stream handlers (at most max_export_streams;
+            each writes a record and awaits its drain before taking the next: TCP back-pressure; a sent
+            record waits, leased, for POST /v1/trajectories/ack (at most `window` per stream) and goes
+            back to the queue when its stream's connection is lost or export_ack_timeout_s passes: at
+            least once) ──▶ exported records, the last keep_exported kept for GET
     owned tasks: the idle reaper and (with trajectories_jsonl) the JSONL writer; both cancelled and
     awaited by aclose(), which first stops the listener, then finishes every open session.
 
@@ -629,6 +632,21 @@ class _GatewayCollector:
             "rollout_gateway_sessions_exported",
             "Sessions whose trajectories the trainer took.",
             value=gw.exported_sessions,
+        )
+        yield GaugeMetricFamily(
+            "rollout_gateway_export_unacked",
+            "Records sent on export streams, not yet acknowledged.",
+            value=len(gw._unacked),
+        )
+        yield CounterMetricFamily(
+            "rollout_gateway_export_redelivered",
+            "Records given back to the queue unacknowledged (ack timeout, consumer gone).",
+            value=gw.redelivered_sessions,
+        )
+        yield CounterMetricFamily(
+            "rollout_gateway_connections_refused",
+            "Connections answered 503 past max_connections.",
+            value=gw._site.refused if gw._site is not None else 0,
         )
 
 
