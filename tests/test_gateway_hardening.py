@@ -550,3 +550,13 @@ async def test_image_expansions_run_at_most_max_image_expansions_at_once(tiny_mo
     proc.release.set()
     await asyncio.gather(*tasks[1:])
     assert proc.peak == 2 and proc.running == 0 and not engine._expansions.locked()
+
+
+async def test_records_unacknowledged_when_the_gateway_closes_go_to_trajectories(fake_servers, tok) -> None:
+    async with gateway_on(fake_servers, tok, Script(tok, ["x"])) as (gw, _):
+        ids = await _finished_sessions(gw, 2)
+        async with aiohttp.ClientSession() as http:
+            assert sorted(await _read_records(http, f"{root(gw)}/v1/trajectories/stream?limit=2")) == sorted(ids)
+        assert len(gw._unacked) == 2
+    # closed: the streams are gone, so what they sent unacknowledged is handed to the in-process consumer
+    assert sorted([t.id async for t in gw.trajectories()]) == sorted(ids)

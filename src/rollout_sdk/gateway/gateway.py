@@ -316,8 +316,9 @@ class Gateway(OpenedWith):
             await runner.cleanup()  # stops the listener; cancels handlers still running
         for session in list(self.store.sessions.values()):
             self.store.finish(session, reason="closed")
-        for _, _, timer in self._unacked.values():
-            timer.cancel()
+        for sid in list(self._unacked):  # streams are gone: what they did not get acknowledged is queued again
+            self._unacked[sid][2].cancel()
+            self._expire(sid)
         self._closed.set()
         background, self._background = self._background, None
         if background is not None:
