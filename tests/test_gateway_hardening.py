@@ -560,3 +560,25 @@ async def test_records_unacknowledged_when_the_gateway_closes_go_to_trajectories
         assert len(gw._unacked) == 2
     # closed: the streams are gone, so what they sent unacknowledged is handed to the in-process consumer
     assert sorted([t.id async for t in gw.trajectories()]) == sorted(ids)
+
+
+async def test_chunked_bodies_are_read_and_bounded_too(fake_servers, tok) -> None:
+    async with gateway_on(fake_servers, tok, Script(tok, ["x"]), max_body_bytes=4096) as (gw, _):
+
+        async def chunks(parts: list[bytes]) -> AsyncIterator[bytes]:
+            for p in parts:
+                yield p
+
+        body = json.dumps({"model": gw.model_name, "messages": [{"role": "user", "content": "hi"}]}).encode()
+        headers = {"Content-Type": "application/json", "Authorization": "Bearer chunked"}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                f"{root(gw)}/v1/chat/completions", data=chunks([body[:10], body[10:]]), headers=headers
+            ) as r:
+                assert r.status == 200 and "Content-Length" not in r.request_info.headers
+            async with http.post(
+                f"{root(gw)}/v1/chat/completions", data=chunks([b"[" + b" " * 3000] * 3), headers=headers
+            ) as r:
+                assert r.status == 413 and (await r.json())["error"]["code"] == "request_too_large"
+            async with http.get(f"{root(gw)}/health") as r:
+                assert r.status == 200
