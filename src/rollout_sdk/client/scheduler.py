@@ -105,6 +105,7 @@ class SchedulerConfig:
         if self.max_sessions < 1:
             raise ConfigError("max_sessions", self.max_sessions, "must be >= 1")
 
+
     def admission_config(self) -> AdmissionConfig:
         base = self.admission or AdmissionConfig()
         if self.max_in_flight_per_server is None:
