@@ -144,11 +144,7 @@ def add_sglang_args(parser: argparse.ArgumentParser) -> None:
     from ..engines.sglang import SglangEngineConfig
 
     add_config_args(
-        parser,
-        SglangEngineConfig,
-        prefix="sglang-",
-        title="sglang engine (--engine sglang)",
-        skip=("model_path",),
+        parser, SglangEngineConfig, prefix="sglang-", title="sglang engine (--engine sglang)", skip=("model_path",),
         only_given=True,
     )
     parser.add_argument(

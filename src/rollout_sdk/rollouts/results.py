@@ -143,3 +143,5 @@ def sample_variant(req: GenerateRequest, k: int, n: int) -> GenerateRequest:
     if req.sampling.seed is not None:
         changes["sampling"] = msgspec.structs.replace(req.sampling, seed=sample_seed(req.sampling.seed, member=k))
     return msgspec.structs.replace(req, **changes) if changes else req
+
+
