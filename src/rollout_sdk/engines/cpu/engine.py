@@ -4,7 +4,8 @@ Concurrency::
 
     event loop thread                                   worker thread (one: owns the ModelRunner)
     ─────────────────                                   ─────────────────────────────────────────
-    generate(req) ── (images: decoded, processed and their marks expanded in a thread, models.vision)
+    generate(req) ── (images: decoded, processed, marks expanded in a thread, models.vision; at most
+                     max_image_expansions requests at once, the rest wait: decoded pixels are large)
                      adds a Sequence to the Scheduler, wakes the step loop, awaits its future
     abort(rid)    ── resolves the future now (tokens so far), marks it done; the worker drops the row
     step loop     ── waits on: work to do (wake event) and its gate open (no pause, no released memory)
