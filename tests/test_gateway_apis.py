@@ -459,9 +459,13 @@ async def test_a_record_whose_write_fails_goes_back_for_the_next_consumer(fake_s
         with pytest.raises(ConnectionResetError):
             await _Routes(gw)._send_records(GoneTrainer(), gw._finished(http=True), "ndjson", False, None)  # type: ignore[arg-type]
         assert gw.exported_sessions == 0 and gw.store.finished.qsize() == 1  # not lost, not exported
-        async with aiohttp.ClientSession() as http, http.get(f"{root(gw)}/v1/trajectories/stream?limit=1") as r:
-            [line] = [x async for x in r.content if x.strip()]
-        assert msgspec.json.decode(line, type=SessionRecord).session == s.id and gw.exported_sessions == 1
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{root(gw)}/v1/trajectories/stream?limit=1") as r:
+                [line] = [x async for x in r.content if x.strip()]
+            assert msgspec.json.decode(line, type=SessionRecord).session == s.id and gw.exported_sessions == 0
+            async with http.post(f"{root(gw)}/v1/trajectories/ack", json={"ids": [s.id]}) as r:
+                assert (await r.json())["acknowledged"] == [s.id]
+        assert gw.exported_sessions == 1
 
 
 async def test_agents_sdk_streamed_run_and_langchain_on_the_responses_api(fake_servers, tok) -> None:

@@ -39,8 +39,11 @@ class GatewayError(RolloutError):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        close: bool = False,
     ) -> None:
         self.status = status
+        #: close the connection after answering (its request was not read whole)
+        self.close = close
         self.message = message
         self.type = type
         self.param = param

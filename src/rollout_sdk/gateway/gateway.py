@@ -8,11 +8,14 @@ Concurrency::
 
     aiohttp (one handler task per HTTP request) ──▶ TurnService ──▶ RolloutClient.generate
          │  admission: at most max_in_flight model calls at once (429 beyond, never an unbounded wait)
-         └─ sessions: SessionStore (max_sessions) ── finish / idle ──▶ finished queue (bounded by
-            max_sessions, so put_nowait never overflows) ──▶ ONE of: trajectories(), the JSONL writer
-            task, or GET /v1/trajectories/stream handlers (at most max_export_streams; each writes a
-            record and awaits its drain before taking the next: TCP back-pressure; a failed write
-            puts the session back) ──▶ exported records, the last keep_exported kept for GET
+         └─ sessions: SessionStore (max_sessions; keys' auto sessions at most max_auto_sessions, and
+            forgotten when their call fails before a turn) ── finish / idle ──▶ finished queue (at most
+            max_sessions live entries) ──▶ ONE of: trajectories(), the JSONL writer task (removes a
+            session once written), or GET /v1/trajectories/stream handlers (at most max_export_streams;
+            each writes a record and awaits its drain before taking the next: TCP back-pressure; a sent
+            record waits, leased, for POST /v1/trajectories/ack (at most `window` per stream) and goes
+            back to the queue when its stream's connection is lost or export_ack_timeout_s passes: at
+            least once) ──▶ exported records, the last keep_exported kept for GET
     owned tasks: the idle reaper and (with trajectories_jsonl) the JSONL writer; both cancelled and
     awaited by aclose(), which first stops the listener, then finishes every open session.
 
@@ -46,16 +49,21 @@ import msgspec
 from .._aio import Lifecycle, OpenedWith, await_unless, cancel_and_wait
 from ..agents import Trajectory
 from ..agents.parsers import get_reasoning_parser
+from ..auth import is_loopback
 from ..errors import ClientStateError, ConfigError
 from .errors import GatewayError
 from .records import SessionRecord, session_record
 from .sampling import SessionSampling
-from .service import Outcome, ServiceLimits, TurnService
+from .service import Outcome, ServiceLimits, TurnService, max_token_chars
 from .sessions import Session, SessionStore
 
 __all__ = ["Gateway", "GatewayConfig", "SessionHandle", "read_trajectories"]
 
 log = logging.getLogger("rollout_sdk.gateway")
+
+#: after answering a request whose body was not read whole (a 413, a 408, an early 401), aiohttp reads and
+#: drops the rest for at most this long (so the client sees the answer, not a reset), then closes
+LINGER_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +76,13 @@ class GatewayConfig:
     #: the listening socket's accept queue: a burst of agents connecting at once beyond it is dropped
     #: and retried by the kernel (the OS caps it at net.core.somaxconn)
     backlog: int = 1024
+    #: open connections at once: one more is answered 503 (too_many_connections) and closed at accept
+    max_connections: int = 4096
+    #: a connection that has not sent a whole request head this long after it opened or after its last
+    #: answer (idle keep-alive included) is closed
+    header_timeout_s: float = 30.0
+    #: a request body not fully received this long after its handler began reading it: 408, connection closed
+    body_timeout_s: float = 60.0
     #: the model name clients must send (default: the served model directory's name)
     model_name: str | None = None
     #: the tokenizer / chat template (a local HF directory); default: the served model's, or the embedded one
@@ -91,7 +106,11 @@ class GatewayConfig:
     session_idle_timeout_s: float | None = 3600.0
     #: a request with an unknown session key opens that session (else 404: create sessions first)
     auto_sessions: bool = True
-    #: if set, the session endpoints (create, reward, finish, info) need ``Authorization: Bearer <admin_key>``
+    #: of max_sessions, how many sessions opened that way may hold at once (429 beyond); the rest is kept
+    #: for sessions the trainer opens (POST /v1/sessions, Gateway.session()).  None: 90% of max_sessions
+    max_auto_sessions: int | None = None
+    #: if set, the session endpoints (create, reward, finish, info) need ``Authorization: Bearer <admin_key>``;
+    #: required to listen beyond loopback (the same rule as ``rollout-sdk serve``)
     admin_key: str | None = None
     #: append finished trajectories to this file (then the gateway consumes them, not trajectories())
     trajectories_jsonl: str | None = None
@@ -106,10 +125,19 @@ class GatewayConfig:
     keep_exported: int = 1024
     #: GET /v1/trajectories/stream consumers at once (429 beyond)
     max_export_streams: int = 16
+    #: a record sent on an export stream and not acknowledged (POST /v1/trajectories/ack) for this long goes
+    #: back to the queue for the next consumer (at-least-once delivery: docs/gateway.md)
+    export_ack_timeout_s: float = 60.0
     #: times an aborted generation (a trainer's pause) is continued from its tokens
     max_resumes: int = 8
 
     def __post_init__(self) -> None:
+        if self.admin_key is None and not is_loopback(self.host):
+            raise ConfigError(
+                "host", self.host, "listening beyond loopback needs an admin key: pass --admin-key (admin_key=...)"
+            )
+        if self.admin_key is not None and not self.admin_key.strip():
+            raise ConfigError("admin_key", "<empty>", "must not be empty")
         for name in (
             "max_sessions",
             "max_turns_per_session",
@@ -120,17 +148,23 @@ class GatewayConfig:
             "default_max_tokens",
             "backlog",
             "max_export_streams",
+            "max_connections",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "must be >= 1")
         if not 0 <= self.port < 65536:
             raise ConfigError("port", self.port, "must be in [0, 65535]")
+        for name in ("export_ack_timeout_s", "header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, getattr(self, name), "must be > 0")
         for name in ("request_timeout_s", "session_idle_timeout_s"):
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise ConfigError(name, v, "must be > 0 or None")
         if self.template_strategy not in ("auto", "strict"):
             raise ConfigError("template_strategy", self.template_strategy, "must be 'auto' or 'strict'")
+        if self.max_auto_sessions is not None and not 0 <= self.max_auto_sessions <= self.max_sessions:
+            raise ConfigError("max_auto_sessions", self.max_auto_sessions, "must be in [0, max_sessions]")
         if self.max_resumes < 0:
             raise ConfigError("max_resumes", self.max_resumes, "must be >= 0")
         if self.keep_exported < 0:
@@ -181,9 +215,16 @@ class Gateway(OpenedWith):
         self._client_options = dict(client_options or {})
         self._tokenizer = tokenizer
         self._life = Lifecycle("Gateway", error=ClientStateError)
-        self.store = SessionStore(max_sessions=self.config.max_sessions, max_turns=self.config.max_turns_per_session)
+        cfg = self.config
+        auto = cfg.max_auto_sessions
+        self.store = SessionStore(
+            max_sessions=cfg.max_sessions,
+            max_turns=cfg.max_turns_per_session,
+            max_auto_sessions=max(1, cfg.max_sessions - cfg.max_sessions // 10) if auto is None else auto,
+        )
         self._service: TurnService | None = None
         self._runner: Any = None
+        self._site: Any = None
         self._background: asyncio.Task[None] | None = None  # runs the gateway's own tasks in one group
         self._closed = asyncio.Event()
         #: set when closing begins: export streams end then (the listener is going away)
@@ -199,6 +240,10 @@ class Gateway(OpenedWith):
         self._exported: collections.OrderedDict[str, SessionRecord] = collections.OrderedDict()
         self.export_streams = 0
         self.exported_sessions = 0
+        #: sessions sent on an export stream, not yet acknowledged: id -> (session, its stream's lease,
+        #: the timer that gives it back)
+        self._unacked: dict[str, tuple[Session, ExportLease, asyncio.TimerHandle]] = {}
+        self.redelivered_sessions = 0
         self._registry: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -211,6 +256,7 @@ class Gateway(OpenedWith):
         try:
             from aiohttp import web
 
+            from .listener import BoundedSite
             from .routes import build_app
         except ImportError as exc:  # pragma: no cover - the extra is installed in tests
             raise ConfigError(
@@ -237,15 +283,25 @@ class Gateway(OpenedWith):
             parser=cfg.parser,
             reasoning_parser=cfg.reasoning_parser,
         )
-        self._service = TurnService(self._client, tokenizer, model=self.model_name, limits=limits)
-        self._runner = web.AppRunner(build_app(self), access_log=None, handler_cancellation=True, shutdown_timeout=5)
+        token_chars = await asyncio.to_thread(max_token_chars, tokenizer)
+        self._service = TurnService(
+            self._client, tokenizer, model=self.model_name, limits=limits, max_token_chars=token_chars
+        )
+        self._runner = web.AppRunner(
+            build_app(self),
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=5,
+            keepalive_timeout=cfg.header_timeout_s,  # aiohttp closes a connection idle in its head this long
+            lingering_time=LINGER_S,  # the unread rest of a refused body is drained this long at most
+        )
         await self._runner.setup()
         # bind the socket here (port 0: a free one) and hand it to aiohttp, so the bound port is known
         family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
         sock = socket.create_server((cfg.host, cfg.port), family=family, backlog=cfg.backlog)
         # aiohttp listens again with its own backlog (128 unless told): pass ours, or a burst overflows it
-        site = web.SockSite(self._runner, sock, backlog=cfg.backlog)
-        await site.start()
+        self._site = BoundedSite(self._runner, sock, backlog=cfg.backlog, max_connections=cfg.max_connections)
+        await self._site.start()
         self.host, self.port = sock.getsockname()[:2]
         self._background = asyncio.get_running_loop().create_task(self._run_background(), name="gateway")
 
@@ -260,6 +316,9 @@ class Gateway(OpenedWith):
             await runner.cleanup()  # stops the listener; cancels handlers still running
         for session in list(self.store.sessions.values()):
             self.store.finish(session, reason="closed")
+        for sid in list(self._unacked):  # streams are gone: what they did not get acknowledged is queued again
+            self._unacked[sid][2].cancel()
+            self._expire(sid)
         self._closed.set()
         background, self._background = self._background, None
         if background is not None:
@@ -382,18 +441,27 @@ class Gateway(OpenedWith):
             raise ClientStateError("this gateway writes its trajectories to trajectories_jsonl; read that file")
 
     async def _finished(
-        self, heartbeat_s: float | None = None, *, http: bool = False
+        self, heartbeat_s: float | None = None, *, http: bool = False, room: asyncio.Event | None = None
     ) -> AsyncGenerator[Session | None, None]:
         """Finished sessions as they come (each to one consumer); ``None`` after ``heartbeat_s`` without
-        one.  The consumer exports a session (:meth:`_export`) or gives it back (``store.requeue``).
-        Ends once closed and drained; ``http`` consumers (export streams) end as soon as closing begins."""
+        one.  The consumer exports a session (:meth:`_export`), leases it (:meth:`_lease`) or gives it back
+        (``store.requeue``).  ``room``: the next session is taken only while it is set (an export stream's
+        window of unacknowledged records).  Ends once closed and drained; ``http`` consumers (export
+        streams) end as soon as closing begins."""
         queue = self.store.finished
         end = self._stopping if http else self._closed
         while True:
             if end.is_set() and (http or queue.empty()):
                 return
+            if room is not None and not room.is_set():
+                await await_unless(room.wait(), end.wait(), timeout=heartbeat_s)
+                if not room.is_set() and not end.is_set():
+                    yield None
+                continue
             session = await await_unless(queue.get(), end.wait(), timeout=heartbeat_s)
             if session is not None:
+                if session.state == "exported":  # acknowledged while it waited in the queue again
+                    continue
                 yield session
             elif not end.is_set():
                 yield None
@@ -409,13 +477,62 @@ class Gateway(OpenedWith):
                 self._exported.popitem(last=False)
         return record
 
+    # -- at-least-once delivery of export streams -------------------------------------------------
+
+    def _lease(self, session: Session, lease: ExportLease, record: SessionRecord | None) -> None:
+        """``session``'s record was written to an export stream: it stays in the store until acknowledged,
+        and goes back to the queue ``export_ack_timeout_s`` after being sent if it is not."""
+        timer = asyncio.get_running_loop().call_later(self.config.export_ack_timeout_s, self._expire, session.id)
+        self._unacked[session.id] = (session, lease, timer)
+        lease.add(session.id, record)
+
+    def _expire(self, sid: str) -> None:
+        entry = self._unacked.pop(sid, None)
+        if entry is None:
+            return
+        session, lease, _ = entry
+        lease.remove(sid)
+        if session.state == "finished":
+            self.redelivered_sessions += 1
+            self.store.requeue(session)
+
+    def ack(self, ids: list[str]) -> dict[str, list[str]]:
+        """Acknowledge delivered records by session id: they leave the store (exported).  Idempotent: an id
+        already exported is reported as such; an id never finished, or unknown, is not acknowledged."""
+        acked, already, unknown = [], [], []
+        for sid in ids:
+            entry = self._unacked.pop(sid, None)
+            record = None
+            if entry is not None:
+                _, lease, timer = entry
+                timer.cancel()
+                record = lease.remove(sid)
+            session = self.store.sessions.get(sid)
+            if session is not None and session.state == "finished":
+                self._export(session, record)
+                acked.append(sid)
+            elif self.store.was_taken(sid):
+                already.append(sid)
+            else:
+                unknown.append(sid)
+        return {"acknowledged": acked, "already_acknowledged": already, "unknown": unknown}
+
     async def _write_jsonl(self, path: str) -> None:
+        """Each finished session's trajectories appended to ``path``; the session leaves the store only once
+        written (a failed write is logged and the session stays queued: nothing is lost)."""
         async for session in self._finished():
             if session is None:
                 continue
-            trajs = self._export(session).trajectories
-            if trajs:
-                await asyncio.to_thread(_append_jsonl, path, trajs)
+            record = session_record(session, state="exported")
+            if record.trajectories:
+                try:
+                    await asyncio.to_thread(_append_jsonl, path, record.trajectories)
+                except OSError:
+                    log.exception("writing %s failed; session %s stays queued", path, session.id)
+                    self.store.requeue(session)
+                    await asyncio.sleep(1.0)  # a full disk is not retried in a busy loop
+                    continue
+            self._export(session, record)
 
     async def _run_background(self) -> None:
         """The gateway's own tasks, in one task group: the idle-session reaper (cancelled at close) and the
@@ -463,6 +580,29 @@ class Gateway(OpenedWith):
         }
 
 
+class ExportLease:
+    """The records one export stream sent that wait for their acknowledgement; the stream takes a new
+    session only while fewer than ``window`` wait (``room`` set): a consumer that reads but never
+    acknowledges holds at most ``window`` sessions."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.records: dict[str, SessionRecord | None] = {}
+        self.room = asyncio.Event()
+        self.room.set()
+
+    def add(self, sid: str, record: SessionRecord | None) -> None:
+        self.records[sid] = record
+        if len(self.records) >= self.window:
+            self.room.clear()
+
+    def remove(self, sid: str) -> SessionRecord | None:
+        record = self.records.pop(sid, None)
+        if len(self.records) < self.window:
+            self.room.set()
+        return record
+
+
 class _GatewayCollector:
     """The gateway's counts, read at scrape time (docs/observability.md lists them)."""
 
@@ -493,6 +633,21 @@ class _GatewayCollector:
             "rollout_gateway_sessions_exported",
             "Sessions whose trajectories the trainer took.",
             value=gw.exported_sessions,
+        )
+        yield GaugeMetricFamily(
+            "rollout_gateway_export_unacked",
+            "Records sent on export streams, not yet acknowledged.",
+            value=len(gw._unacked),
+        )
+        yield CounterMetricFamily(
+            "rollout_gateway_export_redelivered",
+            "Records given back to the queue unacknowledged (ack timeout, consumer gone).",
+            value=gw.redelivered_sessions,
+        )
+        yield CounterMetricFamily(
+            "rollout_gateway_connections_refused",
+            "Connections answered 503 past max_connections.",
+            value=gw._site.refused if gw._site is not None else 0,
         )
 
 

@@ -67,6 +67,8 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         raise bad_request("messages", "messages must be a non-empty list", "invalid_type")
     for i, m in enumerate(raw):
         messages.extend(_message(m, f"messages[{i}]"))
+    if body.get("max_tokens") is None:  # required by Anthropic's API, answered as Anthropic does
+        raise bad_request("max_tokens", "max_tokens: Field required", "missing_required_parameter")
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     if body.get("tools"):
         chat["tools"] = _tools(body["tools"])

@@ -13,7 +13,8 @@
     GET  /v1/sessions/{session}/trajectory    its SessionRecord (records.py)
     POST /v1/sessions/{session}/reward {"reward": 1.0, "finish": true, "turn_rewards": [...]}
     POST /v1/sessions/{session}/finish {"reward": 1.0}  (reward optional)
-    GET  /v1/trajectories/stream       finished sessions' records as they finish (NDJSON or SSE)
+    GET  /v1/trajectories/stream       finished sessions' records as they finish (NDJSON or SSE), at least once
+    POST /v1/trajectories/ack          {"ids": [session, ...]}: those records were delivered
 
 The session of a model call is the ``/s/{session}`` path segment, or else the API key (``Authorization:
 Bearer <session>``), so an unmodified agent only changes ``base_url`` or ``api_key``.  The
@@ -37,6 +38,7 @@ from aiohttp import web
 from . import messages as messages_api
 from . import responses as responses_api
 from .errors import GatewayError, bad_request, error_body, to_gateway_error
+from .gateway import ExportLease
 from .records import SessionRecord
 from .sampling import SessionSampling
 from .service import Outcome
@@ -66,8 +68,33 @@ def _error(request: web.Request, body: dict[str, Any], status: int) -> web.Respo
 STREAM_HEARTBEAT_S = 15.0
 
 
+#: after a request body this large, the C heap's free pages are handed back to the OS (glibc keeps them)
+TRIM_AFTER_BYTES = 1 << 20
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    resp = await _answer(request, handler)
+    if (request.content_length or 0) >= TRIM_AFTER_BYTES:
+        await asyncio.to_thread(_trim_heap)  # the body and its decoded text are freed by now
+    return resp
+
+
+def _trim_heap() -> None:
+    """``malloc_trim(0)``: glibc keeps freed blocks of a large body (its mmap threshold grows with them),
+    so without it a 15 MiB call leaves the gateway ~15-30 MB larger.  A no-op off glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -88,18 +115,106 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         err = to_gateway_error(exc)
         if err.status >= 500 and err.code == "internal":
             log.exception("unexpected error serving %s %s", request.method, request.path)
-        return _error(request, err.body(), err.status)
+        resp = _error(request, err.body(), err.status)
+        if err.close:  # e.g. a body that never arrived: the connection is not reused (nor its rest read)
+            resp.force_close()
+        # err may be exc, whose traceback holds this frame (and the handler's, with the request body):
+        # unbound, the cycle is gone and the body is freed now, not at the next garbage collection
+        del err
+        return resp
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()  # raises 413 past client_max_size
+#: JSON bodies nested deeper than this are refused (msgspec itself stops near 1,000 with a RecursionError;
+#: the template, canonical form and records recurse too, so the bound is checked once, after decoding)
+MAX_JSON_DEPTH = 64
+
+
+async def _read(request: web.Request) -> bytearray:
+    """The request body, at most ``client_max_size`` bytes (413 beyond), in one buffer: sized from
+    Content-Length when given, so a large body is held once while it arrives (aiohttp's ``read()`` grows
+    a buffer and then copies it: twice the body at the peak)."""
+    limit = request.client_max_size
+    length = request.content_length
+    if length is not None and length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
+    timeout_s = request.app[_GATEWAY].config.body_timeout_s
+    try:
+        async with asyncio.timeout(timeout_s):
+            if length is not None:
+                buf, pos = bytearray(length), 0
+                with memoryview(buf) as view:
+                    while pos < length:
+                        chunk = await request.content.readany()
+                        if not chunk:
+                            break
+                        view[pos : pos + len(chunk)] = chunk
+                        pos += len(chunk)
+                del buf[pos:]
+                return buf
+            buf = bytearray()
+            while chunk := await request.content.readany():
+                buf += chunk
+                if len(buf) > limit:
+                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(buf))
+            return buf
+    except TimeoutError:
+        raise GatewayError(
+            408,
+            f"the request body did not arrive within {timeout_s} s (body_timeout_s)",
+            code="body_timeout",
+            close=True,
+        ) from None
+
+
+async def _body(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
+    """The request's JSON object.  ``optional``: an empty body is ``{}``.  Every way a body can be bad is
+    a 400 naming the reason (and the field, for nesting too deep): never a 5xx."""
+    raw = await _read(request)
+    if optional and (not raw or raw.isspace()):
+        return {}
     try:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise bad_request(None, f"the request body is not valid JSON: {exc}", "invalid_json") from None
+    except RecursionError:
+        raise bad_request(
+            None, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep", "nested_too_deep"
+        ) from None
+    finally:
+        del raw
     if not isinstance(body, dict):
         raise bad_request(None, "the request body must be a JSON object", "invalid_json")
+    _check_depth(body)
     return body
+
+
+def _check_depth(body: dict[str, Any]) -> None:
+    """400 naming the first field nested deeper than :data:`MAX_JSON_DEPTH` (iterative: no recursion, and
+    only containers are visited one by one)."""
+    stack: list[tuple[Any, int, Any, Any]] = [(body, 1, None, None)]  # (value, depth, parent entry, key)
+    while stack:
+        entry = stack.pop()
+        value, depth, _, _ = entry
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, child in items:
+            if isinstance(child, dict | list):
+                if depth >= MAX_JSON_DEPTH:
+                    raise bad_request(
+                        _path(entry, key), f"nested more than {MAX_JSON_DEPTH} levels deep", "nested_too_deep"
+                    )
+                if child:
+                    stack.append((child, depth + 1, entry, key))
+
+
+def _path(entry: tuple[Any, int, Any, Any], key: Any) -> str:
+    keys = [key]
+    while entry[2] is not None:
+        keys.append(entry[3])
+        entry = entry[2]
+    out = ""
+    for k in reversed(keys):
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
+    return out
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -134,8 +249,8 @@ class _Routes:
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = await _body(request)
-        session = self.gw.store.get(self._session_id(request), create=self.gw.config.auto_sessions)
-        outcome = await self.gw.serve_turn(session, body, chat=chat)
+        with self.gw.store.call(self._session_id(request), create=self.gw.config.auto_sessions) as session:
+            outcome = await self.gw.serve_turn(session, body, chat=chat)
         if outcome.options.stream:
             return await self._stream(request, outcome, chat)
         return _json(_chat_body(outcome) if chat else _completion_body(outcome))
@@ -166,19 +281,22 @@ class _Routes:
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request)
-        session = self.gw.store.get(self._session_id(request), create=self.gw.config.auto_sessions)
-        chat, echo = responses_api.to_chat(body, session)
-        with _fields_named(responses_api.CHAT_NAMES):
-            outcome = await self.gw.serve_turn(session, chat, chat=True, id_prefix="resp_")
+        with self.gw.store.call(self._session_id(request), create=self.gw.config.auto_sessions) as session:
+            chat, echo = responses_api.to_chat(body, session)
+            with _fields_named(responses_api.CHAT_NAMES):
+                outcome = await self.gw.serve_turn(session, chat, chat=True, id_prefix="resp_")
         if outcome.options.stream:
             return await self._events(request, responses_api.response_events(outcome, echo))
         return _json(responses_api.response_body(outcome, echo))
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request)
-        session = self.gw.store.get(self._session_id(request), create=self.gw.config.auto_sessions)
-        with _fields_named(messages_api.CHAT_NAMES):
-            outcome = await self.gw.serve_turn(session, messages_api.to_chat(body), chat=True, id_prefix="msg_")
+        chat = messages_api.to_chat(body)
+        with (
+            self.gw.store.call(self._session_id(request), create=self.gw.config.auto_sessions) as session,
+            _fields_named(messages_api.CHAT_NAMES),
+        ):
+            outcome = await self.gw.serve_turn(session, chat, chat=True, id_prefix="msg_")
         if outcome.options.stream:
             return await self._events(request, messages_api.message_events(outcome))
         return _json(messages_api.message_body(outcome))
@@ -206,10 +324,7 @@ class _Routes:
 
     async def create_session(self, request: web.Request) -> web.StreamResponse:
         self._admin(request)
-        raw = await request.read()
-        body = msgspec.json.decode(raw) if raw.strip() else {}
-        if not isinstance(body, dict):
-            raise bad_request(None, "the request body must be a JSON object", "invalid_json")
+        body = await _body(request, optional=True)
         meta = body.get("metadata")
         if meta is not None and not isinstance(meta, dict):
             raise bad_request("metadata", "metadata must be an object", "invalid_type")
@@ -239,7 +354,7 @@ class _Routes:
         if not isinstance(finish, bool):
             raise bad_request("finish", "finish must be a boolean", "invalid_type")
         sid = request.match_info["session"]
-        for k, item in enumerate(_turn_rewards(turns)):
+        for k, item in enumerate(_turn_rewards(turns, self.gw.config.max_turns_per_session)):
             try:
                 self.gw.turn_reward(sid, item["reward"], turn=item.get("turn"), response_id=item.get("response_id"))
             except GatewayError as exc:
@@ -257,11 +372,15 @@ class _Routes:
         return _json(self.gw.session_record(request.match_info["session"], per_turn=per_turn))
 
     async def trajectory_stream(self, request: web.Request) -> web.StreamResponse:
-        """Finished sessions' records as they finish, each to one consumer, until ``limit`` records (if
-        given) or the gateway closes.  A record goes out only as fast as the trainer reads (TCP
-        back-pressure: the next session is not taken before the last write drained); finished sessions
-        meanwhile wait in the store (bounded by max_sessions, agents get 429 beyond).  A record whose
-        write fails goes back to the queue for the next consumer."""
+        """Finished sessions' records as they finish, each to one consumer at a time, until ``limit``
+        records (if given) or the gateway closes.  **At least once**: a record sent stays in the gateway
+        until acknowledged (``POST /v1/trajectories/ack``); one not acknowledged within
+        ``export_ack_timeout_s`` goes back to the queue, and so do the stream's unacknowledged records at
+        once when the consumer goes away (a failed write, a closed connection).  At most ``window``
+        (``?window=N``, default 256) records of a stream wait for acknowledgement; then it takes no more.
+        ``?ack=false``: at most once instead (a record leaves when written: the old behaviour, for
+        consumers that cannot acknowledge).  A record goes out only as fast as the trainer reads (TCP
+        back-pressure); finished sessions meanwhile wait in the store (bounded by max_sessions)."""
         self._admin(request)
         gw = self.gw
         if gw.config.trajectories_jsonl:
@@ -276,25 +395,46 @@ class _Routes:
             raise bad_request("format", f"format must be 'ndjson' or 'sse', not {fmt!r}")
         limit = _query_int(request, "limit")
         per_turn = _query_flag(request, "per_turn", False)
+        ack = _query_flag(request, "ack", True)
+        window = _query_int(request, "window") or 256
+        if window > gw.config.max_sessions:
+            raise bad_request("window", f"window must be at most max_sessions ({gw.config.max_sessions})")
         if gw.export_streams >= gw.config.max_export_streams:
             raise GatewayError(
-                429, f"{gw.export_streams} export streams are open (max_export_streams)", type="rate_limit_error"
+                429,
+                f"{gw.export_streams} export streams are open (max_export_streams)",
+                type="rate_limit_error",
+                code="too_many_streams",
             )
         gw.export_streams += 1
+        lease = ExportLease(window) if ack else None
         try:
             content_type = "application/x-ndjson" if fmt == "ndjson" else "text/event-stream"
             resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache"})
             await resp.prepare(request)
-            finished = gw._finished(heartbeat_s=STREAM_HEARTBEAT_S, http=True)
-            async with contextlib.aclosing(finished):
-                await self._send_records(resp, finished, fmt, per_turn, limit)
-            await resp.write_eof()
+            room = lease.room if lease is not None else None
+            finished = gw._finished(heartbeat_s=STREAM_HEARTBEAT_S, http=True, room=room)
+            try:
+                async with contextlib.aclosing(finished):
+                    await self._send_records(resp, finished, fmt, per_turn, limit, lease)
+                await resp.write_eof()
+            except BaseException:
+                if lease is not None:  # the consumer went away: what it did not acknowledge goes back now
+                    for sid in list(lease.records):
+                        gw._expire(sid)
+                raise
             return resp
         finally:
             gw.export_streams -= 1
 
     async def _send_records(
-        self, resp: web.StreamResponse, finished: AsyncGenerator[Any, None], fmt: str, per_turn: bool, limit: int | None
+        self,
+        resp: web.StreamResponse,
+        finished: AsyncGenerator[Any, None],
+        fmt: str,
+        per_turn: bool,
+        limit: int | None,
+        lease: ExportLease | None = None,
     ) -> None:
         gw, sent = self.gw, 0
         async for session in finished:
@@ -308,16 +448,29 @@ class _Routes:
             except BaseException:
                 gw.store.requeue(session)
                 raise
-            gw._export(session, record if per_turn else None)
+            if lease is not None:
+                gw._lease(session, lease, record if per_turn else None)
+            else:
+                gw._export(session, record if per_turn else None)
             sent += 1
             if limit is not None and sent >= limit:
                 return
 
+    async def ack(self, request: web.Request) -> web.StreamResponse:
+        """``{"ids": [session, ...]}``: these records were delivered; they leave the gateway."""
+        self._admin(request)
+        body = await _body(request)
+        ids = body.get("ids")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise bad_request("ids", "ids must be a list of session ids (strings)", "invalid_type")
+        if len(ids) > self.gw.config.max_sessions:
+            raise bad_request("ids", f"at most max_sessions ({self.gw.config.max_sessions}) ids", "too_many_items")
+        return _json(self.gw.ack(ids))
+
     async def finish(self, request: web.Request) -> web.StreamResponse:
         self._admin(request)
-        raw = await request.read()
-        body = msgspec.json.decode(raw) if raw.strip() else {}
-        value = body.get("reward") if isinstance(body, dict) else None
+        body = await _body(request, optional=True)
+        value = body.get("reward")
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise bad_request("reward", f"reward must be a number, got {value!r}", "invalid_type")
         sid = request.match_info["session"]
@@ -342,6 +495,7 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_get("/v1/sessions/{session}", r.session_info)
     app.router.add_get("/v1/sessions/{session}/trajectory", r.trajectory)
     app.router.add_get("/v1/trajectories/stream", r.trajectory_stream)
+    app.router.add_post("/v1/trajectories/ack", r.ack)
     app.router.add_post("/v1/sessions/{session}/reward", r.reward)
     app.router.add_post("/v1/sessions/{session}/finish", r.finish)
     return app
@@ -391,11 +545,18 @@ def _query_int(request: web.Request, name: str) -> int | None:
     return int(value)
 
 
-def _turn_rewards(items: Any) -> list[dict[str, Any]]:
+def _turn_rewards(items: Any, max_items: int) -> list[dict[str, Any]]:
+    """The checked items; at most ``max_items`` (a session serves no more turns than that)."""
     if items is None:
         return []
     if not isinstance(items, list):
         raise bad_request("turn_rewards", "turn_rewards must be a list", "invalid_type")
+    if len(items) > max_items:
+        raise bad_request(
+            "turn_rewards",
+            f"{len(items)} turn rewards: a session has at most {max_items} turns (max_turns_per_session)",
+            "too_many_items",
+        )
     out = []
     for k, item in enumerate(items):
         where = f"turn_rewards[{k}]"

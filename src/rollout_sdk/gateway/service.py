@@ -44,12 +44,19 @@ from .sampling import RequestOptions, parse_options
 from .sessions import Node, Session, extend_key, prefix_keys
 from .tools import assistant_reply, canonical, parse_tool_choice, template_messages, template_tools
 
-__all__ = ["Choice", "Outcome", "TurnService"]
+__all__ = ["Choice", "Outcome", "TurnService", "max_token_chars"]
 
 T = TypeVar("T")
 _TEMPLATES = 64
 #: work on more characters than this leaves the event loop for the tokenizer thread
 OFFLOAD_CHARS = 16_384
+#: a text longer than this many characters per token of room is first tokenized only that far (a prompt
+#: that can fit averages ~3-5; a longer text that fits tokenizes unusually well and is then encoded whole)
+PROBE_CHARS_PER_TOKEN = 8
+#: tokens a prefix may have beyond the room before it is refused (its cut can split one pre-token)
+PROBE_SLACK_TOKENS = 64
+#: the prefix is tokenized in pieces of about this many characters (the tokenizer's memory: a few MB)
+PROBE_PIECE_CHARS = 32_768
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +114,9 @@ class _Decoded:
 class TurnService:
     """Serves chat and text completions for sessions, against a :class:`~rollout_sdk.RolloutClient`."""
 
-    def __init__(self, client: Any, tokenizer: Any, *, model: str, limits: ServiceLimits) -> None:
+    def __init__(
+        self, client: Any, tokenizer: Any, *, model: str, limits: ServiceLimits, max_token_chars: int | None = None
+    ) -> None:
         self.client = client
         self.tokenizer = tokenizer
         self.model = model
@@ -117,6 +126,8 @@ class TurnService:
         self._templates: OrderedDict[str, ChatTemplate] = OrderedDict()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-tokenizer")
         self._eos = _eos_ids(tokenizer)
+        #: the most characters one token of this tokenizer stands for (None: unknown, no character bound)
+        self.max_token_chars = max_token_chars
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -164,9 +175,80 @@ class TurnService:
             self._templates.move_to_end(key)
         return tmpl
 
+    def _context(self) -> int:
+        return min((i.limits.max_context for i in self.client.server_info()), default=1 << 30)
+
+    def _prompt_room(self, opts: RequestOptions) -> int:
+        """The most prompt tokens a call with these options can have (what :meth:`_fit` accepts)."""
+        return self._context() - max(opts.max_tokens or 1, 1)
+
+    def _too_long(self, param: str, what: str) -> GatewayError:
+        context = self._context()
+        return GatewayError(
+            400,
+            f"this model's context is {context} tokens; {what}",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+    def _check_chars(self, chars: int, room: int, param: str) -> None:
+        """Refuse, before any tokenizing, text that cannot fit: a token stands for at most
+        ``max_token_chars`` characters, so ``chars`` characters are at least ``chars / max_token_chars``
+        tokens.  O(1): the caller counts characters it already holds."""
+        b = self.max_token_chars
+        if b is not None and chars > max(room, 0) * b:
+            raise self._too_long(
+                param,
+                f"the text holds {chars} characters, at least {-(-chars // b)} tokens ({b} characters a token at most)",
+            )
+
+    def _encode_bounded(self, text: str, room: int, encode: Callable[[str], list[int]], param: str) -> list[int]:
+        """``encode(text)``, unless it cannot fit in ``room`` tokens: refused by its length in characters,
+        or by tokenizing only a prefix (:meth:`_probe`) whose tokens alone already overflow.  So the work
+        on a text that cannot fit is bounded by the context, not by the text.  Runs on the tokenizer
+        thread for large texts."""
+        self._check_chars(len(text), room, param)
+        self._probe([text], room, encode, param)
+        return encode(text)
+
+    def _probe(self, texts: Sequence[str], room: int, encode: Callable[[str], list[int]], param: str) -> None:
+        """Refuse ``texts`` (the parts of one prompt, in order) when their first ``PROBE_CHARS_PER_TOKEN x
+        room`` characters alone are more than ``room`` tokens.  Nothing is tokenized when they are shorter
+        than that (a prompt that can fit averages ~3-5 characters a token).  The prefix is tokenized in
+        pieces cut before a space (where pre-tokenizers split anyway), so the tokenizer's memory is a
+        piece's, and counting stops as soon as the room is clearly exceeded; each piece may add a token or
+        two at its edges (a split pre-token, special tokens): a slack per piece covers it."""
+        probe = max(room, 0) * PROBE_CHARS_PER_TOKEN
+        if sum(len(t) for t in texts) <= probe + PROBE_SLACK_TOKENS:
+            return
+        left = probe
+        n = pieces = 0
+        for text in texts:
+            pos, stop = 0, min(len(text), left)
+            while pos < stop and n <= room + PROBE_SLACK_TOKENS + 4 * pieces:
+                end = min(pos + PROBE_PIECE_CHARS, stop)
+                cut = text.rfind(" ", pos + 1, end) if end < stop else -1
+                end = cut if cut > pos else end
+                n += len(encode(text[pos:end]))
+                pos, pieces = end, pieces + 1
+            left -= pos
+            if left <= 0 or n > room + PROBE_SLACK_TOKENS + 4 * pieces:
+                break
+        if n > room + PROBE_SLACK_TOKENS + 4 * pieces:
+            raise self._too_long(param, f"the first {probe - left} characters alone are {n} tokens, the room is {room}")
+
+    def _check_messages(self, messages: list[dict[str, Any]], room: int) -> None:
+        """The context refusal on the messages' own text, before they are hashed or rendered (each of those
+        copies the text): by characters, then by a bounded prefix (:meth:`_probe`).  The rendered prompt
+        holds every system / user / tool text verbatim between the template's special tokens, so its
+        tokens are at least theirs."""
+        texts = _kept_texts(messages)
+        self._check_chars(sum(len(t) for t in texts), room, "messages")
+        tok = self.tokenizer
+        self._probe(texts, room, lambda t: list(tok.encode(t, add_special_tokens=False)), "messages")
+
     def _fit(self, prompt_len: int, opts: RequestOptions) -> SamplingParams:
-        infos = self.client.server_info()
-        context = min((i.limits.max_context for i in infos), default=1 << 30)
+        context = self._context()
         room = context - prompt_len
         if room < 1 or (opts.max_tokens is not None and opts.max_tokens > room):
             asked = f" plus {opts.max_tokens} tokens to generate" if opts.max_tokens else ""
@@ -309,6 +391,8 @@ class TurnService:
         parse = parse_tool_choice(body.get("tool_choice"), tools)
         messages = template_messages(body.get("messages"), max_messages=self.limits.max_messages)
         session.check_open()
+        room = self._prompt_room(opts)
+        await self._cpu(lambda: self._check_messages(messages, room), _chars(messages))
         keys = prefix_keys("chat\x00" + canonical({"tools": tools}), [canonical(m) for m in messages])
         parent, covered = session.match(keys)
         template = self._template(tools)
@@ -316,8 +400,10 @@ class TurnService:
 
         def render() -> tuple[list[int], bool]:
             if parent is None:
-                return template.prompt_ids(messages), False
-            return template.glue_ids(parent.messages, new, parent.text)
+                text, rewrites, base = template.render(messages, add_generation_prompt=True), False, 0
+            else:
+                (text, rewrites), base = template.glue(parent.messages, new, parent.text), parent.num_ids
+            return self._encode_bounded(text, room - base, template.encode, "messages"), rewrites
 
         try:
             context, rewrites = await self._cpu(render, _chars(parent.messages if parent else []) + _chars(messages))
@@ -393,16 +479,24 @@ class TurnService:
         if prompt_in is None:
             raise bad_request("prompt", "prompt is required", "missing_required_parameter")
         session.check_open()
+        room = self._prompt_room(opts)
         text_prompt = isinstance(prompt_in, str)
         if text_prompt:
             if not prompt_in:
                 raise bad_request("prompt", "prompt must not be empty")
+            self._check_chars(len(prompt_in), room, "prompt")
             parent = session.match_text(prompt_in)
+            base = 0 if parent is None else parent.num_ids
 
             def encode() -> list[int]:
+                tok = self.tokenizer
                 if parent is None:
-                    return list(self.tokenizer.encode(prompt_in, add_special_tokens=True))
-                return list(self.tokenizer.encode(prompt_in[len(parent.text) :], add_special_tokens=False))
+                    text, special = prompt_in, True
+                else:
+                    text, special = prompt_in[len(parent.text) :], False
+                return self._encode_bounded(
+                    text, room - base, lambda t: list(tok.encode(t, add_special_tokens=special)), "prompt"
+                )
 
             context = await self._cpu(encode, len(prompt_in))
             prompt = (parent.ids() if parent is not None else []) + context
@@ -411,6 +505,8 @@ class TurnService:
             and prompt_in
             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_in)
         ):
+            if len(prompt_in) > room:
+                raise self._too_long("prompt", f"the prompt has {len(prompt_in)} tokens")
             prompt = list(prompt_in)
             parent = session.match_ids(prompt)
             context = prompt[parent.num_ids :] if parent is not None else prompt
@@ -450,6 +546,35 @@ class TurnService:
 
 def _response_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def _kept_texts(messages: list[dict[str, Any]]) -> list[str]:
+    """The messages' text that every chat template renders as given: system, user and tool content (a
+    template may drop parts of assistant turns, e.g. earlier reasoning, so those do not count)."""
+    out: list[str] = []
+    for m in messages:
+        if m["role"] == "assistant":
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list):
+            out.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return out
+
+
+def max_token_chars(tokenizer: Any) -> int | None:
+    """The longest token's string in ``tokenizer``'s vocabulary (added tokens included): at least as many
+    characters as that token stands for in any text (a byte-level token's string has one character per
+    byte).  None when the tokenizer has no vocabulary to read."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if get_vocab is None:
+        return None
+    try:
+        vocab = get_vocab()
+    except (NotImplementedError, AttributeError):
+        return None
+    return max((len(t) for t in vocab), default=0) or None
 
 
 def _chars(messages: list[dict[str, Any]]) -> int:

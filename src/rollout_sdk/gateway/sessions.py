@@ -24,17 +24,24 @@ Lifecycle of a session::
 
 Bounds: ``max_sessions`` open-or-finished-untaken sessions (429 beyond: the trainer is not draining), at
 most ``max_turns`` nodes per session, and a bounded memory of taken ids.
+
+Auto sessions (opened by a model call with an unknown key) are *provisional* until they serve a turn:
+a call that fails, or is cancelled, before its session served anything leaves nothing behind
+(:meth:`SessionStore.call`), so junk keys cannot fill the store.  They may hold at most
+``max_auto_sessions`` of the ``max_sessions``: the rest is the trainer's (``POST /v1/sessions``,
+``Gateway.session()``), which a flood of keys can therefore never starve.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,8 +137,13 @@ class Session:
         max_turns: int,
         metadata: dict[str, Any] | None = None,
         sampling: SessionSampling | None = None,
+        auto: bool = False,
     ) -> None:
         self.id = sid
+        #: opened by a model call with an unknown key (not by the trainer)
+        self.auto = auto
+        #: model calls of this session being handled now (from before validation to the answer)
+        self.calls = 0
         self.metadata = dict(metadata or {})
         #: the trainer's sampling for this session (fixed fields and limits the agent cannot exceed)
         self.sampling = sampling
@@ -299,22 +311,37 @@ def _shared_turns(leaf: Node, leaves: list[Node]) -> int:
 class SessionStore:
     """The gateway's sessions, bounded.  Finished sessions wait in :attr:`finished` for the trainer."""
 
-    def __init__(self, *, max_sessions: int, max_turns: int, remember_ids: int = 100_000) -> None:
+    def __init__(
+        self, *, max_sessions: int, max_turns: int, max_auto_sessions: int | None = None, remember_ids: int = 100_000
+    ) -> None:
         self.max_sessions = max_sessions
+        #: room auto sessions may take (the rest is kept for sessions the trainer opens)
+        self.max_auto_sessions = max_sessions if max_auto_sessions is None else min(max_auto_sessions, max_sessions)
+        self.num_auto = 0
         self.max_turns = max_turns
         self.sessions: dict[str, Session] = {}
         self._taken: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._remember = remember_ids
-        # at most max_sessions sessions exist at once, so put_nowait on this queue cannot overflow
-        self.finished: asyncio.Queue[Session] = asyncio.Queue(maxsize=max_sessions)
+        # unbounded, yet at most max_sessions live entries (a session is queued once at a time); an entry
+        # acknowledged while it waited again is skipped by the consumer
+        self.finished: asyncio.Queue[Session] = asyncio.Queue()
 
     def create(
-        self, sid: str | None = None, metadata: dict[str, Any] | None = None, sampling: SessionSampling | None = None
+        self,
+        sid: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        sampling: SessionSampling | None = None,
+        *,
+        auto: bool = False,
     ) -> Session:
         sid = sid or secrets.token_urlsafe(18)
-        if not _SESSION_ID.match(sid):
+        if not _SESSION_ID.match(sid) or sid in (".", ".."):
+            # "." and ".." are dot segments: no /v1/sessions/{id}/... path can address them
             raise GatewayError(
-                400, "a session id is 1-128 characters of [A-Za-z0-9._~-]", param="session", code="bad_session"
+                400,
+                f"a session id is 1-128 characters of [A-Za-z0-9._~-], not '.' or '..'; got {sid[:140]!r}",
+                param="session",
+                code="bad_session",
             )
         if sid in self.sessions or sid in self._taken:
             raise GatewayError(409, f"session {sid!r} already exists", param="session", code="session_exists")
@@ -326,8 +353,17 @@ class SessionStore:
                 type="rate_limit_error",
                 code="too_many_sessions",
             )
-        session = Session(sid, max_turns=self.max_turns, metadata=metadata, sampling=sampling)
+        if auto and self.num_auto >= self.max_auto_sessions:
+            raise GatewayError(
+                429,
+                f"{self.num_auto} sessions opened by unknown keys are open or not yet collected (max_auto_sessions="
+                f"{self.max_auto_sessions}; the rest of max_sessions is kept for sessions the trainer opens)",
+                type="rate_limit_error",
+                code="too_many_auto_sessions",
+            )
+        session = Session(sid, max_turns=self.max_turns, metadata=metadata, sampling=sampling, auto=auto)
         self.sessions[sid] = session
+        self.num_auto += auto
         return session
 
     def get(self, sid: str, *, create: bool) -> Session:
@@ -338,7 +374,25 @@ class SessionStore:
             raise GatewayError(409, f"session {sid!r} is finished", code="session_finished")
         if not create:
             raise GatewayError(404, f"no session {sid!r}", param="session", code="session_not_found")
-        return self.create(sid)
+        return self.create(sid, auto=True)
+
+    @contextlib.contextmanager
+    def call(self, sid: str, *, create: bool) -> Iterator[Session]:
+        """The session of one model call, for the call's whole handling: an auto session that has served
+        no turn when its last call ends (failed, refused, cancelled) is forgotten, as if never opened."""
+        session = self.get(sid, create=create)
+        session.calls += 1
+        try:
+            yield session
+        finally:
+            session.calls -= 1
+            if session.auto and session.calls == 0 and not session.nodes and session.state == "open":
+                self._forget(session)
+
+    def _forget(self, session: Session) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+            self.num_auto -= session.auto
 
     def finish(self, session: Session, *, reward: float | None = None, reason: str = "finished") -> bool:
         """Mark finished and queue it for the trainer.  False if it was already finished (idempotent)."""
@@ -353,16 +407,20 @@ class SessionStore:
         return True
 
     def requeue(self, session: Session) -> None:
-        """A consumer could not deliver a finished session: it goes back in the queue (it still counts in
-        ``sessions``, so the bounded queue has room for it)."""
+        """A consumer could not deliver a finished session (or it was never acknowledged): it goes back in
+        the queue."""
         self.finished.put_nowait(session)
 
     def taken(self, session: Session) -> None:
         """The trainer has the session's trajectories: forget it, keep refusing its id."""
-        self.sessions.pop(session.id, None)
+        self._forget(session)
+        session.state = "exported"
         self._taken[session.id] = None
         while len(self._taken) > self._remember:
             self._taken.popitem(last=False)
+
+    def was_taken(self, sid: str) -> bool:
+        return sid in self._taken
 
     def idle(self, now: float, timeout_s: float) -> list[Session]:
         return [

@@ -4,7 +4,8 @@ Concurrency::
 
     event loop thread                                   worker thread (one: owns the ModelRunner)
     ─────────────────                                   ─────────────────────────────────────────
-    generate(req) ── (images: decoded, processed and their marks expanded in a thread, models.vision)
+    generate(req) ── (images: decoded, processed, marks expanded in a thread, models.vision; at most
+                     max_image_expansions requests at once, the rest wait: decoded pixels are large)
                      adds a Sequence to the Scheduler, wakes the step loop, awaits its future
     abort(rid)    ── resolves the future now (tokens so far), marks it done; the worker drops the row
     step loop     ── waits on: work to do (wake event) and its gate open (no pause, no released memory)
@@ -95,6 +96,7 @@ class CpuEngine(Engine):
         self._loop_task: asyncio.Task[None] | None = None
         self._rng = random.Random(self.config.seed)
         self._groups: dict[str, Any] = {}
+        self._expansions = asyncio.Semaphore(self.config.max_image_expansions)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -174,7 +176,16 @@ class CpuEngine(Engine):
             return None
         if not req.images and IMAGE_PAD_ID not in req.input_ids:
             return None
-        vision: VisionInputs = await asyncio.to_thread(processor.expand, req.input_ids, list(req.images))
+        # at most max_image_expansions at once, each holding its decoded pixels; the slot is released when
+        # the thread's work ends (a cancelled request's expansion still runs to its end, still counted)
+        await self._expansions.acquire()
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(None, processor.expand, req.input_ids, list(req.images))
+        except BaseException:
+            self._expansions.release()
+            raise
+        fut.add_done_callback(self._expansion_done)
+        vision: VisionInputs = await asyncio.shield(fut)
         n, ctx = len(vision.input_ids), self.limits.max_context
         if n > ctx or (not req.score_only and n + req.sampling.max_new_tokens > ctx):
             raise InvalidRequestError(
@@ -183,6 +194,11 @@ class CpuEngine(Engine):
                 f"the expanded prompt exceeds the context ({ctx})",
             )
         return vision
+
+    def _expansion_done(self, fut: asyncio.Future[Any]) -> None:
+        self._expansions.release()
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a request cancelled meanwhile does not leave it unread
 
     async def _score(self, req: GenerateRequest) -> GenerateResult:
         """Prompt logprobs: one forward over the prompt on the worker, between two decode steps (so on one
