@@ -118,6 +118,8 @@ async def solve_messages(
     out = Outcome(question, answer)
     if not kw.get("system"):
         kw.pop("system", None)
+    if "temperature" in kw:  # recent ``anthropic`` clients take no ``temperature`` argument; the API does
+        kw["extra_body"] = {**kw.get("extra_body", {}), "temperature": kw.pop("temperature")}
     messages: list[Any] = [{"role": "user", "content": question}]
     first = await client.messages.create(model=model, max_tokens=64, messages=messages, tools=[tool], **kw)
     uses = [b for b in first.content if b.type == "tool_use"]
