@@ -7,6 +7,12 @@ use (a progress bar; a couple of minutes on two CPU cores) and caches it under `
 * ``stage="trained"``: supervised on trajectories a scripted expert produced *through ToolAgent itself*
   (the exact token ids, glue and loss masks the agent makes at run time); greedy, it solves held-back
   instances (the number is in ``task.json``, and ``tests/test_tool_model.py`` checks it with real calls).
+  After its first ``own_steps`` steps, three batches in four swap the prompt's system block (the tool
+  definitions, the system prompt) for one of :func:`.calculator_schemas.training_tools`' random
+  definitions of the calculator, so that any ``calculator(expression: str)`` a user or a framework
+  writes is called (``tests/test_tool_model_gateway.py`` checks held-back definitions through the
+  gateway with the real ``openai`` and ``anthropic`` clients).  Its directory's name, ``tool-calculator``,
+  is the model's id where a server names a model by its directory (the gateway's ``/v1/models``).
 * ``stage="undertrained"``: the starting point of the RL example: the trained model after a short
   fine-tune on demonstrations that answer *without* the tool, so it calls the calculator only part of
   the time (sampled success ~20-40%); GRPO on its own rollouts teaches it to delegate again.
@@ -14,9 +20,11 @@ use (a progress bar; a couple of minutes on two CPU cores) and caches it under `
 Training is fast because only the task's tokens (about 130 of 151,936) get their own embedding rows:
 every other token shares one row (``rest``).  The softmax over the whole vocabulary is then computed
 exactly from ``|task| + 1`` logits: the shared row's logit counts ``V - |task|`` times
-(:class:`TaskHead`).  The saved model is an ordinary full-vocabulary checkpoint (every non-task row a copy
+(:class:`TaskHead`).  The words of the random definitions are left out of the task's tokens on purpose:
+they share the ``rest`` row, so the model learns to read past words it has no row for, which is what a
+definition it has never seen is made of.  The saved model is an ordinary full-vocabulary checkpoint (every non-task row a copy
 of ``rest``), which the engines load like any other.  The constant prompt prefix (system prompt and tool
-schemas, ~180 tokens) is run once per batch and its KV cache shared by every row.  Training uses one
+schemas, ~180-400 tokens) is run once per batch and its KV cache shared by every row.  Training uses one
 thread and fixed seeds: the same bytes on any machine with the same torch build.
 """
 
