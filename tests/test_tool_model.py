@@ -127,8 +127,7 @@ def test_training_definitions_are_calculators_and_never_a_held_back_one() -> Non
     assert training_tools(random.Random(5)) == training_tools(random.Random(5))  # draws from rng alone
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_a_definitions_system_block_starts_the_agents_prompt_exactly(tiny_model: Path, seed: int) -> None:
+def test_a_definitions_system_block_starts_the_agents_prompt_exactly(tiny_model: Path) -> None:
     """The recipe swaps a prompt's system block for another definition's: the block must be exactly the
     first ids of the whole conversation the agent (and the gateway) renders with that definition."""
     import random
@@ -139,10 +138,12 @@ def test_a_definitions_system_block_starts_the_agents_prompt_exactly(tiny_model:
     from rollout_sdk.tasks.tool_model import system_block
 
     tok = load_tokenizer(str(tiny_model))
-    tools, system = training_tools(random.Random(seed))
-    block = system_block(tok, tools, system)
-    messages = [{"role": "system", "content": system}] if system is not None else []
-    messages.append({"role": "user", "content": "What is 37 * 48?"})
-    whole = ChatTemplate(tok, tools=tools).prompt_ids(messages)
-    assert whole[: len(block)] == block and whole[len(block)] == 151644  # then <|im_start|>user
-    assert tok.decode(whole[len(block) :]).startswith("<|im_start|>user\nWhat is 37 * 48?")
+    rng = random.Random(0)
+    for _ in range(20):
+        tools, system = training_tools(rng)
+        block = system_block(tok, tools, system)
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        messages.append({"role": "user", "content": "What is 37 * 48?"})
+        whole = ChatTemplate(tok, tools=tools).prompt_ids(messages)
+        assert whole[: len(block)] == block and whole[len(block)] == 151644  # then <|im_start|>user
+        assert tok.decode(whole[len(block) :]).startswith("<|im_start|>user\nWhat is 37 * 48?")
