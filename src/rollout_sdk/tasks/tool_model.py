@@ -22,10 +22,11 @@ every other token shares one row (``rest``).  The softmax over the whole vocabul
 exactly from ``|task| + 1`` logits: the shared row's logit counts ``V - |task|`` times
 (:class:`TaskHead`).  The words of the random definitions are left out of the task's tokens on purpose:
 they share the ``rest`` row, so the model learns to read past words it has no row for, which is what a
-definition it has never seen is made of.  The saved model is an ordinary full-vocabulary checkpoint (every non-task row a copy
-of ``rest``), which the engines load like any other.  The constant prompt prefix (system prompt and tool
-schemas, ~180-400 tokens) is run once per batch and its KV cache shared by every row.  Training uses one
-thread and fixed seeds: the same bytes on any machine with the same torch build.
+definition it has never seen is made of.  The saved model is an ordinary full-vocabulary checkpoint (every
+non-task row a copy of ``rest``), which the engines load like any other.  Every row of a batch has the same
+system block (one definition), so the prompt prefix they share (~180-460 tokens) is run once per batch and
+its KV cache shared by every row.  Training uses one thread and fixed seeds: the same bytes on any machine
+with the same torch build.
 """
 
 from __future__ import annotations
