@@ -51,7 +51,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "STAGE_DIRS",
     "TOOL_MODEL_CONFIG",
+    "Demonstrations",
     "Recipe",
     "TaskHead",
     "TrainingStopped",
@@ -61,6 +63,7 @@ __all__ = [
     "ensure_tool_model",
     "ensure_tool_model_async",
     "shared_prefix_hidden",
+    "system_block",
     "train_stages",
 ]
 
@@ -104,8 +107,8 @@ class Recipe:
     #: (:func:`.calculator_schemas.training_tools`) ...
     schema_variants: int = 512
     #: ... after this many steps with the task's own definition only (the model learns to copy the
-    #: operands there, where every prompt is the same; with random definitions from the start the copy
-    #: takes twice the steps to appear) ...
+    #: operands there, where every prompt is the same; with random definitions from the start it had not
+    #: appeared after 1,000 steps: docs/benchmarks.md section 26) ...
     own_steps: int = 400
     #: ... and then the fraction of batches that get the task's own definition (the agent's and the demo's)
     canonical_fraction: float = 0.25
