@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--schema-variants", type=int, default=Recipe.schema_variants)
     p.add_argument("--canonical-fraction", type=float, default=Recipe.canonical_fraction)
     p.add_argument("--own-steps", type=int, default=Recipe.own_steps)
+    p.add_argument("--own-loss", type=float, default=Recipe.own_loss)
     p.add_argument("--every", type=int, default=100)
     p.add_argument("--home", default=None)
     args = p.parse_args()
@@ -48,6 +49,7 @@ def main() -> None:
             schema_variants=args.schema_variants,
             canonical_fraction=args.canonical_fraction,
             own_steps=args.own_steps,
+            own_loss=args.own_loss,
         )
         data = demonstration_sets(tokenizer, recipe)
         row: dict[int, float] = {}

@@ -7,12 +7,13 @@ use (a progress bar; a couple of minutes on two CPU cores) and caches it under `
 * ``stage="trained"``: supervised on trajectories a scripted expert produced *through ToolAgent itself*
   (the exact token ids, glue and loss masks the agent makes at run time); greedy, it solves held-back
   instances (the number is in ``task.json``, and ``tests/test_tool_model.py`` checks it with real calls).
-  After its first ``own_steps`` steps, three batches in four swap the prompt's system block (the tool
-  definitions, the system prompt) for one of :func:`.calculator_schemas.training_tools`' random
-  definitions of the calculator, so that any ``calculator(expression: str)`` a user or a framework
-  writes is called (``tests/test_tool_model_gateway.py`` checks held-back definitions through the
-  gateway with the real ``openai`` and ``anthropic`` clients).  Its directory's name, ``tool-calculator``,
-  is the model's id where a server names a model by its directory (the gateway's ``/v1/models``).
+  Once it has learned to copy the operands (``Recipe.own_steps``), three batches in four swap the
+  prompt's system block (the tool definitions, the system prompt) for one of
+  :func:`.calculator_schemas.training_tools`' random definitions of the calculator, so that any
+  ``calculator(expression: str)`` a user or a framework writes is called
+  (``tests/test_tool_model_gateway.py`` checks held-back definitions through the gateway with the real
+  ``openai`` and ``anthropic`` clients).  Its directory's name, ``tool-calculator``, is the model's id
+  where a server names a model by its directory (the gateway's ``/v1/models``).
 * ``stage="undertrained"``: the starting point of the RL example: the trained model after a short
   fine-tune on demonstrations that answer *without* the tool, so it calls the calculator only part of
   the time (sampled success ~20-40%); GRPO on its own rollouts teaches it to delegate again.
@@ -32,6 +33,7 @@ with the same torch build.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import math
 import os
@@ -90,8 +92,19 @@ class Recipe:
 
     #: seeds the instance order, the batches, the guesses and the initialisation
     seed: int = 0
-    #: supervised steps of the trained stage (batches of every training instance's demonstration)
-    steps: int = 1000
+    #: supervised steps of the trained stage (batches of every training instance's demonstration) with the
+    #: task's own calculator definition only: the model learns to copy the operands there, where every
+    #: prompt is the same (with random definitions from the start the copy had not appeared after 1,000
+    #: steps: docs/benchmarks.md section 26).  At most ``own_steps``; fewer once the loss of each of the
+    #: last 20 steps is under ``own_loss`` (the copy is learned) ...
+    own_steps: int = 800
+    own_loss: float = 0.02
+    #: ... then this many steps in which ``1 - canonical_fraction`` of the batches get one of
+    #: ``schema_variants`` random definitions (and system prompts) each
+    #: (:func:`.calculator_schemas.training_tools`)
+    steps: int = 600
+    canonical_fraction: float = 0.25
+    schema_variants: int = 512
     batch: int = 32
     lr: float = 3e-3
     warmup: int = 100
@@ -103,15 +116,6 @@ class Recipe:
     detune_direct_fraction: float = 0.8
     #: held-back instances scored (teacher-forced) after each stage
     test_instances: int = 200
-    #: random calculator definitions (and system prompts) the trained stage sees, one per batch
-    #: (:func:`.calculator_schemas.training_tools`) ...
-    schema_variants: int = 512
-    #: ... after this many steps with the task's own definition only (the model learns to copy the
-    #: operands there, where every prompt is the same; with random definitions from the start it had not
-    #: appeared after 1,000 steps: docs/benchmarks.md section 26) ...
-    own_steps: int = 400
-    #: ... and then the fraction of batches that get the task's own definition (the agent's and the demo's)
-    canonical_fraction: float = 0.25
 
 
 class TrainingStopped(Exception):
@@ -265,6 +269,7 @@ def _build(out: Path, home: Path, progress: bool, stop: threading.Event | None) 
             "task": "rollout_sdk.tasks.calculator",
             "task_token_ids": result["head"].ids.tolist(),
             "steps": result["steps"][stage],
+            "own_definition_steps": result["own_steps"],
             "heldout_teacher_forced_exact": result["exact"][stage],
             "held_back_schemas_teacher_forced_exact": result["held_back"][stage],
             "build_seconds": round(seconds, 1),
@@ -514,23 +519,37 @@ def _train(
         bar.update(1)
         return loss
 
-    bar = _bar(r.steps + r.detune_steps, progress)
+    bar = _bar(r.own_steps + r.steps + r.detune_steps, progress)
     states: dict[str, dict[str, torch.Tensor]] = {}
     scores: dict[str, dict[str, float]] = {}
     schema_scores: dict[str, dict[str, float]] = {}
-    for step in range(r.steps):
-        frac = step / r.steps
-        decay = 1.0 if frac < 0.6 else 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
+    recent: collections.deque[float] = collections.deque(maxlen=20)
+    switched: int | None = None  # the step the random definitions came in
+    step = 0
+    while switched is None or step < switched + r.steps:
+        if switched is None and (step >= r.own_steps or (len(recent) == recent.maxlen and max(recent) < r.own_loss)):
+            switched = step  # the copy is learned (or the own phase is over): the definitions come in
+            bar.total = step + r.steps + r.detune_steps
+        # warm-up, then constant; the last two thirds of the mixed phase decay to 0 (a cosine)
+        frac = 0.0 if switched is None else (step - switched) / r.steps
+        decay = 1.0 if frac < 1 / 3 else 0.5 * (1 + math.cos(math.pi * (frac - 1 / 3) / (2 / 3)))
         for g in opt.param_groups:
             g["lr"] = r.lr * min(1.0, (step + 1) / r.warmup) * decay
-        mixed = prefixes and step >= r.own_steps and rng.random() >= r.canonical_fraction
+        mixed = prefixes and switched is not None and rng.random() >= r.canonical_fraction
         prefix = rng.choice(prefixes) if mixed else own
-        loss = step_on(rng.sample(train, r.batch), prefix)
+        loss = float(step_on(rng.sample(train, r.batch), prefix).item())
+        if prefix is own:
+            recent.append(loss)
         if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-        if on_eval is not None and (step % eval_every == 0 or step == r.steps - 1):
+            bar.set_postfix(loss=f"{loss:.4f}")
+        if on_eval is not None and step % eval_every == 0:
             held = exact_held_back()
-            on_eval(step, float(loss.item()), {**exact(), "schemas": min(held.values(), default=1.0)})
+            on_eval(step, loss, {**exact(), "schemas": min(held.values(), default=1.0)})
+        step += 1
+    trained_steps = step
+    if on_eval is not None:
+        held = exact_held_back()
+        on_eval(step - 1, loss, {**exact(), "schemas": min(held.values(), default=1.0)})
     scores["trained"] = exact()
     schema_scores["trained"] = exact_held_back()
     states["trained"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -550,7 +569,8 @@ def _train(
         "head": head,
         "exact": scores,
         "held_back": schema_scores,
-        "steps": {"trained": r.steps, "undertrained": r.steps + r.detune_steps},
+        "steps": {"trained": trained_steps, "undertrained": trained_steps + r.detune_steps},
+        "own_steps": switched,
     }
 
 
@@ -583,6 +603,8 @@ def _save(out: Path, state: dict[str, torch.Tensor], head: TaskHead) -> None:
 
 
 class _NoBar:
+    total = 0
+
     def update(self, n: int) -> None:
         return None
 
