@@ -147,3 +147,15 @@ def test_a_definitions_system_block_starts_the_agents_prompt_exactly(tiny_model:
         whole = ChatTemplate(tok, tools=tools).prompt_ids(messages)
         assert whole[: len(block)] == block and whole[len(block)] == 151644  # then <|im_start|>user
         assert tok.decode(whole[len(block) :]).startswith("<|im_start|>user\nWhat is 37 * 48?")
+
+
+def test_the_gateway_calculator_agent_imports_nothing_from_rollout_sdk() -> None:
+    import ast
+
+    from gateway_agents import calculator_agent
+
+    tree = ast.parse(Path(calculator_agent.__file__).read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [n for n in names if n.startswith("rollout_sdk")]
+    assert {"openai", "anthropic"} <= set(names)
