@@ -1,7 +1,8 @@
 """Multi-turn tool-using rollouts, GRPO style, on the embedded CPU engine.
 
-    python examples/tool_agent.py               # the real tiny model (random weights) on the CPU engine
-    python examples/tool_agent.py --scripted    # a scripted engine that calls the tools, to see that path
+    python examples/tool_agent.py               # the trained tool model (built once, minutes) on the CPU engine
+    python examples/tool_agent.py --random      # the tiny model with random weights: no tool calls, reward 0
+    python examples/tool_agent.py --scripted    # a scripted engine that calls the tools, to see every path
 
 Three tools (a calculator over a safe expression evaluator, a unit converter, a slow async lookup with a
 timeout and a concurrency cap), three questions, ``--group-size`` trajectories per question (a GRPO group)
@@ -9,12 +10,15 @@ rewarded by an async reward function as each one finishes.  It prints a line per
 registry's counters, one trajectory's tokens split into model spans (loss mask 1) and spans the loop added
 (loss mask 0), and a final ``SUMMARY {json}`` line.
 
-The tiny model has random weights: it almost never writes a ``<tool_call>``, so by default each trajectory
-is one model turn cut at ``--max-new-tokens`` (finish ``length``) with reward 0.  ``--scripted`` runs the
-same agent against an in-process server around a FakeEngine whose responder answers each conversation
-with a fixed script of exact token ids (tool calls in the Qwen2.5 / Hermes format), so every tool path
-runs: two calls over two turns, two parallel calls of which one times out, a call with bad arguments that
-the model then fixes.  See docs/agents.md.
+By default the model is the *tool model* (``rollout-sdk make-model tool``: a tiny Qwen2 trained on CPU to
+delegate arithmetic to a ``calculator``; the first run trains it, a few minutes, then it is cached): it
+gets three held-back multiplication questions, sees all three tools, calls the calculator and answers
+from its result.  ``--random`` runs the tiny model with random weights instead: it almost never writes a
+``<tool_call>``, so each trajectory is one model turn cut at ``--max-new-tokens`` (finish ``length``) with
+reward 0.  ``--scripted`` runs the same agent against an in-process server around a FakeEngine whose
+responder answers each conversation with a fixed script of exact token ids (tool calls in the Qwen2.5 /
+Hermes format), so every tool path runs: two calls over two turns, two parallel calls of which one times
+out, a call with bad arguments that the model then fixes.  See docs/agents.md.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
-from rollout_sdk import EngineServer, GenerateRequest, RolloutClient, SamplingParams
+from rollout_sdk import CpuEngineConfig, EngineServer, GenerateRequest, RolloutClient, SamplingParams
 from rollout_sdk.agents import (
     AgentConfig,
     ToolAgent,
@@ -45,6 +49,8 @@ from rollout_sdk.agents import (
 )
 from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
 from rollout_sdk.models import load_tokenizer
+from rollout_sdk.tasks import calculator as calculator_task
+from rollout_sdk.tasks.tool_model import ensure_tool_model_async
 
 IM_END = 151645  # Qwen2.5's <|im_end|>: the end of an assistant turn, an EOS of the engine
 
@@ -155,6 +161,15 @@ SAMPLES: list[dict[str, Any]] = [
 ]
 
 
+def trained_samples() -> list[dict[str, Any]]:
+    """Questions of the kind the tool model was trained on (products of two-digit numbers), held back from
+    its training."""
+    return [
+        {"messages": s["messages"], "answer": str(s["answer"])}
+        for s in calculator_task.samples(3, seed=1, split="test")
+    ]
+
+
 def final_answer(traj: Trajectory) -> str:
     """The content of the last assistant message (what the model said when it stopped)."""
     return next((m.get("content") or "" for m in reversed(traj.messages) if m["role"] == "assistant"), "")
@@ -214,9 +229,13 @@ class ScriptedResponder:
 
 
 @contextlib.asynccontextmanager
-async def open_client(scripted: bool, tokenizer: Any) -> AsyncIterator[RolloutClient]:
-    if not scripted:
-        async with RolloutClient() as client:  # the embedded CPU engine, tiny Qwen2 model
+async def open_client(mode: str, tokenizer: Any, model_path: str | None) -> AsyncIterator[RolloutClient]:
+    if mode == "trained":
+        async with RolloutClient(engine=CpuEngineConfig(model_path=model_path)) as client:  # the tool model
+            yield client
+        return
+    if mode == "random":
+        async with RolloutClient() as client:  # the embedded CPU engine, tiny Qwen2 model (random weights)
             yield client
         return
     engine = FakeEngine(FakeEngineConfig(eos_token_ids=(IM_END,)), responder=ScriptedResponder(tokenizer))
@@ -266,29 +285,40 @@ async def main(args: argparse.Namespace) -> int:
         print(*parts, flush=True)
 
     t0 = time.perf_counter()
-    tokenizer = await asyncio.to_thread(load_tokenizer)  # blocking (builds the tiny model on first use)
+    mode = "scripted" if args.scripted else "random" if args.random else "trained"
+    model_path = None
+    if mode == "trained":
+        say("tool agent: loading the trained tool model (the first run trains it: a few minutes, a progress bar)")
+        model_path = str(await ensure_tool_model_async())  # in a worker thread; Ctrl-C stops the training
+    # blocking (builds the tiny model on first use): off the event loop
+    tokenizer = await asyncio.to_thread(load_tokenizer, model_path)
     registry = make_registry()
+    samples = trained_samples() if mode == "trained" else SAMPLES
     config = AgentConfig(
         max_turns=args.max_turns,
-        max_new_tokens=args.max_new_tokens or (128 if args.scripted else 32),
+        max_new_tokens=args.max_new_tokens or {"scripted": 128, "random": 32, "trained": 48}[mode],
         sampling=SamplingParams(temperature=1.0),  # no seed: the samples of a group must differ
         # Re-rendering the conversation must give back the exact tokens when the model's text is what the
         # template would write (the script's is); a real model's free text rarely is, see docs/agents.md.
         drift_check=args.scripted,
     )
     agent = ToolAgent(tokenizer, registry, config)
-    mode = "scripted FakeEngine" if args.scripted else "embedded CPU engine (tiny Qwen2, random weights)"
-    say(f"tool agent: {len(SAMPLES)} questions x {args.group_size} samples on the {mode}")
+    engine = {
+        "scripted": "scripted FakeEngine",
+        "random": "embedded CPU engine (tiny Qwen2, random weights)",
+        "trained": f"embedded CPU engine (the trained tool model, {model_path})",
+    }[mode]
+    say(f"tool agent: {len(samples)} questions x {args.group_size} samples on the {engine}")
     say(f"tools: {', '.join(registry.names)}")
 
-    async with open_client(args.scripted, tokenizer) as client:
+    async with open_client(mode, tokenizer, model_path) as client:
         t1 = time.perf_counter()
         groups = await asyncio.gather(
             *(
                 rollout_group(
                     client, agent, sample, group_size=args.group_size, reward=reward, sample_index=i, timeout=60.0
                 )
-                for i, sample in enumerate(SAMPLES)
+                for i, sample in enumerate(samples)
             )
         )
         rollout_s = time.perf_counter() - t1
@@ -296,7 +326,7 @@ async def main(args: argparse.Namespace) -> int:
     say("")
     say("trajectories")
     for i, group in enumerate(groups):
-        say(f"group {i}: {SAMPLES[i]['messages'][-1]['content']!r} (answer {SAMPLES[i]['answer']!r})")
+        say(f"group {i}: {samples[i]['messages'][-1]['content']!r} (answer {samples[i]['answer']!r})")
         for k, traj in enumerate(group):
             say(
                 f"  #{k} turns={len(traj.turns)} tool_calls={describe_calls(traj)} finish={traj.finish_reason} "
@@ -329,7 +359,7 @@ async def main(args: argparse.Namespace) -> int:
 
     totals = group_stats(groups)
     summary = {
-        "mode": "scripted" if args.scripted else "cpu",
+        "mode": mode,
         **{k: int(v) for k, v in totals.items()},
         "finish": dict(collections.Counter(t.finish_reason for t in trajs)),
         "mean_reward": round(sum(t.reward or 0.0 for t in trajs) / len(trajs), 4),
@@ -345,12 +375,16 @@ async def main(args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--scripted", action="store_true", help="a scripted engine that calls the tools")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--scripted", action="store_true", help="a scripted engine that calls the tools")
+    how.add_argument("--random", action="store_true", help="the tiny model with random weights (no tool model)")
     p.add_argument(
         "--group-size", "--samples", type=int, default=4, dest="group_size", help="trajectories per question (a group)"
     )
     p.add_argument("--max-turns", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=None, help="per model turn (default 32; scripted 128)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=None, help="per model turn (default 48; random 32; scripted 128)"
+    )
     return p.parse_args(argv)
 
 

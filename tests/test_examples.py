@@ -63,9 +63,20 @@ def test_tool_agent_scripted_runs_every_tool_path(sdk_home: Path, tiny_model: Pa
     assert "    | <tool_response>\n    | 16.777\n    | </tool_response><|im_end|>" in shown
 
 
-def test_tool_agent_on_the_cpu_engine(sdk_home: Path, tiny_model: Path) -> None:
-    out, summary = _run(sdk_home, "--group-size", "2", "--max-new-tokens", "16", "--max-turns", "2")
-    assert summary["mode"] == "cpu"
+def test_tool_agent_on_the_trained_tool_model_by_default(sdk_home: Path, tool_model: Path) -> None:
+    out, summary = _run(sdk_home, "--group-size", "2")
+    assert summary["mode"] == "trained"
+    assert f"trained tool model, {tool_model}" in out
+    assert summary["trajectories"] == 6 and summary["parse_errors"] == 0
+    # it sees all three tools and calls the calculator (sampled at temperature 1: most, not all, solve)
+    assert summary["registry"]["calls"] == summary["tool_calls"] >= 1
+    assert "calculator:ok" in out and summary["mean_reward"] > 0
+    assert "[model   | loss_mask 1" in out and "<tool_response>" in out
+
+
+def test_tool_agent_on_the_random_tiny_model(sdk_home: Path, tiny_model: Path) -> None:
+    out, summary = _run(sdk_home, "--random", "--group-size", "2", "--max-new-tokens", "16", "--max-turns", "2")
+    assert summary["mode"] == "random"
     assert summary["trajectories"] == 6
     assert sum(summary["finish"].values()) == 6
     assert set(summary["finish"]) <= {"stop", "length", "budget", "max_turns"}

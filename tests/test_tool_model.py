@@ -108,3 +108,54 @@ def test_make_model_prints_the_tool_model_directory(tool_model: Path, sdk_home: 
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(tool_model)
+
+
+def test_training_definitions_are_calculators_and_never_a_held_back_one() -> None:
+    import random
+
+    from rollout_sdk.tasks.calculator_schemas import HELD_BACK, training_tools
+
+    rng = random.Random(0)
+    held = {json.dumps(h.chat()["function"].get("description")) for h in HELD_BACK if h.description}
+    for _ in range(2000):
+        tools, system = training_tools(rng)
+        [calc] = [t["function"] for t in tools if t["function"]["name"] == "calculator"]
+        assert calc["parameters"]["properties"]["expression"]["type"] == "string"
+        assert len(tools) <= 3 and all(t["type"] == "function" for t in tools)
+        assert json.dumps(calc.get("description")) not in held
+        assert system is None or isinstance(system, str)
+    assert training_tools(random.Random(5)) == training_tools(random.Random(5))  # draws from rng alone
+
+
+def test_a_definitions_system_block_starts_the_agents_prompt_exactly(tiny_model: Path) -> None:
+    """The recipe swaps a prompt's system block for another definition's: the block must be exactly the
+    first ids of the whole conversation the agent (and the gateway) renders with that definition."""
+    import random
+
+    from rollout_sdk.agents import ChatTemplate
+    from rollout_sdk.models import load_tokenizer
+    from rollout_sdk.tasks.calculator_schemas import training_tools
+    from rollout_sdk.tasks.tool_model import system_block
+
+    tok = load_tokenizer(str(tiny_model))
+    rng = random.Random(0)
+    for _ in range(20):
+        tools, system = training_tools(rng)
+        block = system_block(tok, tools, system)
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        messages.append({"role": "user", "content": "What is 37 * 48?"})
+        whole = ChatTemplate(tok, tools=tools).prompt_ids(messages)
+        assert whole[: len(block)] == block and whole[len(block)] == 151644  # then <|im_start|>user
+        assert tok.decode(whole[len(block) :]).startswith("<|im_start|>user\nWhat is 37 * 48?")
+
+
+def test_the_gateway_calculator_agent_imports_nothing_from_rollout_sdk() -> None:
+    import ast
+
+    from gateway_agents import calculator_agent
+
+    tree = ast.parse(Path(calculator_agent.__file__).read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [n for n in names if n.startswith("rollout_sdk")]
+    assert {"openai", "anthropic"} <= set(names)

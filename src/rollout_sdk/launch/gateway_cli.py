@@ -64,7 +64,8 @@ async def _tiny_model_engine(engine: CpuEngineConfig) -> CpuEngineConfig:
     path = await asyncio.to_thread(ensure_tiny_model, engine.home)
     print(
         "gateway: serving the embedded CPU engine with the tiny Qwen2 model (random weights, for trying the API: "
-        "replies are arbitrary tokens); --servers ... or --engine-model-path PATH serves a real model",
+        'replies are arbitrary tokens); --engine-model-path "$(rollout-sdk make-model tool)" serves the trained '
+        "tool model (it calls a calculator tool), --servers ... or --engine-model-path PATH a real model",
         file=sys.stderr,
         flush=True,
     )

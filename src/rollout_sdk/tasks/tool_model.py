@@ -7,22 +7,33 @@ use (a progress bar; a couple of minutes on two CPU cores) and caches it under `
 * ``stage="trained"``: supervised on trajectories a scripted expert produced *through ToolAgent itself*
   (the exact token ids, glue and loss masks the agent makes at run time); greedy, it solves held-back
   instances (the number is in ``task.json``, and ``tests/test_tool_model.py`` checks it with real calls).
+  Once it has learned to copy the operands (``Recipe.own_steps``), three batches in four swap the
+  prompt's system block (the tool definitions, the system prompt) for one of
+  :func:`.calculator_schemas.training_tools`' random definitions of the calculator, so that any
+  ``calculator(expression: str)`` a user or a framework writes is called
+  (``tests/test_tool_model_gateway.py`` checks held-back definitions through the gateway with the real
+  ``openai`` and ``anthropic`` clients).  Its directory's name, ``tool-calculator``, is the model's id
+  where a server names a model by its directory (the gateway's ``/v1/models``).
 * ``stage="undertrained"``: the starting point of the RL example: the trained model after a short
   fine-tune on demonstrations that answer *without* the tool, so it calls the calculator only part of
-  the time (sampled success ~20-40%); GRPO on its own rollouts teaches it to delegate again.
+  the time (sampled success ~10-40%: 12% for v3, 23% for v2); GRPO on its own rollouts teaches it to delegate again.
 
 Training is fast because only the task's tokens (about 130 of 151,936) get their own embedding rows:
 every other token shares one row (``rest``).  The softmax over the whole vocabulary is then computed
 exactly from ``|task| + 1`` logits: the shared row's logit counts ``V - |task|`` times
-(:class:`TaskHead`).  The saved model is an ordinary full-vocabulary checkpoint (every non-task row a copy
-of ``rest``), which the engines load like any other.  The constant prompt prefix (system prompt and tool
-schemas, ~180 tokens) is run once per batch and its KV cache shared by every row.  Training uses one
-thread and fixed seeds: the same bytes on any machine with the same torch build.
+(:class:`TaskHead`).  The words of the random definitions are left out of the task's tokens on purpose:
+they share the ``rest`` row, so the model learns to read past words it has no row for, which is what a
+definition it has never seen is made of.  The saved model is an ordinary full-vocabulary checkpoint (every
+non-task row a copy of ``rest``), which the engines load like any other.  Every row of a batch has the same
+system block (one definition), so the prompt prefix they share (~180-460 tokens) is run once per batch and
+its KV cache shared by every row.  Training uses one thread and fixed seeds: the same bytes on any machine
+with the same torch build.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import math
 import os
@@ -42,7 +53,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "STAGE_DIRS",
     "TOOL_MODEL_CONFIG",
+    "Demonstrations",
     "Recipe",
     "TaskHead",
     "TrainingStopped",
@@ -52,11 +65,12 @@ __all__ = [
     "ensure_tool_model",
     "ensure_tool_model_async",
     "shared_prefix_hidden",
+    "system_block",
     "train_stages",
 ]
 
 #: bump when the recipe changes, so an old cached directory is not reused
-_RECIPE = "v2"
+_RECIPE = "v3"
 VOCAB_SIZE = cast(int, TINY_MODEL_CONFIG["vocab_size"])
 
 #: the embedded default's architecture and special tokens (its config), with RoPE's base at 10,000: the
@@ -65,6 +79,10 @@ TOOL_MODEL_CONFIG: dict[str, object] = {**TINY_MODEL_CONFIG, "rope_theta": 10000
 IM_END = 151645
 
 STAGES = ("trained", "undertrained")
+#: each stage's directory: its name is the model's id where a server names a model by its directory
+#: (the gateway's ``/v1/models``)
+STAGE_DIRS = {"trained": "tool-calculator", "undertrained": "tool-calculator-undertrained"}
+IM_START = 151644
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,8 +92,19 @@ class Recipe:
 
     #: seeds the instance order, the batches, the guesses and the initialisation
     seed: int = 0
-    #: supervised steps of the trained stage (batches of every training instance's demonstration)
-    steps: int = 1000
+    #: supervised steps of the trained stage (batches of every training instance's demonstration) with the
+    #: task's own calculator definition only: the model learns to copy the operands there, where every
+    #: prompt is the same (with random definitions from the start the copy had not appeared after 1,000
+    #: steps: docs/benchmarks.md section 27).  At most ``own_steps``; fewer once the loss of each of the
+    #: last 20 steps is under ``own_loss`` (the copy is learned) ...
+    own_steps: int = 800
+    own_loss: float = 0.02
+    #: ... then this many steps in which ``1 - canonical_fraction`` of the batches get one of
+    #: ``schema_variants`` random definitions (and system prompts) each
+    #: (:func:`.calculator_schemas.training_tools`)
+    steps: int = 600
+    canonical_fraction: float = 0.25
+    schema_variants: int = 512
     batch: int = 32
     lr: float = 3e-3
     warmup: int = 100
@@ -110,14 +139,14 @@ def ensure_tool_model(
     """
     dest = _dest(home, stage)
     root = dest.parent.parent
-    build_once(dest, lambda tmp: _build(tmp, root, progress, stop), marker="trained/task.json")
-    return dest / stage
+    build_once(dest, lambda tmp: _build(tmp, root, progress, stop), marker=f"{STAGE_DIRS['trained']}/task.json")
+    return dest / STAGE_DIRS[stage]
 
 
 def cached_tool_model(home: str | os.PathLike[str] | None = None, *, stage: str = "trained") -> Path | None:
     """The tool model's directory if it is cached already (no training), else None."""
-    path = _dest(home, stage) / stage
-    return path if (path.parent / "trained" / "task.json").exists() else None
+    path = _dest(home, stage) / STAGE_DIRS[stage]
+    return path if (path.parent / STAGE_DIRS["trained"] / "task.json").exists() else None
 
 
 def _dest(home: str | os.PathLike[str] | None, stage: str) -> Path:
@@ -229,7 +258,7 @@ def _build(out: Path, home: Path, progress: bool, stop: threading.Event | None) 
     result = train_stages(data, recipe, progress=progress, stop=stop)
     seconds = time.perf_counter() - t0
     for stage, state in result["states"].items():
-        d = out / stage
+        d = out / STAGE_DIRS[stage]
         d.mkdir()
         _save(d, state, result["head"])
         for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -240,7 +269,9 @@ def _build(out: Path, home: Path, progress: bool, stop: threading.Event | None) 
             "task": "rollout_sdk.tasks.calculator",
             "task_token_ids": result["head"].ids.tolist(),
             "steps": result["steps"][stage],
+            "own_definition_steps": result["own_steps"],
             "heldout_teacher_forced_exact": result["exact"][stage],
+            "held_back_schemas_teacher_forced_exact": result["held_back"][stage],
             "build_seconds": round(seconds, 1),
             "load_average_at_end": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         }
@@ -299,19 +330,46 @@ async def _demonstrations(
     return out
 
 
-def demonstration_sets(
-    tokenizer: Any, recipe: Recipe, *, progress: bool = False
-) -> tuple[list[Example], list[Example], list[Example]]:
-    """(tool-use demonstrations of every training instance, direct-answer ones, held-back ones); a
-    progress bar on stderr with ``progress``."""
-    from . import calculator
+@dataclass(frozen=True, kw_only=True)
+class Demonstrations:
+    """What the tool model is trained and scored on (:func:`demonstration_sets`)."""
+
+    #: tool-use demonstrations of every training instance (ToolAgent's exact ids, with the task's own
+    #: calculator definition), direct-answer ones, held-back ones
+    train: list[Example]
+    direct: list[Example]
+    test: list[Example]
+    #: the system block (tool definitions, system prompt) of the prompt for each random definition
+    #: (:func:`.calculator_schemas.training_tools`): it replaces the demonstrations' own system block
+    prefixes: list[list[int]]
+    #: the same for each held-back definition (:data:`.calculator_schemas.HELD_BACK`), by label
+    held_back: list[tuple[str, list[int]]]
+
+
+def system_block(tokenizer: Any, tools: list[dict[str, Any]], system: str | None) -> list[int]:
+    """The ids of a prompt's first block (the system message the template writes around ``tools``) for
+    ``tools`` and a ``system`` prompt (None: the template's default).  A block ends at a special token,
+    so it concatenates with the rest of any conversation's ids exactly."""
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    text = str(
+        tokenizer.apply_chat_template(
+            [*messages, {"role": "user", "content": "?"}], tools=tools, add_generation_prompt=True, tokenize=False
+        )
+    )
+    return list(tokenizer.encode(text[: text.rindex("<|im_start|>user")], add_special_tokens=False))
+
+
+def demonstration_sets(tokenizer: Any, recipe: Recipe, *, progress: bool = False) -> Demonstrations:
+    """The demonstrations and system blocks of ``recipe``; a progress bar on stderr with ``progress``."""
+    from . import calculator, calculator_schemas
 
     train_instances = calculator.instances("train")
     random.Random(recipe.seed).shuffle(train_instances)
     test_instances = calculator.samples(recipe.test_instances, seed=recipe.seed, split="test")
 
     direct = train_instances[: recipe.direct_instances]
-    bar = _bar(len(train_instances) + len(direct) + len(test_instances), progress, "demonstrations (once)", "demo")
+    total = len(train_instances) + len(direct) + len(test_instances) + recipe.schema_variants
+    bar = _bar(total, progress, "demonstrations (once)", "demo")
 
     async def make() -> tuple[list[Example], list[Example], list[Example]]:
         return (
@@ -321,13 +379,31 @@ def demonstration_sets(
         )
 
     try:
-        return asyncio.run(make())
+        train, direct_demos, test = asyncio.run(make())
+        rng = random.Random(f"schemas:{recipe.seed}")
+        prefixes = []
+        for _ in range(recipe.schema_variants):
+            prefixes.append(system_block(tokenizer, *calculator_schemas.training_tools(rng)))
+            bar.update(1)
     finally:
         bar.close()
+    own = system_block(tokenizer, calculator.make_registry().schemas(), None)
+    if train[0][0][: len(own)] != own:  # the agent's prompt must start with the block the recipe swaps
+        raise RuntimeError("ToolAgent's prompt does not start with the chat template's system block")
+    held_back = [
+        (h.label, system_block(tokenizer, [_rendered(h.chat())], h.system)) for h in calculator_schemas.HELD_BACK
+    ]
+    return Demonstrations(train=train, direct=direct_demos, test=test, prefixes=prefixes, held_back=held_back)
+
+
+def _rendered(tool: dict[str, Any]) -> dict[str, Any]:
+    """A chat API tool as the gateway hands it to the template (client-side fields such as ``strict`` dropped)."""
+    fn = tool["function"]
+    return {"type": "function", "function": {k: fn[k] for k in ("name", "description", "parameters") if k in fn}}
 
 
 def train_stages(
-    data: tuple[list[Example], list[Example], list[Example]],
+    data: Demonstrations,
     recipe: Recipe,
     *,
     progress: bool = False,
@@ -346,15 +422,13 @@ def train_stages(
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(recipe.seed)
-            return _train(*data, recipe, progress, on_eval, eval_every, stop)
+            return _train(data, recipe, progress, on_eval, eval_every, stop)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train(
-    train: list[Example],
-    direct: list[Example],
-    test: list[Example],
+    data: Demonstrations,
     recipe: Recipe,
     progress: bool,
     on_eval: Callable[[int, float, dict[str, float]], None] | None,
@@ -365,10 +439,21 @@ def _train(
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     r = recipe
+    train, direct, test = data.train, data.direct, data.test
 
+    # the task's vocabulary: the demonstrations' tokens.  The words of the other definitions are not in
+    # it: they share the ``rest`` row, as any word of a definition never seen will at run time
     head = TaskHead(sorted({t for ids, _ in train + direct + test for t in ids}))
     prefix_len = common_prefix([ids for ids, _ in train + direct + test]) - 1  # keep one prompt token to predict from
-    prefix = head.compact(torch.tensor(train[0][0][:prefix_len]))
+    own_block = train[0][0].index(IM_START, 1)  # where the system block ends (the user's turn starts)
+    shared = train[0][0][own_block:prefix_len]  # what every row shares after the system block
+
+    def prefix_of(block: Sequence[int]) -> torch.Tensor:
+        return head.compact(torch.tensor([*block, *shared]))
+
+    own = prefix_of(train[0][0][:own_block])
+    prefixes = [prefix_of(b) for b in data.prefixes]
+    held_back = [(label, prefix_of(b)) for label, b in data.held_back]
     skip = ("architectures", "model_type", "vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")
     fields: dict[str, Any] = {k: v for k, v in TOOL_MODEL_CONFIG.items() if k not in skip}
     model: Any = Qwen2ForCausalLM(Qwen2Config(vocab_size=head.size, **fields))
@@ -389,38 +474,42 @@ def _train(
             mask[k, : len(seq) - prefix_len] = torch.tensor(m[prefix_len:], dtype=torch.float)
         return ids, mask
 
-    def token_logprobs(ids: torch.Tensor) -> torch.Tensor:
+    def token_logprobs(ids: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
         hidden = shared_prefix_hidden(body, prefix, ids)[:, :-1]
         logp = head.log_softmax_rows(hidden, emb[:-1], zero)
         return logp
 
-    def loss_of(examples: Sequence[Example]) -> Any:
+    def loss_of(examples: Sequence[Example], prefix: torch.Tensor) -> Any:
         ids, mask = batch(examples)
-        logp = token_logprobs(ids).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        logp = token_logprobs(ids, prefix).gather(-1, ids[:, 1:, None]).squeeze(-1)
         m = mask[:, 1:]
         return -(logp * m).sum() / m.sum()
 
-    def exact() -> dict[str, float]:
+    def exact(examples: Sequence[Example] = test, prefix: torch.Tensor = own) -> dict[str, float]:
         """On held-back instances, teacher-forced: ``greedy``, the fraction whose every model token is the
         argmax (greedy decoding then writes exactly the expert's trajectory); ``sampled``, the mean
         probability that sampling at temperature 1 writes it."""
         model.eval()
         with torch.no_grad():
-            ids, mask = batch(test)
-            logp = token_logprobs(ids)
+            ids, mask = batch(examples)
+            logp = token_logprobs(ids, prefix)
             m = mask[:, 1:]
             ok = ((logp.argmax(-1) == ids[:, 1:]) | (m == 0)).all(-1)
             p = (logp.gather(-1, ids[:, 1:, None]).squeeze(-1) * m).sum(-1).exp()
         model.train()
         return {"greedy": round(float(ok.float().mean()), 4), "sampled": round(float(p.mean()), 4)}
 
+    def exact_held_back() -> dict[str, float]:
+        """Greedy teacher-forced exact match with each held-back definition (on the first 50 instances)."""
+        return {label: exact(test[:50], prefix)["greedy"] for label, prefix in held_back}
+
     opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0, betas=(0.9, 0.98))
 
-    def step_on(examples: Sequence[Example]) -> Any:
+    def step_on(examples: Sequence[Example], prefix: torch.Tensor) -> Any:
         if stop is not None and stop.is_set():
             bar.close()
             raise TrainingStopped("the tool model's training was stopped; nothing was cached")
-        loss = loss_of(examples)
+        loss = loss_of(examples, prefix)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -430,35 +519,58 @@ def _train(
         bar.update(1)
         return loss
 
-    bar = _bar(r.steps + r.detune_steps, progress)
+    bar = _bar(r.own_steps + r.steps + r.detune_steps, progress)
     states: dict[str, dict[str, torch.Tensor]] = {}
     scores: dict[str, dict[str, float]] = {}
-    for step in range(r.steps):
-        frac = step / r.steps
-        decay = 1.0 if frac < 0.6 else 0.5 * (1 + math.cos(math.pi * (frac - 0.6) / 0.4))
+    schema_scores: dict[str, dict[str, float]] = {}
+    recent: collections.deque[float] = collections.deque(maxlen=20)
+    switched: int | None = None  # the step the random definitions came in
+    step = 0
+    while switched is None or step < switched + r.steps:
+        if switched is None and (step >= r.own_steps or (len(recent) == recent.maxlen and max(recent) < r.own_loss)):
+            switched = step  # the copy is learned (or the own phase is over): the definitions come in
+            bar.total = step + r.steps + r.detune_steps
+        # warm-up, then constant; the last two thirds of the mixed phase decay to 0 (a cosine)
+        frac = 0.0 if switched is None else (step - switched) / r.steps
+        decay = 1.0 if frac < 1 / 3 else 0.5 * (1 + math.cos(math.pi * (frac - 1 / 3) / (2 / 3)))
         for g in opt.param_groups:
             g["lr"] = r.lr * min(1.0, (step + 1) / r.warmup) * decay
-        loss = step_on(rng.sample(train, r.batch))
+        mixed = prefixes and switched is not None and rng.random() >= r.canonical_fraction
+        prefix = rng.choice(prefixes) if mixed else own
+        loss = float(step_on(rng.sample(train, r.batch), prefix).item())
+        if prefix is own:
+            recent.append(loss)
         if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-        if on_eval is not None and (step % eval_every == 0 or step == r.steps - 1):
-            on_eval(step, float(loss.item()), exact())
+            bar.set_postfix(loss=f"{loss:.4f}")
+        if on_eval is not None and step % eval_every == 0:
+            held = exact_held_back()
+            on_eval(step, loss, {**exact(), "schemas": min(held.values(), default=1.0)})
+        step += 1
+    trained_steps = step
+    if on_eval is not None:
+        held = exact_held_back()
+        on_eval(step - 1, loss, {**exact(), "schemas": min(held.values(), default=1.0)})
     scores["trained"] = exact()
+    schema_scores["trained"] = exact_held_back()
     states["trained"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     # the RL starting point: a short fine-tune on demonstrations that mostly answer without the tool
+    # (with the task's own definition: the one the RL example's agent uses)
     for g in opt.param_groups:
         g["lr"] = r.lr * 0.2
     for _ in range(r.detune_steps):
         k = round(r.batch * r.detune_direct_fraction)
-        step_on(rng.sample(direct, k) + rng.sample(train, r.batch - k))
+        step_on(rng.sample(direct, k) + rng.sample(train, r.batch - k), own)
     scores["undertrained"] = exact()
+    schema_scores["undertrained"] = exact_held_back()
     states["undertrained"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     bar.close()
     return {
         "states": states,
         "head": head,
         "exact": scores,
-        "steps": {"trained": r.steps, "undertrained": r.steps + r.detune_steps},
+        "held_back": schema_scores,
+        "steps": {"trained": trained_steps, "undertrained": trained_steps + r.detune_steps},
+        "own_steps": switched,
     }
 
 
@@ -491,6 +603,8 @@ def _save(out: Path, state: dict[str, torch.Tensor], head: TaskHead) -> None:
 
 
 class _NoBar:
+    total = 0
+
     def update(self, n: int) -> None:
         return None
 
