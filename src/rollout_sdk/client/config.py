@@ -32,6 +32,7 @@ class ClientConfig:
     timeout_s: float | None = None
     #: times a request is retried on another server when its server dies
     retries: int = 1
+    #: seconds between the client's heartbeats to each server
     heartbeat_interval_s: float = 1.0
     #: a server that answers no heartbeat for this long is marked dead
     heartbeat_timeout_s: float = 10.0

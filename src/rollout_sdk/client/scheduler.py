@@ -92,6 +92,7 @@ class SchedulerConfig:
     max_waiting: int = 1_000_000
     #: a session stays on its server while that server's load <= (1 + margin) * min load + slack
     affinity_margin: float = 0.5
+    #: requests a session's server may carry above the margin before the session moves
     affinity_slack: int = 8
     #: sessions remembered (least recently used forgotten first)
     max_sessions: int = 200_000

@@ -42,9 +42,11 @@ class GrpoConfig:
     prompts: int = 8
     #: trajectories per instance (the group)
     group_size: int = 8
+    #: the trainer's learning rate (Adam)
     lr: float = 3e-4
     #: held-back instances solved greedily before and after training (0: skip)
     eval_instances: int = 50
+    #: seed of the training instances and the sampling
     seed: int = 0
     #: deprecated: the old name of ``group_size``
     group: int | None = None

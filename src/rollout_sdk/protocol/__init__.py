@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from .._types import expect, expect_ids
 from ..errors import InvalidRequestError, ProtocolError, RolloutError, error_code
 
 __all__ = [
@@ -147,6 +148,10 @@ def _bad(field: str, value: Any, reason: str) -> InvalidRequestError:
 # -- generation ------------------------------------------------------------------------------------
 
 
+_SAMPLING_INTS = ("max_new_tokens", "min_new_tokens", "top_k")
+_SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """How to sample one response.  Defaults sample from the model's distribution at temperature 1.
 
@@ -178,6 +183,14 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        # types first: msgspec checks them while decoding, not when user code builds the struct
+        for name in _SAMPLING_INTS:
+            expect(f"sampling.{name}", getattr(self, name), int)
+        for name in _SAMPLING_FLOATS:
+            expect(f"sampling.{name}", getattr(self, name), float)
+        expect("sampling.ignore_eos", self.ignore_eos, bool)
+        expect("sampling.seed", self.seed, int, optional=True)
+        expect_ids("sampling.stop_token_ids", self.stop_token_ids)
         if self.max_new_tokens < 1:
             raise _bad("sampling.max_new_tokens", self.max_new_tokens, "must be >= 1")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
