@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._aio import LifecycleState
+from .._types import check_config_types
 from ..errors import ConfigError
 from ..rollouts.generator import UseClientDefault
 from .scheduler import SchedulerConfig
@@ -46,6 +47,7 @@ class ClientConfig:
     num_embedded_servers: int = 1
 
     def __post_init__(self) -> None:
+        check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
         if self.retries < 0:
             raise ConfigError("retries", self.retries, "must be >= 0")
         if self.timeout_s is not None and self.timeout_s <= 0:

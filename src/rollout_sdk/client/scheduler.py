@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from .._types import check_config_types
 from ..errors import (
     ConfigError,
     DuplicateRequestError,
@@ -98,6 +99,7 @@ class SchedulerConfig:
     max_sessions: int = 200_000
 
     def __post_init__(self) -> None:
+        check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
         self.admission_config()  # validates the ceiling
         if self.max_waiting < 0:
             raise ConfigError("max_waiting", self.max_waiting, "must be >= 0")

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .._types import check_config_types
 from ..client import ClientConfig, RolloutClient
 from ..engines.cpu import CpuEngineConfig
 from ..errors import ConfigError
@@ -46,6 +47,7 @@ class DemoConfig:
     samples: int | None = None
 
     def __post_init__(self) -> None:
+        check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
         deprecated_group_field(self, "samples")
         for name, least in (("prompts", 1), ("group_size", 1), ("max_new_tokens", 1), ("show", 0)):
             if getattr(self, name) < least:

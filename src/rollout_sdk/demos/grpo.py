@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._types import check_config_types
 from ..client import RolloutClient
 from ..engines.cpu import CpuEngineConfig
 from ..errors import ConfigError
@@ -52,6 +53,7 @@ class GrpoConfig:
     group: int | None = None
 
     def __post_init__(self) -> None:
+        check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
         deprecated_group_field(self, "group")
         # a group of one has no relative advantage: GRPO compares a group's trajectories
         for name, least in (("steps", 1), ("prompts", 1), ("group_size", 2), ("eval_instances", 0)):

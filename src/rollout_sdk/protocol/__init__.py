@@ -78,6 +78,7 @@ __all__ = [
     "decode_server_message",
     "encode",
     "error_reply",
+    "expect_sampling",
     "is_generate_frame",
 ]
 
@@ -224,6 +225,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
 
 
 _DEFAULT_SAMPLING = SamplingParams()
+
+
+def expect_sampling(
+    value: Any, *, field: str = "sampling", optional: bool = True, error: type[RolloutError] = InvalidRequestError
+) -> None:
+    """``value`` is a :class:`SamplingParams` (or None when ``optional``); a dict of its fields is refused by
+    name, with the way to build one, instead of failing deep inside the scheduler."""
+    if isinstance(value, SamplingParams) or (value is None and optional):
+        return
+    hint = "; SamplingParams(**d) builds one from a dict" if isinstance(value, dict) else ""
+    raise error(field, value, f"must be a SamplingParams (got {type(value).__name__}){hint}")  # type: ignore[call-arg]
 
 
 class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True, omit_defaults=True):
