@@ -101,10 +101,11 @@ async def run_demo(
             path = await ensure_tool_model_async(engine.home, progress=demo.progress)
             engine = dataclasses.replace(engine, model_path=str(path))
     where = ", ".join(servers) if servers else "embedded CPU engine"
+    t_open = time.perf_counter()  # "ready in" is the engine's start, not the model's training above
     async with RolloutClient(servers, engine=engine if not servers else None, config=client) as rc:
         t_ready = time.perf_counter()
         say(_model_line(rc.model_path or ""))
-        say(f"servers: {where}; ready in {t_ready - t_start:.1f}s")
+        say(f"servers: {where}; ready in {t_ready - t_open:.1f}s")
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, rc.model_path)
         agent = task.make_agent(
             tokenizer, temperature=demo.temperature, seed=demo.seed, max_new_tokens=demo.max_new_tokens

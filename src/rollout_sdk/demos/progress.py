@@ -53,9 +53,54 @@ async def rollout_progress(
         bar.close()
 
 
+class _LineBar:
+    """The bar as plain lines, for an output that is not a terminal (a file, a pipe, a CI log): a ``\\r``
+    frame every second would pile up on one line there.  One line per ``every_s`` at most, and one at the
+    end."""
+
+    def __init__(self, total: int, desc: str, *, every_s: float = 5.0, out: Any = None) -> None:
+        import sys
+        import time
+
+        self.total, self.desc, self.every_s = total, desc, every_s
+        self.out = out or sys.stderr
+        self.n = 0
+        self.postfix = ""
+        self._clock = time.monotonic
+        self._t0 = self._last = self._clock()
+        self._closed = False
+
+    def _line(self) -> None:
+        elapsed = self._clock() - self._t0
+        post = f", {self.postfix}" if self.postfix else ""
+        print(
+            f"{self.desc}: {self.n}/{self.total} trajectories done, {elapsed:.0f}s elapsed{post}",
+            file=self.out,
+            flush=True,
+        )
+        self._last = self._clock()
+
+    def update(self, n: int) -> None:
+        self.n += n
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.postfix = text
+        if self._clock() - self._last >= self.every_s:
+            self._line()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._line()
+
+
 def _progress(total: int, enabled: bool, *, desc: str = "rollouts", leave: bool = True) -> Any:
     if not enabled:
         return _NoBar()
+    import sys
+
+    if not sys.stderr.isatty():  # plain lines where a \r frame would not redraw (issue 37)
+        return _LineBar(total, desc)
     from tqdm import tqdm
 
     # no rate or remaining-time estimate: the trajectories of one batch finish together, so an estimate
