@@ -2,11 +2,11 @@
 
 The agent (``agent`` below) knows nothing about rollout-sdk: it speaks the OpenAI chat-completions API
 over plain HTTP (aiohttp, in the default install; the ``openai`` client, ``pip install openai``, sends the
-same request) and keeps its own conversation, re-sending it every turn.  The trainer gives each rollout its own session (its own base
-URL), rewards it when the agent is done, and takes the finished sessions as ``Trajectory`` objects: the
-exact token ids the model saw and produced, a loss mask (1 on model tokens), the engine's logprobs and
-weight versions.  One step: group-relative advantages, the policy-gradient loss on the masked tokens,
-an optimizer step, and the new weights pushed to the engines.
+same request) and keeps its own conversation, re-sending it every turn.  The trainer gives each rollout
+its own session (its own base URL), rewards it when the agent is done, and takes the finished sessions
+as ``Trajectory`` objects: the exact token ids the model saw and produced, a loss mask (1 on model
+tokens), the engine's logprobs and weight versions.  One step: group-relative advantages, the
+policy-gradient loss on the masked tokens, an optimizer step, and the new weights pushed to the engines.
 
     python examples/gateway_trainer.py --steps 2        # embedded CPU engine, everything in this process
 """

@@ -43,6 +43,7 @@ from rollout_sdk.agents import (
     rollout_group,
     tool,
 )
+from rollout_sdk.demos.progress import phase
 from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
 from rollout_sdk.models import load_tokenizer
 
@@ -266,7 +267,8 @@ async def main(args: argparse.Namespace) -> int:
         print(*parts, flush=True)
 
     t0 = time.perf_counter()
-    tokenizer = await asyncio.to_thread(load_tokenizer)  # blocking (builds the tiny model on first use)
+    async with phase("tool agent: loading the tokenizer"):  # a first line at once, then one every few seconds
+        tokenizer = await asyncio.to_thread(load_tokenizer)  # blocking (builds the tiny model on first use)
     registry = make_registry()
     config = AgentConfig(
         max_turns=args.max_turns,
@@ -281,16 +283,19 @@ async def main(args: argparse.Namespace) -> int:
     say(f"tool agent: {len(SAMPLES)} questions x {args.group_size} samples on the {mode}")
     say(f"tools: {', '.join(registry.names)}")
 
-    async with open_client(args.scripted, tokenizer) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        async with phase("starting the engine"):
+            client = await stack.enter_async_context(open_client(args.scripted, tokenizer))
         t1 = time.perf_counter()
-        groups = await asyncio.gather(
-            *(
-                rollout_group(
-                    client, agent, sample, group_size=args.group_size, reward=reward, sample_index=i, timeout=60.0
+        async with phase("running the agents"):
+            groups = await asyncio.gather(
+                *(
+                    rollout_group(
+                        client, agent, sample, group_size=args.group_size, reward=reward, sample_index=i, timeout=60.0
+                    )
+                    for i, sample in enumerate(SAMPLES)
                 )
-                for i, sample in enumerate(SAMPLES)
             )
-        )
         rollout_s = time.perf_counter() - t1
 
     say("")

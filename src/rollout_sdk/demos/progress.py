@@ -14,7 +14,7 @@ from typing import Any
 
 from .._aio import cancel_and_wait
 
-__all__ = ["rollout_progress"]
+__all__ = ["phase", "rollout_progress"]
 
 
 class _NoBar:
@@ -92,6 +92,37 @@ class _LineBar:
         if not self._closed:
             self._closed = True
             self._line()
+
+
+@contextlib.asynccontextmanager
+async def phase(label: str, *, every_s: float = 5.0, out: Any = None) -> AsyncIterator[None]:
+    """Say that a phase starts, then every ``every_s`` seconds that it still runs, then how long it took:
+    the rule of the examples and demos, no silence longer than a few seconds (issue 37).  A ticker task
+    (its child) prints; it is cancelled and awaited on exit, whatever the body raised.
+
+    Example::
+
+        async with phase("step 0: generating"):
+            groups = await client.generate_many(...).collect()
+    """
+    import sys
+    import time
+
+    stream = out or sys.stdout
+    t0 = time.perf_counter()
+    print(f"{label} ...", file=stream, flush=True)
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            print(f"{label} ... still running ({time.perf_counter() - t0:.0f}s)", file=stream, flush=True)
+
+    ticker = asyncio.get_running_loop().create_task(tick(), name=f"phase-{label}")
+    try:
+        yield
+    finally:
+        await cancel_and_wait(ticker)
+    print(f"{label}: done in {time.perf_counter() - t0:.1f}s", file=stream, flush=True)
 
 
 def _progress(total: int, enabled: bool, *, desc: str = "rollouts", leave: bool = True) -> Any:
