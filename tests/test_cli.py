@@ -196,3 +196,31 @@ def test_ctrl_c_during_serve_start_up_ends_it_without_ready(tmp_path: Path) -> N
     assert "READY" not in out
     assert "Traceback" not in out
     assert not addr.exists()
+
+
+def test_exit_process_flushes_runs_atexit_and_keeps_the_code() -> None:
+    """The entry points leave through exit_process (no interpreter finalization: 7-12 s of torch teardown
+    on a loaded machine): what is printed and registered still happens, and the exit code is kept."""
+    code = (
+        "import atexit, logging, sys\n"
+        "atexit.register(lambda: print('atexit ran', flush=True))\n"
+        "logging.basicConfig()\n"
+        "logging.getLogger('x').warning('a log line')\n"
+        "print('unflushed', end='')\n"
+        "from rollout_sdk.launch.cli import exit_process\n"
+        "exit_process(3)\n"
+        "print('never')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 3, proc
+    assert "unflushed" in proc.stdout and "atexit ran" in proc.stdout and "never" not in proc.stdout
+    assert "a log line" in proc.stderr
+
+
+def test_the_entry_points_leave_through_exit_process() -> None:
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["rollout-sdk"] == "rollout_sdk.launch.cli:entry"
+    assert "entry()" in (ROOT / "src" / "rollout_sdk" / "__main__.py").read_text()
+    assert "exit_process(main())" in (ROOT / "src" / "rollout_sdk" / "launch" / "__main__.py").read_text()

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import typing
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -50,7 +51,7 @@ from .args import (
     writable_file,
 )
 
-__all__ = ["THREADS_GRACE_S", "leave_if_threads_hang", "main", "run_async"]
+__all__ = ["THREADS_GRACE_S", "entry", "exit_process", "leave_if_threads_hang", "main", "run_async"]
 
 #: seconds worker threads get after a server stopped before the process leaves without them
 THREADS_GRACE_S = 0.5
@@ -152,6 +153,31 @@ async def leave_if_threads_hang(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def exit_process(code: int) -> typing.NoReturn:
+    """End this process now that its work and its own cleanup are done: logs and streams flushed, ``atexit``
+    handlers run, then ``os._exit`` without the interpreter's finalization.
+
+    Why: finalizing a process that imported torch tears down every module and torch's thread pools, and on
+    a loaded machine that alone took 7-12 s after a ``serve`` had stopped in 0.1 s (issue 37: SIGINT to
+    exit 12.3 s at a load of 12, 0.6 s with this; docs/benchmarks.md).  Only for process entry points
+    (``rollout-sdk``, ``python -m rollout_sdk``, ``python -m rollout_sdk.launch``), never from a library call.
+    """
+    import atexit
+    import os
+
+    logging.shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing left to say
+            stream.flush()
+    os._exit(code)
+
+
+def entry() -> typing.NoReturn:
+    """The ``rollout-sdk`` console script: :func:`main`, then :func:`exit_process`."""
+    exit_process(main())
 
 
 def _parser() -> argparse.ArgumentParser:
