@@ -19,7 +19,7 @@ from .._types import check_config_types
 from ..client import ClientConfig, RolloutClient
 from ..engines.cpu import CpuEngineConfig
 from ..errors import ConfigError
-from ..rollouts.group import deprecated_group_field
+from ..rollouts.group import Agent, deprecated_group_field
 from .progress import rollout_progress
 
 __all__ = ["DemoConfig", "run_demo"]
@@ -113,13 +113,12 @@ async def run_demo(
         instances = task.samples(demo.prompts, seed=demo.seed, split="test")
         t0 = time.perf_counter()
         async with rollout_progress(rc, demo.prompts * demo.group_size, demo.progress) as bar:
+            counted = _Counted(agent, bar)  # the bar moves as each trajectory ends, not each group
 
             async def group(i: int, sample: dict[str, Any]) -> list[Any]:
-                g = await rollout_group(
-                    rc, agent, sample, group_size=demo.group_size, reward=task.reward, sample_index=i
+                return await rollout_group(
+                    rc, counted, sample, group_size=demo.group_size, reward=task.reward, sample_index=i
                 )
-                bar.update(len(g))
-                return g
 
             groups = await asyncio.gather(*(group(i, s) for i, s in enumerate(instances)))
         wall = time.perf_counter() - t0
@@ -188,6 +187,19 @@ async def run_demo(
         say("  decoded       " + repr(tokenizer.decode(t.response_ids))[:400])
     say(f"\ndone in {report['total_s']:.1f}s")
     return report
+
+
+class _Counted(Agent):
+    """``agent``, with each finished trajectory counted on the progress bar."""
+
+    def __init__(self, agent: Agent, bar: Any) -> None:
+        self.agent = agent
+        self.bar = bar
+
+    async def run(self, ctx: Any, sample: Any) -> Any:
+        traj = await self.agent.run(ctx, sample)
+        self.bar.update(1)
+        return traj
 
 
 def _calls(t: Any) -> list[Any]:
