@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FLAGS = re.compile(r"warning|deprecat|traceback|error|exception", re.I)
+FLAGS = re.compile(r"warning|deprecat|traceback|\berror\b|exception", re.I)  # not "errors 0" in a stats row
 MACHINE_PIP = re.compile(r"^WARNING: Location 'file:///opt/\S+' is ignored: it is neither a file nor a directory\.$")
 
 

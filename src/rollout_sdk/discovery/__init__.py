@@ -35,12 +35,15 @@ STILL_STARTING_EVERY_S = 5.0
 
 
 async def _say_still_starting() -> None:
-    """While the embedded engine starts, a line every few seconds (a warning: the level a script with no
-    logging set up shows, like the client's first line): no one waits in silence (issue 37)."""
+    """While the embedded engine starts, a line every few seconds: no one waits in silence (issue 37).  A
+    script with no logging set up shows only warnings (Python's last-resort handler), so there it is one,
+    like the client's first line; where logging is configured (an application, the CLI) it is information."""
     t0 = time.perf_counter()
+    level = logging.INFO if logging.getLogger().hasHandlers() else logging.WARNING
     while True:
         await asyncio.sleep(STILL_STARTING_EVERY_S)
-        log.warning(
+        log.log(
+            level,
             "the embedded CPU engine is still starting (%.0fs: importing torch, loading the model; slower on a "
             "busy machine)",
             time.perf_counter() - t0,

@@ -306,6 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rollout-sdk {args.command}: error: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLogger().level > logging.INFO:  # the embedded engine's start speaks (discovery's INFO lines)
+        logging.getLogger("rollout_sdk.discovery").setLevel(logging.INFO)
     try:
         return _command(args)
     except KeyboardInterrupt:
