@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 
-from .._types import check_config_types
 from ..errors import ConfigError, StalenessError
 from ..protocol import SamplingParams, expect_sampling
+from ..protocol.checks import check_config_types
 from ..rollouts.context import RolloutContext
 from ..rollouts.group import Agent, Sample
 from ..rollouts.trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import msgspec
 
 from .._aio import Lifecycle, OpenedWith, await_unless, cancel_and_wait, ended_with
-from .._types import expect, expect_ids
 from ..auth import Credentials
 from ..discovery import Discovery, EmbeddedServers, StaticServers
 from ..engines.cpu import CpuEngineConfig
@@ -60,6 +59,7 @@ from ..protocol import (
     encode,
     expect_sampling,
 )
+from ..protocol.checks import expect, expect_ids
 from ..rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, as_request
 from ..rollouts.group import Agent, RewardFn, resolve_group_size
 from ..rollouts.results import ResultStream

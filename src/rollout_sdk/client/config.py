@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._aio import LifecycleState
-from .._types import check_config_types
 from ..errors import ConfigError
+from ..protocol.checks import check_config_types
 from ..rollouts.generator import UseClientDefault
 from .scheduler import SchedulerConfig
 

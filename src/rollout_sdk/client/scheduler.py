@@ -52,7 +52,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .._types import check_config_types
 from ..errors import (
     ConfigError,
     DuplicateRequestError,
@@ -65,6 +64,7 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle
+from ..protocol.checks import check_config_types
 from .admission import AdmissionConfig
 from .connection import ServerConnection
 from .policies import Policy, make_policy

@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .._types import check_config_types
 from ..client import ClientConfig, RolloutClient
 from ..engines.cpu import CpuEngineConfig
 from ..errors import ConfigError
+from ..protocol.checks import check_config_types
 from ..rollouts.group import Agent, deprecated_group_field
 from .progress import rollout_progress
 

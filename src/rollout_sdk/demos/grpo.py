@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._types import check_config_types
 from ..client import RolloutClient
 from ..engines.cpu import CpuEngineConfig
 from ..errors import ConfigError
+from ..protocol.checks import check_config_types
 from ..rollouts.group import deprecated_group_field
 from .progress import rollout_progress
 

@@ -27,8 +27,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from .._types import expect, expect_ids
 from ..errors import InvalidRequestError, ProtocolError, RolloutError, error_code
+from .checks import expect, expect_ids
 
 __all__ = [
     "DEFAULT_MAX_CONTROL_BYTES",

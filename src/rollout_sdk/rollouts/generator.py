@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Final, Protocol, final, runtime_checkable
 
-from .._types import expect_ids
 from ..protocol import GenerateRequest, GenerateResult, SamplingParams, ServerInfo
+from ..protocol.checks import expect_ids
 
 __all__ = ["USE_CLIENT_DEFAULT", "Generator", "Prompt", "UseClientDefault", "as_request"]
 

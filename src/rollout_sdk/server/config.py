@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._types import check_config_types
 from ..auth import HOW_TO_ENABLE, ServerAuth, is_loopback
 from ..errors import ConfigError
 from ..protocol import DEFAULT_MAX_CONTROL_BYTES, DEFAULT_MAX_GENERATE_BYTES, MAX_TIMEOUT_S
+from ..protocol.checks import check_config_types
 
 __all__ = ["ServerConfig"]
 

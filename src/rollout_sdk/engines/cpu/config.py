@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..._types import check_config_types
 from ...errors import ConfigError
+from ...protocol.checks import check_config_types
 
 __all__ = ["CpuEngineConfig"]
 

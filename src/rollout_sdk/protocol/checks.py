@@ -17,7 +17,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ConfigError, InvalidRequestError
+from ..errors import ConfigError, InvalidRequestError
 
 __all__ = ["check_config_types", "expect", "expect_ids"]
 
