@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FLAGS = re.compile(r"warning|deprecat|traceback|error|exception", re.I)
+FLAGS = re.compile(r"warning|deprecat|traceback|\berror\b|exception", re.I)  # not "errors 0" in a stats row
 MACHINE_PIP = re.compile(r"^WARNING: Location 'file:///opt/\S+' is ignored: it is neither a file nor a directory\.$")
 
 
@@ -136,9 +136,12 @@ def main() -> int:
         ("rollout-sdk make-model tool", [*exe, "make-model", "tool"], {}),
         ("rollout-sdk make-model tool-undertrained", [*exe, "make-model", "tool-undertrained"], {}),
         ("rollout-sdk serve --engine cpu", [*exe, "serve", "--engine", "cpu"], {"until": "READY "}),
-        ("rollout-sdk serve --engine fake --port 99999", [*exe, "serve", "--engine", "fake", "--port", "99999"], {}),
         ("rollout-sdk gateway", [*exe, "gateway"], {"until": "READY ", "then": curl_without_session}),
         ("python examples/grpo_tools.py", [python, "examples/grpo_tools.py"], {}),
+        ("python examples/tool_agent.py", [python, "examples/tool_agent.py"], {}),
+        ("python examples/tool_agent.py --scripted", [python, "examples/tool_agent.py", "--scripted"], {}),
+        ("python examples/gateway_trainer.py", [python, "examples/gateway_trainer.py"], {}),
+        ("python examples/vl_trainer.py --steps 2", [python, "examples/vl_trainer.py", "--steps", "2"], {}),
         ("python examples/custom_trainer.py", [python, "examples/custom_trainer.py"], {}),
         (
             "torchrun --standalone --nproc-per-node 2 examples/custom_trainer.py --steps 2",
@@ -147,6 +150,17 @@ def main() -> int:
             {},
         ),
     ]
+    commands.append((
+        "torchrun --standalone --nproc-per-node 4 examples/driver.py --tp 2 --requests 100",
+        [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "examples/driver.py",
+         "--tp", "2", "--requests", "100"],
+        {},
+    ))
+    # the one-line mistakes the docs promise (README/quickstart: checked before any work, exit 2)
+    for argv in (["serve", "--port", "99999"], ["serve", "--potr", "1"], ["--log-level", "bogus", "demo"],
+                 ["serve", "--address-file", "/no/such/dir/addr"], ["demo", "--servers", "127.0.0.1:36471"],
+                 ["serve", "--engine", "sglang"]):
+        commands.append((f"rollout-sdk {' '.join(argv)}", [*exe, *argv], {}))
     for name, code in blocks:
         path = scripts / (re.sub(r"\W+", "_", name) + ".py")
         path.write_text(code)

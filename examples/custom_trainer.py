@@ -15,13 +15,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import time
+
+# a first line before torch loads (seconds; more on a busy machine): nothing a reader runs stays silent
+if __name__ == "__main__":
+    print("custom_trainer: loading torch and the SDK ...", flush=True)
 
 import msgspec
 import torch
 
 from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
+from rollout_sdk.demos.progress import phase
 from rollout_sdk.models import quiet_weight_loading
 
 
@@ -67,16 +73,19 @@ def policy_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, group
 async def train(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
-    async with RolloutClient() as client:
-        # each phase says it starts: on a loaded 2-core machine each takes seconds
-        print(f"engine ready; loading the trainer's copy of {client.model_path}", flush=True)
+    # each phase says it starts, and every few seconds that it still runs (rollout_sdk.demos.progress.phase):
+    # on a loaded 2-core machine each takes seconds
+    async with contextlib.AsyncExitStack() as stack:  # closes the client on the way out, whatever happened
+        async with phase("starting the engine"):
+            client = await stack.enter_async_context(RolloutClient())
         with quiet_weight_loading():  # no "Loading weights" bar in the example's output
-            policy = await asyncio.to_thread(
-                AutoModelForCausalLM.from_pretrained, client.model_path, dtype=torch.float32
-            )
+            async with phase(f"loading the trainer's copy of {client.model_path}"):
+                policy = await asyncio.to_thread(
+                    AutoModelForCausalLM.from_pretrained, client.model_path, dtype=torch.float32
+                )
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
-        print("joining the engines' weight-sync group (gloo)", flush=True)
-        await client.init_weight_sync(backend="gloo")  # trainer = rank 0 of a group with every engine
+        async with phase("joining the engines' weight-sync group (gloo)"):
+            await client.init_weight_sync(backend="gloo")  # trainer = rank 0 of a group with every engine
         prompts = [[151644, 872, 198, 1000 + 17 * i] for i in range(args.prompts)]
         sampling = SamplingParams(max_new_tokens=args.max_new_tokens, top_k=8, ignore_eos=True)
         print(f"training: {args.steps} steps of {args.prompts} prompts x {args.group_size} samples", flush=True)
@@ -87,10 +96,12 @@ async def train(args: argparse.Namespace) -> None:
                 GenerateRequest(input_ids=p, sampling=msgspec.structs.replace(sampling, seed=10_000 * step + 100 * i))
                 for i, p in enumerate(prompts)
             ]
-            groups = await client.generate_many(requests, group_size=args.group_size).collect()
+            async with phase(f"step {step}: generating"):
+                groups = await client.generate_many(requests, group_size=args.group_size).collect()
             t_gen = time.perf_counter() - t0
             # in a worker thread: the event loop (and an embedded engine's server on it) keeps running
-            loss, rewards, gaps = await asyncio.to_thread(policy_step, policy, optimizer, groups)
+            async with phase(f"step {step}: policy step"):
+                loss, rewards, gaps = await asyncio.to_thread(policy_step, policy, optimizer, groups)
             named = [(n, p.detach()) for n, p in policy.named_parameters()]
             sync = await client.update_weights(named, version=step + 1)  # every later result says v(step+1)
             print(

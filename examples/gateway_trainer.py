@@ -1,11 +1,12 @@
 """Train through the OpenAI-compatible gateway: a black-box agent, exact tokens, a GRPO step, fresh weights.
 
-The agent (``agent`` below) knows nothing about rollout-sdk: it is plain ``openai`` code that keeps its own
-conversation and re-sends it every turn.  The trainer gives each rollout its own session (its own base
-URL), rewards it when the agent is done, and takes the finished sessions as ``Trajectory`` objects: the
-exact token ids the model saw and produced, a loss mask (1 on model tokens), the engine's logprobs and
-weight versions.  One step: group-relative advantages, the policy-gradient loss on the masked tokens,
-an optimizer step, and the new weights pushed to the engines.
+The agent (``agent`` below) knows nothing about rollout-sdk: it speaks the OpenAI chat-completions API
+over plain HTTP (aiohttp, in the default install; the ``openai`` client, ``pip install openai``, sends the
+same request) and keeps its own conversation, re-sending it every turn.  The trainer gives each rollout
+its own session (its own base URL), rewards it when the agent is done, and takes the finished sessions
+as ``Trajectory`` objects: the exact token ids the model saw and produced, a loss mask (1 on model
+tokens), the engine's logprobs and weight versions.  One step: group-relative advantages, the
+policy-gradient loss on the masked tokens, an optimizer step, and the new weights pushed to the engines.
 
     python examples/gateway_trainer.py --steps 2        # embedded CPU engine, everything in this process
 """
@@ -17,8 +18,8 @@ import asyncio
 import json
 import time
 
+import aiohttp
 import torch
-from openai import AsyncOpenAI
 
 from rollout_sdk import RolloutClient
 from rollout_sdk.agents import Trajectory
@@ -27,17 +28,20 @@ from rollout_sdk.models import quiet_weight_loading
 
 
 async def agent(base_url: str, model: str, question: str, *, seed: int, turns: int = 2) -> str:
-    """Any OpenAI-API agent: here, ask, then ask a follow-up, then return the last answer."""
-    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    """Any OpenAI-API agent: here, ask, then ask a follow-up, then return the last answer.
+
+    With the ``openai`` client (``pip install openai``) the call is
+    ``AsyncOpenAI(base_url=base_url, api_key="unused").chat.completions.create(model=..., messages=...)``:
+    the same POST to ``{base_url}/chat/completions``."""
     messages = [{"role": "user", "content": question}]
     answer = ""
-    try:
+    async with aiohttp.ClientSession(headers={"Authorization": "Bearer unused"}) as http:
         for turn in range(turns):
-            r = await client.chat.completions.create(model=model, messages=messages, max_tokens=12, seed=seed + turn)
-            answer = r.choices[0].message.content or ""
+            body = {"model": model, "messages": messages, "max_tokens": 12, "seed": seed + turn}
+            async with http.post(f"{base_url}/chat/completions", json=body) as r:
+                r.raise_for_status()
+                answer = (await r.json())["choices"][0]["message"]["content"] or ""
             messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Say it shorter."}]
-    finally:
-        await client.close()
     return answer
 
 

@@ -47,6 +47,7 @@ from rollout_sdk.agents import (
     rollout_group,
     tool,
 )
+from rollout_sdk.demos.progress import phase
 from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
 from rollout_sdk.models import load_tokenizer
 from rollout_sdk.tasks import calculator as calculator_task
@@ -290,8 +291,8 @@ async def main(args: argparse.Namespace) -> int:
     if mode == "trained":
         say("tool agent: loading the trained tool model (the first run trains it: a few minutes, a progress bar)")
         model_path = str(await ensure_tool_model_async())  # in a worker thread; Ctrl-C stops the training
-    # blocking (builds the tiny model on first use): off the event loop
-    tokenizer = await asyncio.to_thread(load_tokenizer, model_path)
+    async with phase("tool agent: loading the tokenizer"):  # a first line at once, then one every few seconds
+        tokenizer = await asyncio.to_thread(load_tokenizer, model_path)  # blocking: off the event loop
     registry = make_registry()
     samples = trained_samples() if mode == "trained" else SAMPLES
     config = AgentConfig(
@@ -311,16 +312,19 @@ async def main(args: argparse.Namespace) -> int:
     say(f"tool agent: {len(samples)} questions x {args.group_size} samples on the {engine}")
     say(f"tools: {', '.join(registry.names)}")
 
-    async with open_client(mode, tokenizer, model_path) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        async with phase("starting the engine"):
+            client = await stack.enter_async_context(open_client(mode, tokenizer, model_path))
         t1 = time.perf_counter()
-        groups = await asyncio.gather(
-            *(
-                rollout_group(
-                    client, agent, sample, group_size=args.group_size, reward=reward, sample_index=i, timeout=60.0
+        async with phase("running the agents"):
+            groups = await asyncio.gather(
+                *(
+                    rollout_group(
+                        client, agent, sample, group_size=args.group_size, reward=reward, sample_index=i, timeout=60.0
+                    )
+                    for i, sample in enumerate(samples)
                 )
-                for i, sample in enumerate(samples)
             )
-        )
         rollout_s = time.perf_counter() - t1
 
     say("")

@@ -79,7 +79,7 @@ async def train(args: argparse.Namespace) -> None:
                 )
                 for i, imgs in enumerate(images)
             ]
-            groups = await client.generate_many(requests, n=args.group).collect()
+            groups = await client.generate_many(requests, group_size=args.group).collect()
             t_gen = time.perf_counter() - t0
             loss_terms, rewards, gaps = [], [], []
             for g in groups:

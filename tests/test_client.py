@@ -151,7 +151,10 @@ async def test_generate_many_bounds_what_it_holds(fake_servers) -> None:
 
         stream = client.generate_many(prompts(), group_size=2, concurrency=8)
         first = await stream.__anext__()
-        await asyncio.sleep(0.1)  # a slow consumer: the producer must stop pulling
+        # a slow consumer: the producer must stop pulling.  Wait until everything it holds is answered and
+        # nothing is in flight: an unbounded producer would have pulled on by then (a condition, not a sleep)
+        while client.stats().in_flight or server.stats().completed < 2 + 8:
+            await asyncio.sleep(0.005)
         # 4 groups held (8 permits / n=2) + the one taken + the one pulled and waiting for permits
         assert pulled <= 8 // 2 + 2
         assert first.results

@@ -38,6 +38,14 @@ async def running_with_tokens(engine: CpuEngine, p: list[int], probe: str) -> No
     await engine.generate(_req(p, probe, max_new_tokens=1))
 
 
+async def parked(engine: CpuEngine, task: asyncio.Task[object]) -> None:
+    """Until the engine holds the request and its step loop waits at the closed gate: from then on nothing
+    can move until the gate opens, so a request still pending then is held, not merely slow."""
+    while not (engine._gate.num_waiting >= 1 and (engine.load().running or engine.load().queued)):
+        assert not task.done(), "the request finished while the gate was meant to hold it"
+        await asyncio.sleep(0.005)
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def engine(tiny_model: Path) -> AsyncIterator[CpuEngine]:
     e = CpuEngine(CpuEngineConfig(model_path=str(tiny_model), max_running=64))
@@ -148,7 +156,7 @@ async def test_pause_modes(engine: CpuEngine) -> None:
         await running_with_tokens(engine, p, f"pm-{mode}-probe")
         await engine.pause(mode)  # type: ignore[arg-type]
         assert engine.paused
-        await asyncio.sleep(0.1)
+        await parked(engine, task)
         assert not task.done()
         await engine.resume()
         r = await asyncio.wait_for(task, 20)
@@ -202,7 +210,8 @@ async def test_release_and_resume_memory(engine: CpuEngine) -> None:
     p = _prompts(1, seed=14)[0]
     want = (await engine.generate(_req(p, "m0", temperature=0, max_new_tokens=8, **DIVERSE))).output_ids
     task = asyncio.create_task(engine.generate(_req(p, "m1", max_new_tokens=3000, ignore_eos=True)))
-    await asyncio.sleep(0.05)
+    while not engine.load().running:  # it runs: releasing the memory now would lose it
+        await asyncio.sleep(0.005)
     with pytest.raises(EngineBusyError):
         await engine.release_memory()
     engine.abort("m1")
@@ -210,7 +219,7 @@ async def test_release_and_resume_memory(engine: CpuEngine) -> None:
     await engine.release_memory(["weights", "kv_cache"])
     assert all(t.numel() == 0 for t in engine.model.parameters())
     queued = asyncio.create_task(engine.generate(_req(p, "m2", temperature=0, max_new_tokens=8, **DIVERSE)))
-    await asyncio.sleep(0.1)
+    await parked(engine, queued)
     assert not queued.done()  # held while the weights are released
     await engine.resume_memory()
     assert (await asyncio.wait_for(queued, 10)).output_ids == want
@@ -231,7 +240,7 @@ async def test_release_with_requests_held_and_continue_after_wake(engine: CpuEng
     await engine.release_memory()
     assert all(t.numel() == 0 for t in engine.model.parameters())
     await engine.resume()
-    await asyncio.sleep(0.1)
+    await parked(engine, task)
     assert not task.done()  # still held: the weights are gone
     await engine.resume_memory()
     assert (await asyncio.wait_for(task, 10)).output_ids == want

@@ -122,7 +122,7 @@ def test_the_connect_timeout_is_a_short_client_option() -> None:
         (["serve", "--engine", "fake", "--drain-timeout-s", "nan"], ["--drain-timeout-s", "'nan'", "finite"]),
         (["serve", "--engine", "fake", "--max-requests", "many"], ["--max-requests", "'many'", "integer"]),
         (["serve", "--engine", "fake", "--tp-size", "0"], ["tp_size"]),
-        (["demo", "--client-connect-timeout-s", "-5"], ["connect_timeout_s=-5"]),
+        (["demo", "--client-connect-timeout-s", "-5"], ["--client-connect-timeout-s=-5"]),
         (["demo", "--client-timeout-s", "inf"], ["--client-timeout-s", "finite"]),
         (["demo", "--prompts", "0"], ["prompts"]),
         (["gateway", "--port", "123456"], ["123456"]),

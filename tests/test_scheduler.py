@@ -77,8 +77,16 @@ async def test_slow_server_receives_proportionally_less(fake_servers) -> None:
 
 
 async def test_session_affinity_holds_across_five_turns(fake_servers) -> None:
-    servers = await fake_servers(3, FakeEngineConfig(step_base_s=0.001))
-    async with RolloutClient(servers=[s.address for s in servers]) as client:
+    # one server is slower: it holds more requests than the others at any moment, so least-load placement
+    # alone would move its sessions away turn after turn; affinity keeps them
+    servers = await fake_servers(2, FakeEngineConfig(step_base_s=0.001))
+    servers += await fake_servers(1, FakeEngineConfig(step_base_s=0.02))
+    # 30 sessions on 3 servers keep ~10 requests on each; the rule moves a session whose server carries more
+    # than (1 + margin) x the least loaded one + slack, and on a loaded machine a server's whole batch can
+    # finish at once (load 0 there for a moment) while another still holds 10 > the default slack of 8: the
+    # documented rule then moves a session (issue 37: seen once under a CPU burner).  A slack of 30 (every
+    # session at once) takes the interleaving out of the test.
+    async with RolloutClient(servers=[s.address for s in servers], affinity_slack=30) as client:
 
         async def session(k: int) -> set[str]:
             where = set()
@@ -90,6 +98,7 @@ async def test_session_affinity_holds_across_five_turns(fake_servers) -> None:
             return where
 
         placements = await asyncio.gather(*(session(k) for k in range(30)))
+        assert client.scheduler.sessions_moved == 0
     assert all(len(p) == 1 for p in placements)
     used = collections.Counter(next(iter(p)) for p in placements)
     assert len(used) == 3  # sessions themselves are spread

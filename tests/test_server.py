@@ -244,7 +244,8 @@ async def test_release_memory_with_requests_held_by_a_pause(shared_cpu_server) -
             await client.pause("hold")
             await client.release_memory()
             await client.resume()
-            await asyncio.sleep(0.2)
+            st = await client.servers[0].fetch_stats()  # after the resume: held, none running
+            assert not st.paused and st.running == 0 and st.in_flight >= 4, st
             assert not any(t.done() for t in tasks)  # the weights are gone: still held
         finally:  # the shared server as it was, whatever failed
             await client.resume()

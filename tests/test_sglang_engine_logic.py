@@ -149,6 +149,13 @@ async def until_tokens(tm: FakeTokenizerManager, count: int) -> None:
     await asyncio.sleep(20 * STEP_S)
 
 
+async def at_gate(eng: Any, rids: list[str]) -> None:
+    """Until each of ``rids`` waits at the engine's closed gate: from then on none can start before the gate
+    opens, so one still pending is held, not merely slow (a condition, not a sleep)."""
+    while not all(rid in eng.flights and eng.flights[rid].wake is not None for rid in rids):
+        await asyncio.sleep(STEP_S)
+
+
 async def test_unpaused_update_checkpoints_running_requests_into_exact_segments(engine) -> None:
     eng, tm = engine
     tasks = [asyncio.ensure_future(eng.generate(req(f"r{i}", 200))) for i in range(20)]
@@ -174,7 +181,7 @@ async def test_hold_keeps_new_requests_out_until_resume(engine) -> None:
     await eng.pause("retract")
     assert not tm.running and eng.paused
     new = [asyncio.ensure_future(eng.generate(req(f"n{i}", 30))) for i in range(5)]
-    await asyncio.sleep(0.05)
+    await at_gate(eng, [f"n{i}" for i in range(5)])
     assert not tm.running and not any(t.done() for t in [*old, *new])  # all wait at the gate
     await eng.update_weights_distributed(dist(NORM, 2))
     assert not tm.running  # still paused after the update
@@ -195,7 +202,7 @@ async def test_pause_abort_returns_partials_and_new_work_waits(engine) -> None:
         r.finish_reason == "abort" and 0 < len(r.output_ids) < 500 and exact(r, len(r.output_ids)) for r in results
     )
     late = asyncio.ensure_future(eng.generate(req("late", 5)))
-    await asyncio.sleep(0.03)
+    await at_gate(eng, ["late"])
     assert not late.done()
     await eng.resume()
     assert exact(await late, 5)
@@ -258,7 +265,7 @@ async def test_release_refused_while_running_allowed_while_held(engine) -> None:
     await eng.release_memory()
     assert tm.released == {"weights", "kv_cache", "cuda_graph"}
     await eng.resume()  # memory still released: requests keep waiting
-    await asyncio.sleep(0.03)
+    await at_gate(eng, [f"r{i}" for i in range(4)])
     assert not tm.running and not any(t.done() for t in tasks)
     await eng.resume_memory()
     assert all(exact(r, 150) for r in await asyncio.gather(*tasks))

@@ -1,5 +1,3 @@
-import sys
+from .launch.cli import entry
 
-from .launch.cli import main
-
-sys.exit(main())
+entry()

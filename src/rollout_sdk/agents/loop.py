@@ -13,6 +13,7 @@ Write your own loop by subclassing :class:`Agent` and using :class:`~.trajectory
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ from typing import Any
 import msgspec
 
 from ..errors import ConfigError, StalenessError
-from ..protocol import SamplingParams
+from ..protocol import SamplingParams, expect_sampling
+from ..protocol.checks import check_config_types
 from ..rollouts.context import RolloutContext
 from ..rollouts.group import Agent, Sample
 from ..rollouts.trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
@@ -66,6 +68,8 @@ class AgentConfig:
     reasoning_parser: str = "think"
 
     def __post_init__(self) -> None:
+        check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
+        expect_sampling(self.sampling, optional=False, error=ConfigError)
         for name in ("max_turns", "max_response_tokens", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "must be >= 1")
@@ -98,6 +102,16 @@ class ToolAgent(Agent):
         parser: ToolCallParser | None = None,
         reasoning_parser: ReasoningParser | None = None,
     ) -> None:
+        if isinstance(tokenizer, (str, bytes, os.PathLike)):
+            raise ConfigError("tokenizer", tokenizer, "must be a tokenizer object: AutoTokenizer.from_pretrained(path)")
+        if not hasattr(tokenizer, "apply_chat_template"):
+            raise ConfigError("tokenizer", tokenizer, "must be a Hugging Face tokenizer with a chat template")
+        if isinstance(tools, (list, tuple)):
+            raise ConfigError("tools", tools, "must be a ToolRegistry: ToolRegistry([...]) builds one from functions")
+        if tools is not None and not isinstance(tools, ToolRegistry):
+            raise ConfigError("tools", tools, f"must be a ToolRegistry or None (got {type(tools).__name__})")
+        if config is not None and not isinstance(config, AgentConfig):
+            raise ConfigError("config", config, f"must be an AgentConfig or None (got {type(config).__name__})")
         self.tokenizer = tokenizer
         self.tools = tools or ToolRegistry()
         self.config = config or AgentConfig()

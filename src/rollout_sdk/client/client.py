@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterable, Coroutine, Iterable, Sequence
@@ -36,7 +37,14 @@ from .._aio import Lifecycle, OpenedWith, await_unless, cancel_and_wait, ended_w
 from ..auth import Credentials
 from ..discovery import Discovery, EmbeddedServers, StaticServers
 from ..engines.cpu import CpuEngineConfig
-from ..errors import ClientStateError, ConfigError, NoServersError, RemoteError, RequestTimeoutError
+from ..errors import (
+    ClientStateError,
+    ConfigError,
+    InvalidRequestError,
+    NoServersError,
+    RemoteError,
+    RequestTimeoutError,
+)
 from ..protocol import (
     FlushCache,
     GenerateRequest,
@@ -49,7 +57,9 @@ from ..protocol import (
     ServerInfo,
     SetWeightVersion,
     encode,
+    expect_sampling,
 )
+from ..protocol.checks import expect, expect_ids
 from ..rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, as_request
 from ..rollouts.group import Agent, RewardFn, resolve_group_size
 from ..rollouts.results import ResultStream
@@ -72,6 +82,26 @@ PauseMode = Literal["abort", "hold", "retract", "in_place"]
 WeightMethod = Literal["distributed", "ipc"]
 _DEFAULT_SAMPLING = SamplingParams()  # frozen: shared by every request that names no sampling
 
+
+
+def _check_call_args(
+    *,
+    sampling: Any,
+    session_id: Any = None,
+    timeout: Any = USE_CLIENT_DEFAULT,
+    retries: Any = USE_CLIENT_DEFAULT,
+) -> None:
+    """The types of a call's arguments, checked as it is made: one line naming the argument (issue 37)."""
+    expect_sampling(sampling)
+    expect("session_id", session_id, str, optional=True)
+    if not isinstance(timeout, UseClientDefault):
+        expect("timeout", timeout, float, optional=True)
+        if timeout is not None and not 0 < timeout < math.inf:
+            raise InvalidRequestError("timeout", timeout, "must be > 0 seconds (None: no timeout)")
+    if not isinstance(retries, UseClientDefault):
+        expect("retries", retries, int)
+        if retries < 0:
+            raise InvalidRequestError("retries", retries, "must be >= 0")
 
 class RolloutClient(OpenedWith):
     """The rollout client.
@@ -108,6 +138,10 @@ class RolloutClient(OpenedWith):
     ) -> None:
         if servers is not None and discovery is not None:
             raise ConfigError("servers", servers, "give servers or discovery, not both")
+        if engine is not None and not isinstance(engine, CpuEngineConfig):
+            raise ConfigError("engine", engine, f"must be a CpuEngineConfig (got {type(engine).__name__})")
+        if config is not None and not isinstance(config, ClientConfig):
+            raise ConfigError("config", config, f"must be a ClientConfig (got {type(config).__name__})")
         self.config = (config or ClientConfig()).with_options(**options)
         if discovery is None:
             if servers is not None:
@@ -281,7 +315,10 @@ class RolloutClient(OpenedWith):
         ServerUnavailableError / EngineDeadError.
         """
         self._check_open()
+        _check_call_args(sampling=sampling, session_id=session_id, timeout=timeout, retries=retries)
         if isinstance(request, list) and request:  # the common case, built (and validated) once with its rid
+            if not all(type(t) is int for t in request):  # one pass; the slow path names the bad id
+                expect_ids("input_ids", request)
             req = GenerateRequest(
                 input_ids=list(request),  # our own copy: the caller may reuse its list
                 sampling=sampling if sampling is not None else _DEFAULT_SAMPLING,
@@ -353,6 +390,18 @@ class RolloutClient(OpenedWith):
                     train_on(group.results)
         """
         self._check_open()
+        _check_call_args(sampling=sampling, timeout=timeout)
+        expect("group_size", group_size, int, optional=True)
+        expect("concurrency", concurrency, int, optional=True)
+        expect("return_exceptions", return_exceptions, bool)
+        if concurrency is not None and concurrency < 1:
+            raise InvalidRequestError("concurrency", concurrency, "must be >= 1")
+        if isinstance(requests, (str, bytes)) or not isinstance(requests, (Iterable, AsyncIterable)):
+            raise InvalidRequestError("requests", requests, "must be an iterable of prompts (token id lists)")
+        if isinstance(requests, (list, tuple)) and requests and isinstance(requests[0], int):
+            raise InvalidRequestError(
+                "requests", requests, "is one prompt (a list of ints): generate_many takes a list of prompts, [ids]"
+            )
         n = resolve_group_size(group_size, n, where="generate_many", default=1)
         if concurrency is None:
             concurrency = max(n, self._scheduler.window())

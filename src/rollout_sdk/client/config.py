@@ -9,6 +9,7 @@ from typing import Any
 
 from .._aio import LifecycleState
 from ..errors import ConfigError
+from ..protocol.checks import check_config_types
 from ..rollouts.generator import UseClientDefault
 from .scheduler import SchedulerConfig
 
@@ -32,6 +33,7 @@ class ClientConfig:
     timeout_s: float | None = None
     #: times a request is retried on another server when its server dies
     retries: int = 1
+    #: seconds between the client's heartbeats to each server
     heartbeat_interval_s: float = 1.0
     #: a server that answers no heartbeat for this long is marked dead
     heartbeat_timeout_s: float = 10.0
@@ -45,6 +47,7 @@ class ClientConfig:
     num_embedded_servers: int = 1
 
     def __post_init__(self) -> None:
+        check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
         if self.retries < 0:
             raise ConfigError("retries", self.retries, "must be >= 0")
         if self.timeout_s is not None and self.timeout_s <= 0:

@@ -110,6 +110,7 @@ from ..errors import (
     ServerUnavailableError,
 )
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams, encode
+from ..protocol.checks import check_config_types
 from .admission import AdmissionConfig
 from .connection import ServerConnection
 from .policies import Policy, make_policy
@@ -141,6 +142,7 @@ class SchedulerConfig:
     max_waiting: int = 1_000_000
     #: a session stays on its server while that server's load <= (1 + margin) * min load + slack
     affinity_margin: float = 0.5
+    #: requests a session's server may carry above the margin before the session moves
     affinity_slack: int = 8
     #: sessions remembered (least recently used forgotten first)
     max_sessions: int = 200_000
@@ -152,6 +154,7 @@ class SchedulerConfig:
     clear_suspects: Literal["answered", "finished"] = "answered"
 
     def __post_init__(self) -> None:
+        check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
         self.admission_config()  # validates the ceiling
         if self.max_waiting < 0:
             raise ConfigError("max_waiting", self.max_waiting, "must be >= 0")

@@ -18,7 +18,8 @@ from typing import Any
 from ..client import ClientConfig, RolloutClient
 from ..engines.cpu import CpuEngineConfig
 from ..errors import ConfigError
-from ..rollouts.group import deprecated_group_field
+from ..protocol.checks import check_config_types
+from ..rollouts.group import Agent, deprecated_group_field
 from .progress import rollout_progress
 
 __all__ = ["DemoConfig", "run_demo"]
@@ -46,6 +47,7 @@ class DemoConfig:
     samples: int | None = None
 
     def __post_init__(self) -> None:
+        check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
         deprecated_group_field(self, "samples")
         for name, least in (("prompts", 1), ("group_size", 1), ("max_new_tokens", 1), ("show", 0)):
             if getattr(self, name) < least:
@@ -99,10 +101,11 @@ async def run_demo(
             path = await ensure_tool_model_async(engine.home, progress=demo.progress)
             engine = dataclasses.replace(engine, model_path=str(path))
     where = ", ".join(servers) if servers else "embedded CPU engine"
+    t_open = time.perf_counter()  # "ready in" is the engine's start, not the model's training above
     async with RolloutClient(servers, engine=engine if not servers else None, config=client) as rc:
         t_ready = time.perf_counter()
         say(_model_line(rc.model_path or ""))
-        say(f"servers: {where}; ready in {t_ready - t_start:.1f}s")
+        say(f"servers: {where}; ready in {t_ready - t_open:.1f}s")
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, rc.model_path)
         agent = task.make_agent(
             tokenizer, temperature=demo.temperature, seed=demo.seed, max_new_tokens=demo.max_new_tokens
@@ -110,13 +113,12 @@ async def run_demo(
         instances = task.samples(demo.prompts, seed=demo.seed, split="test")
         t0 = time.perf_counter()
         async with rollout_progress(rc, demo.prompts * demo.group_size, demo.progress) as bar:
+            counted = _Counted(agent, bar)  # the bar moves as each trajectory ends, not each group
 
             async def group(i: int, sample: dict[str, Any]) -> list[Any]:
-                g = await rollout_group(
-                    rc, agent, sample, group_size=demo.group_size, reward=task.reward, sample_index=i
+                return await rollout_group(
+                    rc, counted, sample, group_size=demo.group_size, reward=task.reward, sample_index=i
                 )
-                bar.update(len(g))
-                return g
 
             groups = await asyncio.gather(*(group(i, s) for i, s in enumerate(instances)))
         wall = time.perf_counter() - t0
@@ -185,6 +187,19 @@ async def run_demo(
         say("  decoded       " + repr(tokenizer.decode(t.response_ids))[:400])
     say(f"\ndone in {report['total_s']:.1f}s")
     return report
+
+
+class _Counted(Agent):
+    """``agent``, with each finished trajectory counted on the progress bar."""
+
+    def __init__(self, agent: Agent, bar: Any) -> None:
+        self.agent = agent
+        self.bar = bar
+
+    async def run(self, ctx: Any, sample: Any) -> Any:
+        traj = await self.agent.run(ctx, sample)
+        self.bar.update(1)
+        return traj
 
 
 def _calls(t: Any) -> list[Any]:

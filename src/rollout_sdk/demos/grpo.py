@@ -28,6 +28,7 @@ from typing import Any
 from ..client import RolloutClient
 from ..engines.cpu import CpuEngineConfig
 from ..errors import ConfigError
+from ..protocol.checks import check_config_types
 from ..rollouts.group import deprecated_group_field
 from .progress import rollout_progress
 
@@ -42,14 +43,17 @@ class GrpoConfig:
     prompts: int = 8
     #: trajectories per instance (the group)
     group_size: int = 8
+    #: the trainer's learning rate (Adam)
     lr: float = 3e-4
     #: held-back instances solved greedily before and after training (0: skip)
     eval_instances: int = 50
+    #: seed of the training instances and the sampling
     seed: int = 0
     #: deprecated: the old name of ``group_size``
     group: int | None = None
 
     def __post_init__(self) -> None:
+        check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
         deprecated_group_field(self, "group")
         # a group of one has no relative advantage: GRPO compares a group's trajectories
         for name, least in (("steps", 1), ("prompts", 1), ("group_size", 2), ("eval_instances", 0)):

@@ -12,9 +12,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from .._aio import cancel_and_wait
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,6 +27,27 @@ if TYPE_CHECKING:
     from ..server import EngineServer
 
 __all__ = ["Discovery", "EmbeddedServers", "StaticServers"]
+
+log = logging.getLogger("rollout_sdk.discovery")
+
+#: seconds between the lines that say the embedded engine is still starting
+STILL_STARTING_EVERY_S = 5.0
+
+
+async def _say_still_starting() -> None:
+    """While the embedded engine starts, a line every few seconds: no one waits in silence (issue 37).  A
+    script with no logging set up shows only warnings (Python's last-resort handler), so there it is one,
+    like the client's first line; where logging is configured (an application, the CLI) it is information."""
+    t0 = time.perf_counter()
+    level = logging.INFO if logging.getLogger().hasHandlers() else logging.WARNING
+    while True:
+        await asyncio.sleep(STILL_STARTING_EVERY_S)
+        log.log(
+            level,
+            "the embedded CPU engine is still starting (%.0fs: importing torch, loading the model; slower on a "
+            "busy machine)",
+            time.perf_counter() - t0,
+        )
 
 
 @runtime_checkable
@@ -78,15 +103,19 @@ class EmbeddedServers:
 
     async def open(self, timeout: float) -> list[str]:
         from ..auth import JobSecret
-        from ..engines.cpu import CpuEngine
         from ..server import EngineServer, ServerConfig
 
         secret = self._secret or JobSecret.generate()
         auth = secret.server_auth()
         self.credentials = secret.credentials("control")
 
+        ticker = asyncio.get_running_loop().create_task(_say_still_starting(), name="embedded-start-ticker")
         try:
             async with asyncio.timeout(timeout):
+                # the engine side imports torch (seconds; more on a busy machine): off the event loop, so
+                # the ticker can say that the start goes on
+                engines = await asyncio.to_thread(importlib.import_module, "rollout_sdk.engines.cpu")
+                CpuEngine = engines.CpuEngine
                 for i in range(self.num_servers):
                     config = ServerConfig(server_id=f"embedded-{i}", dp_rank=i, auth=auth)
                     server = EngineServer(CpuEngine(self.engine), config)
@@ -95,6 +124,8 @@ class EmbeddedServers:
         except BaseException:
             await self.close()
             raise
+        finally:
+            await cancel_and_wait(ticker)
         return [s.address for s in self.servers]
 
     async def close(self) -> None:

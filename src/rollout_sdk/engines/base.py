@@ -97,6 +97,13 @@ class Gate:
         self._reasons: set[str] = set()
         self._open = asyncio.Event()
         self._open.set()
+        self._waiting = 0
+
+    @property
+    def num_waiting(self) -> int:
+        """Tasks waiting for the gate to open now (the step loop parked at it, held new work): what a test
+        waits for to know that nothing can move until the gate opens."""
+        return self._waiting
 
     @property
     def is_open(self) -> bool:
@@ -117,7 +124,11 @@ class Gate:
         return not self._reasons
 
     async def wait(self) -> None:
-        await self._open.wait()
+        self._waiting += 1
+        try:
+            await self._open.wait()
+        finally:
+            self._waiting -= 1
 
 
 class Engine(abc.ABC):

@@ -68,6 +68,9 @@ class FakeEngineConfig:
     request_cost_s: float = 0.0
     #: fail start() with this message (tests of start-up failure)
     fail_start: str | None = None
+    #: start() waits until cancelled, logging that it does (a model load that never ends), for the tests of
+    #: a stop during start-up (issue 37)
+    hang_start: bool = False
     #: fault injection: the engine dies (kill()) once it has accepted this many requests
     die_after_requests: int | None = None
     #: fault injection: init_weight_group blocks a worker thread for good (a collective whose peers never
@@ -175,6 +178,9 @@ class FakeEngine(Engine):
     async def start(self) -> None:
         if self.config.fail_start:
             raise EngineStartupError(self.config.fail_start)
+        if self.config.hang_start:
+            logging.getLogger("rollout_sdk.engines.fake").warning("fake engine: start() held (hang_start)")
+            await asyncio.Event().wait()
         if not self.config.instant:
             self._loop_task = asyncio.create_task(self._step_loop(), name="fake-engine-steps")
 

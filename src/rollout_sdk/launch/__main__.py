@@ -1,5 +1,4 @@
-import sys
-
+from .cli import exit_process
 from .main import main
 
-sys.exit(main())
+exit_process(main())

@@ -21,9 +21,11 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
+import typing
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -35,9 +37,21 @@ from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
 from ..errors import ConfigError, RolloutError
 from ..server import ServerConfig
-from .args import OneLineErrors, add_config_args, add_sglang_args, config_from_args, port_number, sglang_fields
+from .args import (
+    LOG_LEVELS,
+    OneLineErrors,
+    add_config_args,
+    add_sglang_args,
+    config_from_args,
+    existing_dir,
+    log_level,
+    port_number,
+    server_address,
+    sglang_fields,
+    writable_file,
+)
 
-__all__ = ["THREADS_GRACE_S", "leave_if_threads_hang", "main", "run_async"]
+__all__ = ["THREADS_GRACE_S", "entry", "exit_process", "leave_if_threads_hang", "main", "run_async"]
 
 #: seconds worker threads get after a server stopped before the process leaves without them
 THREADS_GRACE_S = 0.5
@@ -141,25 +155,79 @@ async def leave_if_threads_hang(
     os._exit(code)
 
 
+def exit_process(code: int) -> typing.NoReturn:
+    """End this process now that its work and its own cleanup are done: logs and streams flushed, ``atexit``
+    handlers run, then ``os._exit`` without the interpreter's finalization.
+
+    Why: finalizing a process that imported torch tears down every module and torch's thread pools, and on
+    a loaded machine that alone took 7-12 s after a ``serve`` had stopped in 0.1 s (issue 37: SIGINT to
+    exit 12.3 s at a load of 12, 0.6 s with this; docs/benchmarks.md).  Only for process entry points
+    (``rollout-sdk``, ``python -m rollout_sdk``, ``python -m rollout_sdk.launch``), never from a library call.
+    """
+    import atexit
+    import os
+
+    logging.shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing left to say
+            stream.flush()
+    os._exit(code)
+
+
+def entry() -> typing.NoReturn:
+    """The ``rollout-sdk`` console script: :func:`main`, then :func:`exit_process`."""
+    exit_process(main())
+
+
 def _parser() -> argparse.ArgumentParser:
     p = OneLineErrors(prog="rollout-sdk", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--log-level", default="WARNING")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--log-level", default="WARNING", type=log_level, help=f"one of {', '.join(LOG_LEVELS)}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("demo", help="run N prompts x n samples and print throughput and a trajectory")
-    d.add_argument("--servers", nargs="*", default=None, help="server addresses (default: embedded CPU engine)")
-    d.add_argument("--json", default=None, help="also write the numbers to this file")
+    d = sub.add_parser(
+        "demo",
+        usage="%(prog)s [--rl] [options]",
+        help="agent rollouts with real calculator calls on the trained tool model (--rl: GRPO on CPU)",
+        description="Without --rl: N held-back questions x a group of trajectories each, through ToolAgent; "
+        "prints success, throughput, latency and one trajectory.  With --rl: GRPO steps on the under-trained "
+        "tool model; only the --rl-* options apply then (--group-size is the rollout demo's group, "
+        "--rl-group-size the GRPO group).",
+    )
+    d.add_argument(
+        "--servers", nargs="*", type=server_address, default=None,
+        help="engine servers, tcp://host:port each (default: an embedded CPU engine)",
+    )
+    d.add_argument("--json", type=writable_file, default=None, help="also write the numbers to this file")
     d.add_argument("--rl", action="store_true", help="run GRPO on the under-trained tool model instead")
-    add_config_args(d, DemoConfig, title="demo")
-    add_config_args(d, GrpoConfig, prefix="rl-", title="demo --rl")
+    add_config_args(d, DemoConfig, title="demo (without --rl)")
+    add_config_args(
+        d, GrpoConfig, prefix="rl-", title="demo --rl (GRPO)", description="apply only with --rl"
+    )
     add_config_args(d, ClientConfig, prefix="client-", title="client")
     add_config_args(d, SchedulerConfig, prefix="client-", title="client scheduler")
-    add_config_args(d, CpuEngineConfig, prefix="engine-", title="embedded CPU engine")
+    add_config_args(d, CpuEngineConfig, prefix="engine-", title="embedded CPU engine (without --servers)")
 
-    s = sub.add_parser("serve", help="serve one engine over ZMQ until SIGTERM/SIGINT")
-    s.add_argument("--engine", choices=["cpu", "sglang", "fake"], default="cpu")
-    s.add_argument("--model", default=None, help="model directory (cpu default: the embedded tiny model)")
-    s.add_argument("--address-file", default=None, help="write the bound address (tcp://host:port) here once serving")
+    s = sub.add_parser(
+        "serve",
+        usage="%(prog)s [--engine cpu|sglang|fake] [--model DIR] [options]",
+        help="serve one engine over ZMQ until SIGTERM/SIGINT; prints READY tcp://host:port",
+        description="Serve one engine over ZMQ until SIGTERM/SIGINT.  Prints READY tcp://host:port once the "
+        "model is loaded and the socket is bound (nothing if stopped before that).",
+    )
+    s.add_argument(
+        "--engine", choices=["cpu", "sglang", "fake"], default="cpu",
+        help="cpu: HF transformers on CPU; sglang: SGLang on GPUs (needs --model); fake: a deterministic "
+        "stand-in for tests (its --fake-* options are not listed)",
+    )
+    s.add_argument(
+        "--model", default=None,
+        help="model directory (sglang: or a hub name); default for cpu: the embedded tiny model",
+    )
+    s.add_argument(
+        "--address-file", type=writable_file, default=None,
+        help="write the bound address (tcp://host:port) here once serving",
+    )
     s.add_argument(
         "--metrics-port",
         type=port_number,
@@ -167,14 +235,13 @@ def _parser() -> argparse.ArgumentParser:
         help="serve Prometheus /metrics on this port (0: a free one, printed as METRICS <url>); off by default",
     )
     s.add_argument("--metrics-host", default=None, help="interface of the /metrics endpoint (default: --host)")
-    add_config_args(s, ServerConfig, title="server")
-    add_config_args(s, CpuEngineConfig, prefix="cpu-", title="cpu engine (--engine cpu)")
-    add_config_args(s, FakeEngineConfig, prefix="fake-", title="fake engine (--engine fake)")
-    add_sglang_args(s)
-
     s.add_argument(
         "--secret-file", default=None, help="job secret: require CURVE keys (default: $ROLLOUT_SDK_SECRET_FILE)"
     )
+    add_config_args(s, ServerConfig, title="server", extra_help=_SERVER_HELP)
+    add_config_args(s, CpuEngineConfig, prefix="cpu-", title="cpu engine (--engine cpu)")
+    add_config_args(s, FakeEngineConfig, prefix="fake-", hidden=True)  # test hooks: accepted, not listed
+    add_sglang_args(s)
 
     from . import gateway_cli
 
@@ -187,19 +254,32 @@ def _parser() -> argparse.ArgumentParser:
         choices=["tiny", "tiny-vl", "tool", "tool-undertrained"],
         default="tiny",
         help="tiny: random weights (seconds); tiny-vl: a Qwen2.5-VL-shaped one (seconds); "
-        "tool: trained on CPU for the calculator task (minutes, once)",
+        "tool: trained on CPU for the calculator task (minutes, once); tool-undertrained: its --rl start",
     )
     m.add_argument("--home", default=None, help="cache root (default $ROLLOUT_SDK_HOME or ~/.cache/rollout_sdk)")
     _add_key_commands(sub)
     return p
 
 
+#: ServerConfig fields whose source comment is shared with a neighbour, or absent
+_SERVER_HELP = {
+    "dp_rank": "this server's data-parallel rank (names it in stats; torchrun sets it)",
+    "tp_size": "tensor-parallel size of the engine this server leads (torchrun sets it)",
+    "stall_window_s": "the stall detector's window in seconds (none: the detector is off)",
+    "stall_ratio": "tokens/s per running request below this fraction of recent is a stall (see --stall-window-s)",
+    "stall_loop_lag_s": "a server event-loop tick later than this is a stall (see --stall-window-s)",
+}
+
+
 def _add_key_commands(sub: Any) -> None:
     k = sub.add_parser("secret", help="write a new random job secret to --out (mode 0600, never overwritten)")
-    k.add_argument("--out", required=True)
+    k.add_argument("--out", required=True, type=writable_file, help="the file to create (it must not exist)")
     c = sub.add_parser("credentials", help="write one role's client keys, derived from the job secret")
-    c.add_argument("--role", choices=["generate", "control"], required=True)
-    c.add_argument("--out", required=True)
+    c.add_argument(
+        "--role", choices=["generate", "control"], required=True,
+        help="generate: may only generate; control: may also update weights, pause, stop",
+    )
+    c.add_argument("--out", required=True, type=writable_file, help="the file to write the keys to")
     c.add_argument("--secret-file", default=None, help="default: $ROLLOUT_SDK_SECRET_FILE / $ROLLOUT_SDK_SECRET")
 
 
@@ -221,7 +301,13 @@ def _key_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    problem = _check(args)
+    if problem is not None:  # every argument is checked before any work starts, in one line
+        print(f"rollout-sdk {args.command}: error: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLogger().level > logging.INFO:  # the embedded engine's start speaks (discovery's INFO lines)
+        logging.getLogger("rollout_sdk.discovery").setLevel(logging.INFO)
     try:
         return _command(args)
     except KeyboardInterrupt:
@@ -231,6 +317,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("rollout_sdk.launch.cli").debug("failed", exc_info=exc)
         print(f"rollout-sdk {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    """What argparse's per-option types cannot see (options that depend on each other), checked before any
+    work: None when the command line is good, else the one line that says what is wrong."""
+    if args.command == "gateway":
+        from . import gateway_cli
+
+        return gateway_cli.check(args)
+    if args.command == "demo":
+        try:
+            config_from_args(GrpoConfig, args, prefix="rl-") if args.rl else config_from_args(DemoConfig, args)
+            config_from_args(ClientConfig, args, prefix="client-")
+            config_from_args(SchedulerConfig, args, prefix="client-")
+            config_from_args(CpuEngineConfig, args, prefix="engine-")
+        except ConfigError as exc:
+            return str(exc)
+        return None
+    if args.command != "serve":
+        return None
+    if args.engine == "sglang" and not args.model:
+        return "--engine sglang needs --model (a model directory or hub name)"
+    if args.engine == "cpu" and args.model is not None:
+        try:
+            existing_dir(args.model)
+        except argparse.ArgumentTypeError as exc:
+            return f"--model: {exc}"
+    if args.engine == "sglang" and args.model.startswith(("/", ".", "~")) and not os.path.isdir(
+        os.path.expanduser(args.model)
+    ):
+        return f"--model: {args.model!r} is not a directory"
+    try:  # every config, built (and so checked) now rather than after the model loaded
+        engine_configs(args.engine, args)
+        _server_config(args)
+    except (ConfigError, OSError) as exc:
+        return str(exc)
+    return None
 
 
 def _command(args: argparse.Namespace) -> int:
@@ -302,10 +425,9 @@ def _quiet_transformers() -> None:
         pass
 
 
-def make_engine(kind: str, args: argparse.Namespace) -> Any:
-    """The engine ``rollout-sdk serve --engine kind`` runs, from its command line (engines.registry)."""
+def engine_configs(kind: str, args: argparse.Namespace) -> Any:
+    """The engine configuration ``rollout-sdk serve --engine kind`` runs, from its command line (checked)."""
     from ..engines.registry import EngineConfigs
-    from ..engines.registry import make_engine as make
 
     configs = EngineConfigs()
     if kind == "cpu":
@@ -314,7 +436,14 @@ def make_engine(kind: str, args: argparse.Namespace) -> Any:
         configs.fake = config_from_args(FakeEngineConfig, args, prefix="fake-")
     else:
         configs.sglang = sglang_fields(args)
-    return make(kind, configs, model=args.model)
+    return configs
+
+
+def make_engine(kind: str, args: argparse.Namespace) -> Any:
+    """The engine ``rollout-sdk serve --engine kind`` runs, from its command line (engines.registry)."""
+    from ..engines.registry import make_engine as make
+
+    return make(kind, engine_configs(kind, args), model=args.model)
 
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:

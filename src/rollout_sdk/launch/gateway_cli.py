@@ -20,18 +20,57 @@ import sys
 from ..client import ClientConfig
 from ..engines.cpu import CpuEngineConfig
 from ..gateway.gateway import GatewayConfig
-from .args import add_config_args, config_from_args
+from .args import add_config_args, config_from_args, server_address, writable_file
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "check", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    g = sub.add_parser("gateway", help="serve an OpenAI-compatible API that records every token (docs/gateway.md)")
-    g.add_argument("--servers", nargs="*", default=None, help="engine servers (default: embedded CPU engine)")
-    g.add_argument("--address-file", default=None, help="write the base URL here once listening")
-    add_config_args(g, GatewayConfig, title="gateway")
+    g = sub.add_parser(
+        "gateway",
+        usage="%(prog)s [--servers ADDR ...] [--port PORT] [options]",
+        help="serve an OpenAI-compatible API that records every token (docs/gateway.md)",
+        description="An OpenAI/Anthropic-compatible HTTP API in front of the engines that records every token "
+        "of every session.  Prints READY http://host:port/v1 once listening.",
+    )
+    g.add_argument(
+        "--servers", nargs="*", type=server_address, default=None,
+        help="engine servers, tcp://host:port each (default: an embedded CPU engine)",
+    )
+    g.add_argument("--address-file", type=writable_file, default=None, help="write the base URL here once listening")
+    add_config_args(g, GatewayConfig, title="gateway", extra_help=_GATEWAY_HELP)
     add_config_args(g, ClientConfig, prefix="client-", title="client")
-    add_config_args(g, CpuEngineConfig, prefix="engine-", title="embedded CPU engine")
+    add_config_args(g, CpuEngineConfig, prefix="engine-", title="embedded CPU engine (without --servers)")
+
+
+#: GatewayConfig fields whose source comment is shared with a neighbour, or absent
+_GATEWAY_HELP = {
+    "port": "the port to listen on (0: a free one)",
+    "max_messages": "messages in one request (400 beyond)",
+}
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """The gateway's options, checked before anything starts: None, or the one line that says what is wrong."""
+    from ..errors import ConfigError
+    from .args import port_number
+
+    try:
+        port_number(str(args.port))
+        if args.trajectories_jsonl is not None:
+            writable_file(args.trajectories_jsonl)
+        if args.tokenizer is not None and not os.path.isdir(os.path.expanduser(args.tokenizer)):
+            return f"--tokenizer: {args.tokenizer!r} is not a directory"
+        if args.engine_model_path is not None and not os.path.isdir(os.path.expanduser(args.engine_model_path)):
+            return f"--engine-model-path: {args.engine_model_path!r} is not a directory"
+        config_from_args(GatewayConfig, args)
+        config_from_args(ClientConfig, args, prefix="client-")
+        config_from_args(CpuEngineConfig, args, prefix="engine-")
+    except argparse.ArgumentTypeError as exc:
+        return str(exc)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 async def run(args: argparse.Namespace) -> int:

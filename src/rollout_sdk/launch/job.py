@@ -184,7 +184,8 @@ def _share_job_key(layout: Layout, barrier: Callable[[], Any]) -> tuple[JobSecre
     barrier()
     key = JobSecret.read(path)
     os.environ[ENV_JOB_KEY_FILE] = str(path)
-    log.info("no job secret: the job's store values are sealed with a key of its own (%s)", path)
+    if layout.rank == 0:  # once per job, not once per rank
+        log.info("no job secret: the job's store values are sealed with a key of its own (%s)", path)
     return key, path
 
 

@@ -14,7 +14,15 @@ from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
 from ..engines.registry import EngineConfigs
 from ..errors import ConfigError
-from .args import OneLineErrors, add_config_args, add_sglang_args, config_from_args, sglang_fields
+from .args import (
+    LOG_LEVELS,
+    OneLineErrors,
+    add_config_args,
+    add_sglang_args,
+    config_from_args,
+    log_level,
+    sglang_fields,
+)
 from .job import LaunchConfig, Main, preflight, run_job
 from .layout import Layout
 
@@ -27,10 +35,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Run under torchrun: every rank calls this; TP leaders serve engines; rank 0 may drive.",
     )
     p.add_argument("--driver", default=None, help="module:function of an async main() to run on rank 0")
-    p.add_argument("--log-level", default=os.environ.get("ROLLOUT_SDK_LOG_LEVEL", "INFO"))
+    p.add_argument(
+        "--log-level", type=log_level, default=os.environ.get("ROLLOUT_SDK_LOG_LEVEL", "INFO"),
+        help=f"one of {', '.join(LOG_LEVELS)} (default: $ROLLOUT_SDK_LOG_LEVEL or INFO)",
+    )
     add_config_args(p, LaunchConfig, title="launch")
     add_config_args(p, CpuEngineConfig, prefix="cpu-", title="cpu engine (--engine cpu)")
-    add_config_args(p, FakeEngineConfig, prefix="fake-", title="fake engine (--engine fake)")
+    add_config_args(p, FakeEngineConfig, prefix="fake-", hidden=True)  # test hooks: accepted, not listed
     add_sglang_args(p)
     return p
 

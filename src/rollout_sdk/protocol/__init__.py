@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from ..errors import InvalidRequestError, ProtocolError, RolloutError, error_code
+from .checks import expect, expect_ids
 
 __all__ = [
     "DEFAULT_MAX_CONTROL_BYTES",
@@ -78,6 +79,7 @@ __all__ = [
     "decode_server_message",
     "encode",
     "error_reply",
+    "expect_sampling",
     "is_generate_frame",
 ]
 
@@ -150,6 +152,10 @@ def _bad(field: str, value: Any, reason: str) -> InvalidRequestError:
 # -- generation ------------------------------------------------------------------------------------
 
 
+_SAMPLING_INTS = ("max_new_tokens", "min_new_tokens", "top_k")
+_SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """How to sample one response.  Defaults sample from the model's distribution at temperature 1.
 
@@ -181,6 +187,14 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        # types first: msgspec checks them while decoding, not when user code builds the struct
+        for name in _SAMPLING_INTS:
+            expect(f"sampling.{name}", getattr(self, name), int)
+        for name in _SAMPLING_FLOATS:
+            expect(f"sampling.{name}", getattr(self, name), float)
+        expect("sampling.ignore_eos", self.ignore_eos, bool)
+        expect("sampling.seed", self.seed, int, optional=True)
+        expect_ids("sampling.stop_token_ids", self.stop_token_ids)
         if self.max_new_tokens < 1:
             raise _bad("sampling.max_new_tokens", self.max_new_tokens, "must be >= 1")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
@@ -214,6 +228,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
 
 
 _DEFAULT_SAMPLING = SamplingParams()
+
+
+def expect_sampling(
+    value: Any, *, field: str = "sampling", optional: bool = True, error: type[RolloutError] = InvalidRequestError
+) -> None:
+    """``value`` is a :class:`SamplingParams` (or None when ``optional``); a dict of its fields is refused by
+    name, with the way to build one, instead of failing deep inside the scheduler."""
+    if isinstance(value, SamplingParams) or (value is None and optional):
+        return
+    hint = "; SamplingParams(**d) builds one from a dict" if isinstance(value, dict) else ""
+    raise error(field, value, f"must be a SamplingParams (got {type(value).__name__}){hint}")  # type: ignore[call-arg]
 
 
 class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True, omit_defaults=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Final, Protocol, final, runtime_checkable
 
 from ..protocol import GenerateRequest, GenerateResult, SamplingParams, ServerInfo
+from ..protocol.checks import expect_ids
 
 __all__ = ["USE_CLIENT_DEFAULT", "Generator", "Prompt", "UseClientDefault", "as_request"]
 
@@ -79,6 +80,8 @@ def as_request(
             changes["session_id"] = session_id
         return msgspec.structs.replace(prompt, **changes) if changes else prompt  # type: ignore[arg-type]
     if isinstance(prompt, list | tuple):
+        if not all(type(t) is int for t in prompt):  # one pass; the slow path names the bad id
+            expect_ids("input_ids", prompt)
         return GenerateRequest(
             input_ids=list(prompt),
             sampling=sampling if sampling is not None else SamplingParams(),

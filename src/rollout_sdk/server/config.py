@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..auth import HOW_TO_ENABLE, ServerAuth, is_loopback
 from ..errors import ConfigError
 from ..protocol import DEFAULT_MAX_CONTROL_BYTES, DEFAULT_MAX_GENERATE_BYTES, MAX_TIMEOUT_S
+from ..protocol.checks import check_config_types
 
 __all__ = ["ServerConfig"]
 
@@ -63,6 +64,7 @@ class ServerConfig:
     auth: ServerAuth | None = None
 
     def __post_init__(self) -> None:
+        check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
         if self.auth is None and not is_loopback(self.host):
             raise ConfigError("host", self.host, f"binding beyond loopback needs authentication: {HOW_TO_ENABLE}")
         for name in ("drain_timeout_s", "shutdown_timeout_s", "control_timeout_s", "client_timeout_s"):

@@ -58,6 +58,7 @@ cancelled (they answer ``shutting_down``), and only then the socket closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -256,7 +257,10 @@ class EngineServer:
         ctx = _transport.new_context()
         gc_saved: tuple[int, int, int] | None = None
         try:
-            await self.engine.start()
+            if not await self._start_engine():  # stopped during start-up: no bind, no ready, shut down
+                log.info("server stopped during start-up: not serving")
+                await self._close_engine()
+                return
             gc_saved = raise_gc_threshold(self.config.gc_threshold)
             try:
                 self._endpoint = _transport.bind_router(
@@ -307,15 +311,37 @@ class EngineServer:
                 self._decoder.close()
                 if self._endpoint is not None:
                     await self._endpoint.close()
-                try:
-                    await asyncio.wait_for(self.engine.close(), timeout=max(1.0, self._time_left(0.5)))
-                except TimeoutError:
-                    log.warning("server %s: engine did not close within the shutdown bound", self.server_id)
+                await self._close_engine()
         finally:
             restore_gc_threshold(gc_saved, self.config.gc_threshold)
             await asyncio.to_thread(ctx.term)  # waits (bounded by linger) for the last replies to leave
             self._life.closed()
             self._stopped.set()
+
+    async def _start_engine(self) -> bool:
+        """Start the engine unless :meth:`stop` comes first (a Ctrl-C while a model loads): False then, and
+        the start is cancelled (a load running in a worker thread finishes there; the process's bounded
+        exit does not wait for it)."""
+        start = asyncio.ensure_future(self.engine.start())
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not start.done():
+                start.cancel()
+        if not start.cancelled() and start.done():
+            start.result()  # a start-up error surfaces as it is
+            return not self._stop.is_set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await start
+        return False
+
+    async def _close_engine(self) -> None:
+        try:
+            await asyncio.wait_for(self.engine.close(), timeout=max(1.0, self._time_left(0.5)))
+        except TimeoutError:
+            log.warning("server %s: engine did not close within the shutdown bound", self.server_id)
 
     def stop(self) -> None:
         """Ask the server to shut down (drain, then abort what is left) within ``shutdown_timeout_s``.

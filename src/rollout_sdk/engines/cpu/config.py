@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import ConfigError
+from ...protocol.checks import check_config_types
 
 __all__ = ["CpuEngineConfig"]
 
@@ -34,6 +35,7 @@ class CpuEngineConfig:
     home: str | None = None
 
     def __post_init__(self) -> None:
+        check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
         if self.max_running < 1:
             raise ConfigError("max_running", self.max_running, "must be >= 1")
         if self.max_image_expansions < 1:
