@@ -168,7 +168,13 @@ async def test_prefill_once_survives_a_cancelled_member_and_a_failed_prefill() -
     for i in range(5):  # finished entries are forgotten beyond max_entries
         await once.wait(mk(f"c{i}", f"C{i}", [9, 9, 9, i]))
     assert len(once._entries) <= 2
-    await once.close()
+
+    release.clear()
+    waiting = asyncio.create_task(once.wait(mk("d0", "D", [4, 4, 4, 4])))
+    await until(lambda: calls[-1] == "d0", "the prefill of group D runs")
+    await once.close()  # cancels the prefill: its member goes on, it is not cancelled itself
+    await asyncio.wait_for(waiting, HANG_GUARD_S)
+    assert not waiting.cancelled()
 
 
 @pytest.mark.parametrize("gid", ["", "x" * 257])

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -76,9 +75,17 @@ class PrefillOnce:
         else:
             self._entries.move_to_end(key)
         self.members += 1
-        if not fut.done():
-            with contextlib.suppress(Exception):  # its outcome does not matter (module docstring)
-                await asyncio.shield(fut)
+        if fut.done():
+            return
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if fut.cancelled() and (me is None or not me.cancelling()):
+                return  # the prefill was cancelled (close()), not this member: it goes on without
+            raise
+        except Exception:
+            pass  # its outcome does not matter (module docstring)
 
     def _trim(self) -> None:
         """Forget the oldest finished entries beyond ``max_entries`` (running ones are kept: they are
