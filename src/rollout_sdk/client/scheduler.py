@@ -162,8 +162,6 @@ class SchedulerConfig:
             raise ConfigError("affinity_margin", self.affinity_margin, "must be >= 0")
         if self.max_sessions < 1:
             raise ConfigError("max_sessions", self.max_sessions, "must be >= 1")
-        if not isinstance(self.place_groups, bool):
-            raise ConfigError("place_groups", self.place_groups, "must be True or False")
         if self.clear_suspects not in ("answered", "finished"):
             raise ConfigError("clear_suspects", self.clear_suspects, "must be 'answered' or 'finished'")
 
@@ -172,6 +170,14 @@ class SchedulerConfig:
         if self.max_in_flight_per_server is None:
             return base
         return dataclasses.replace(base, ceiling=self.max_in_flight_per_server)
+
+
+def _remember(lru: collections.OrderedDict[str, ServerConnection], key: str, conn: ServerConnection, most: int) -> None:
+    """``key`` placed on ``conn``, most recent last; the least recently placed forgotten beyond ``most``."""
+    lru[key] = conn
+    lru.move_to_end(key)
+    if len(lru) > most:
+        lru.popitem(last=False)
 
 
 class _Waiter:
@@ -319,6 +325,9 @@ class Scheduler:
         gid = req.group_id
         if gid is not None and self.config.place_groups:
             return self._place_group(gid, req, free)
+        return self._place_session(req, free)
+
+    def _place_session(self, req: GenerateRequest, free: list[ServerConnection]) -> ServerConnection:
         sid = req.session_id
         if sid is None:
             return self.policy.choose(free, req)
@@ -334,29 +343,19 @@ class Scheduler:
         if conn is not None and conn is not chosen:
             self.sessions_moved += 1
             self.prefix_tokens_lost += len(req.input_ids)
-        sessions[sid] = chosen
-        sessions.move_to_end(sid)
-        if len(sessions) > self.config.max_sessions:
-            sessions.popitem(last=False)
+        _remember(sessions, sid, chosen, self.config.max_sessions)
         return chosen
 
     def _place_group(self, gid: str, req: GenerateRequest, free: list[ServerConnection]) -> ServerConnection:
         """A GRPO group's members follow its first one while that server has room (module docstring)."""
-        groups = self._groups
-        conn = groups.get(gid)
+        conn = self._groups.get(gid)
         if conn is not None and conn in free:
-            groups.move_to_end(gid)
+            self._groups.move_to_end(gid)
             if req.session_id is not None:  # a member's later turns follow it there (its prefix cache)
-                self._sessions[req.session_id] = conn
-                self._sessions.move_to_end(req.session_id)
-                if len(self._sessions) > self.config.max_sessions:
-                    self._sessions.popitem(last=False)
+                _remember(self._sessions, req.session_id, conn, self.config.max_sessions)
             return conn
-        chosen = self._place(msgspec.structs.replace(req, group_id=None), free)  # its session, or the policy
-        groups[gid] = chosen
-        groups.move_to_end(gid)
-        if len(groups) > _MAX_GROUPS:
-            groups.popitem(last=False)
+        chosen = self._place_session(req, free)  # the first member: its session's server, or the policy's
+        _remember(self._groups, gid, chosen, _MAX_GROUPS)
         return chosen
 
     def release(self, conn: ServerConnection, req: GenerateRequest, *, suspect: _Probation | None = None) -> None:
