@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import ServerProcs, log, save_results, sigterm_as_interrupt
+from hardening import poison_case  # the same poison experiment, with the client rule as an option
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("healthy", "sigkill", "sigstop", "poison")
@@ -128,60 +129,6 @@ async def _kill(procs: ServerProcs, args: argparse.Namespace, sig: signal.Signal
         procs.stop([p for p, _ in started])
 
 
-async def _poison(args: argparse.Namespace) -> dict[str, Any]:
-    from rollout_sdk import (
-        EngineServer,
-        GenerateRequest,
-        PoisonRequestError,
-        RolloutClient,
-        SamplingParams,
-        ServerConfig,
-    )
-    from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
-
-    loop = asyncio.get_running_loop()
-    servers = []
-    for i in range(3):
-        engine = FakeEngine(FakeEngineConfig(step_base_s=0.002))
-
-        def responder(req: GenerateRequest, engine: FakeEngine = engine) -> list[int]:
-            if 666 in req.input_ids:
-                loop.call_soon(engine.kill, "poisoned by request 666")
-            return [9] * req.sampling.max_new_tokens
-
-        engine.responder = responder
-        s = EngineServer(engine, ServerConfig(server_id=f"p{i}"))
-        await s.__aenter__()
-        servers.append(s)
-    try:
-        async with RolloutClient(servers=[s.address for s in servers], clear_suspects=args.clear_suspects) as client:
-            sp = SamplingParams(max_new_tokens=40)
-            t = time.perf_counter()
-            innocents = [asyncio.ensure_future(client.generate([1, 2, 3, i], sampling=sp)) for i in range(300)]
-            while not all(s.stats().in_flight > 0 for s in servers):
-                await asyncio.sleep(0.005)
-            try:
-                await client.generate([1, 2, 666], sampling=SamplingParams(max_new_tokens=4))
-                poison = "completed"
-            except PoisonRequestError:
-                poison = "PoisonRequestError"
-            results = await asyncio.gather(*innocents, return_exceptions=True)
-            dt = time.perf_counter() - t
-            failed = collections.Counter(type(r).__name__ for r in results if isinstance(r, BaseException))
-            return {
-                "servers": 3,
-                "innocents": 300,
-                "engines_lost": sum(1 for s in servers if s.engine.dead is not None),
-                "innocents_failed": sum(failed.values()),
-                "poison_request": poison,
-                "wall_s": round(dt, 2),
-                "max_suspects_running_per_server": client.scheduler.max_suspects_running,
-            }
-    finally:
-        for s in servers:
-            await s.aclose()
-
-
 async def _drive(args: argparse.Namespace) -> dict[str, Any]:
     parts = set(args.parts.split(","))
     out: dict[str, Any] = {"clear_suspects": args.clear_suspects, "step_s": args.step_s, "tokens": args.tokens}
@@ -197,7 +144,7 @@ async def _drive(args: argparse.Namespace) -> dict[str, Any]:
                     out[name] = await _kill(procs, args, sig)
             if "poison" in parts:
                 log("poison")
-                out["poison"] = await _poison(args)
+                out["poison"] = await poison_case(clear_suspects=args.clear_suspects)
         finally:
             procs.stop()
     return out

@@ -411,7 +411,10 @@ async def _fairshare(procs: ServerProcs, tmp: Path, identities: int) -> list[dic
     return rows
 
 
-async def _poison() -> dict[str, Any]:
+async def poison_case(**client_options: Any) -> dict[str, Any]:
+    """Three fake servers, 300 innocent requests in flight on all of them, then a request that kills every
+    engine it reaches (id 666): engines lost, innocents failed, what became of the poison.  Shared with
+    bench/failover.py (``client_options``: e.g. ``clear_suspects``)."""
     from rollout_sdk import (
         EngineServer,
         GenerateRequest,
@@ -437,7 +440,7 @@ async def _poison() -> dict[str, Any]:
         await s.__aenter__()
         servers.append(s)
     try:
-        async with RolloutClient(servers=[s.address for s in servers]) as client:
+        async with RolloutClient(servers=[s.address for s in servers], **client_options) as client:
             sp = SamplingParams(max_new_tokens=40)
             t = time.perf_counter()
             innocents = [asyncio.ensure_future(client.generate([1, 2, 3, i], sampling=sp)) for i in range(300)]
@@ -463,6 +466,7 @@ async def _poison() -> dict[str, Any]:
                 "innocents_retried": retried,
                 "poison_request": poison,
                 "wall_s": round(dt, 2),
+                "max_suspects_running_per_server": client.scheduler.max_suspects_running,
             }
     finally:
         for s in servers:
@@ -489,7 +493,7 @@ async def _drive(args: argparse.Namespace) -> dict[str, Any]:
             out["fairshare"] = await _fairshare(procs, tmp, args.identities)
         if "poison" in parts:
             log("poison")
-            out["poison"] = await _poison()
+            out["poison"] = await poison_case()
     finally:
         procs.stop()
     return out
