@@ -43,6 +43,18 @@ for step in "$@"; do
             --plan grpo2048x8:raw,sdk long:raw,rawcap,sdk short:raw,sdk \
             --json $OUT/rlstep-0.5b-r.json --log-dir $OUT 2>$OUT/rlstep-0.5b-r.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-0.5b-r.log | tail -40 ;;
+    ag7) timeout 560 python3 bench/gpu_rlstep.py --shape 7b --reps ${REPS:-1} --budget-s 540 --max-total-tokens 300000 \
+            --plan agent:${SIDES:-raw,sdkoff,sdkpin,sdk} \
+            --json $OUT/agent-7b-300k.json --log-dir $OUT 2>$OUT/agent-7b-300k.log | quiet
+          grep -a "rep \|ready\|Traceback\|Error" $OUT/agent-7b-300k.log | tail -20 ;;
+    ag7h) timeout 560 python3 bench/gpu_rlstep.py --shape 7b --reps ${REPS:-1} --budget-s 540 --max-total-tokens 300000 \
+            --extra '{"enable_hierarchical_cache": true, "hicache_ratio": 3}' --plan agent:${SIDES:-raw,sdkpin,sdk} \
+            --json $OUT/agent-7b-300k-host.json --log-dir $OUT 2>$OUT/agent-7b-300k-host.log | quiet
+          grep -a "rep \|ready\|Traceback\|Error" $OUT/agent-7b-300k-host.log | tail -20 ;;
+    ag7d) timeout 560 python3 bench/gpu_rlstep.py --shape 7b --reps ${REPS:-1} --budget-s 540 --max-total-tokens 1200000 \
+            --plan agent:${SIDES:-raw,sdk} \
+            --json $OUT/agent-7b-default.json --log-dir $OUT 2>$OUT/agent-7b-default.log | quiet
+          grep -a "rep \|ready\|Traceback\|Error" $OUT/agent-7b-default.log | tail -20 ;;
     *) echo "unknown step $step" ;;
   esac
 done

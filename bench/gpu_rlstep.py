@@ -20,6 +20,9 @@ Sides (every request submitted at once unless said; temperature 1, ``ignore_eos`
   defaults (group members tagged with their ``group_id``: placed together, the prompt prefilled once;
   the decode window at the CUDA-graph batch);
 * ``sdkoff``: the same client with both levers switched off on the engine for the pass;
+* ``sdkpin`` (``agent``): the SDK keeping each session's KV through its tool waits (``keep_kv_s`` and
+  wait hints) without session admission; ``sdk`` adds admission (``--session-admission``, a fraction of the
+  KV pool), ``sdkoff`` neither;
 * ``sdkflat`` (``--serve N``): the same requests without their ``group_id``: each sample placed on its own
   (least load), as before issue 39.
 
@@ -74,7 +77,7 @@ sys.path.insert(0, HERE)
 import gpu_rl  # noqa: E402  (bench/gpu_rl.py: client process plumbing, the HTTP server's argv)
 
 T0 = time.perf_counter()
-MODES = ("raw", "rawcap", "http", "sdk", "sdkoff", "sdkflat")
+MODES = ("raw", "rawcap", "http", "sdk", "sdkoff", "sdkflat", "sdkpin")
 
 
 def log(msg: str) -> None:
@@ -173,14 +176,14 @@ def tool_ids(session: int, turn: int, n: int, vocab: int) -> list[int]:
 
 # -- one side's pass: (output tokens, prompt tokens, cached tokens, engine) per request ------------------
 
-Out = tuple[int, int, int, str]
+Out = tuple[int, int, int, str, list[int] | None]  # output tokens, prompt, cached, engine, output ids (agents)
 
 
 def summarize(work: Work, outs: list[Out], dt: float, turn_s: list[float] | None = None) -> dict[str, Any]:
-    toks = sum(o for o, _, _, _ in outs)
-    prefill = sum(max(0, p - c) for _, p, c, _ in outs)
+    toks = sum(o[0] for o in outs)
+    prefill = sum(max(0, o[1] - o[2]) for o in outs)
     per_engine: dict[str, list[int]] = {}
-    for o, _, _, e in outs:
+    for o, _, _, e, _ in outs:
         slot = per_engine.setdefault(e, [0, 0])
         slot[0] += 1
         slot[1] += o
@@ -196,8 +199,14 @@ def summarize(work: Work, outs: list[Out], dt: float, turn_s: list[float] | None
         "ok": expect is None or toks == expect,
     }
     if turn_s:
-        q = statistics.quantiles(turn_s, n=20)
-        row["turn_p50_s"], row["turn_p95_s"] = round(statistics.median(turn_s), 3), round(q[18], 3)
+        q = statistics.quantiles(turn_s, n=100)
+        row["turn_p50_s"], row["turn_p95_s"] = round(statistics.median(turn_s), 3), round(q[94], 3)
+        row["turn_p99_s"] = round(q[98], 3)
+    if work.sessions:  # resumed turns (every turn but a session's first): the share of the context computed
+        resumed = [(o[1], o[2]) for o in outs if o[1] > len(work.sessions[0]) + 1]
+        if resumed:
+            row["reprefill_frac"] = round(statistics.mean((p - c) / p for p, c in resumed), 4)
+            row["reprefill_tokens"] = sum(p - c for p, c in resumed)
     return row
 
 
@@ -213,6 +222,7 @@ def load_cv(per_engine: dict[str, list[int]], index: int) -> float | None:
 
 async def client_main(a: argparse.Namespace) -> None:
     from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
+    from rollout_sdk.protocol import SessionHint
 
     gpu_rl.client_main  # noqa: B018  (the same plumbing as gpu_rl's client: rlimits, stdin commands)
     import resource
@@ -240,9 +250,16 @@ async def client_main(a: argparse.Namespace) -> None:
             work = make_work(cmd["workload"], shape=a.shape, quick=a.quick, vocab=cmd["vocab"], salt=cmd["salt"])
             http = cmd["mode"] == "http"
             flat = cmd["mode"] == "sdkflat"
+            keep = cmd["mode"] in ("sdk", "sdkpin") and a.keep_kv_s > 0
 
             async def gen(
-                prompt: list[int], n: int, group: str | None, sid: str | None, http: bool = http, flat: bool = flat
+                prompt: list[int],
+                n: int,
+                group: str | None,
+                sid: str | None,
+                http: bool = http,
+                flat: bool = flat,
+                keep: bool = keep,
             ) -> Out:
                 if http:
                     body = {
@@ -259,21 +276,27 @@ async def client_main(a: argparse.Namespace) -> None:
                         int(meta.get("prompt_tokens") or len(prompt)),
                         int(meta.get("cached_tokens") or 0),
                         "http",
+                        list(out.get("output_ids") or []),
                     )
                 r = await client.generate(
                     GenerateRequest(
                         input_ids=prompt,
                         group_id=None if flat else group,
                         session_id=sid,
+                        keep_kv_s=a.keep_kv_s if keep and sid else None,
                         sampling=SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True),
                     )
                 )
-                return len(r.output_ids), r.prompt_tokens, r.cached_tokens, r.server_id
+                return len(r.output_ids), r.prompt_tokens, r.cached_tokens, r.server_id, list(r.output_ids)
+
+            async def hint(sid: str, wait_s: float | None, ended: bool, keep: bool = keep) -> None:
+                if keep:
+                    await client.session_hints([SessionHint(session_id=sid, wait_s=wait_s, ended=ended)])
 
             t0 = time.perf_counter()
             turn_s: list[float] = []
             if work.sessions:
-                outs = await run_agent(work, gen, turn_s, cmd["vocab"])
+                outs = await run_agent(work, gen, turn_s, cmd["vocab"], hint if a.hints else None)
             else:
                 outs = list(await asyncio.gather(*(gen(it.prompt, it.max_new, it.group, None) for it in work.items)))
             row = summarize(work, outs, time.perf_counter() - t0, turn_s)
@@ -296,28 +319,34 @@ def inferred_group_prefills(work: Work, outs: list[Out]) -> int:
     prompt token from the cache computed the prompt once, in its prefill pass."""
     seen: set[tuple[str, str]] = set()
     total = 0
-    for it, (_, p, c, server) in zip(work.items, outs, strict=True):
+    for it, (_, p, c, server, _) in zip(work.items, outs, strict=True):
         if it.group and c >= p - 1 and (it.group, server) not in seen:
             seen.add((it.group, server))
             total += p
     return total
 
 
-async def run_agent(work: Work, gen: Any, turn_s: list[float], vocab: int) -> list[Out]:
-    """Every session at once: turn, tool wait, next turn on the grown context."""
+async def run_agent(work: Work, gen: Any, turn_s: list[float], vocab: int, hint: Any = None) -> list[Out]:
+    """Every session at once: turn, tool wait, next turn on the context grown by the model's own tokens and
+    the tool's result.  ``hint(session, wait_s, ended)``: the SDK's session hints (the tool's expected wait
+    before it runs, "ended" after the last turn)."""
     outs: list[Out] = []
 
     async def session(k: int) -> None:
         ctx = list(work.sessions[k])
+        sid = f"agent-{id(work)}-{k}"
         for t in range(work.turns):
             t0 = time.perf_counter()
-            o = await gen(ctx, work.turn_new, None, f"agent-{id(work)}-{k}")
+            o = await gen(ctx, work.turn_new, None, sid)
             turn_s.append(time.perf_counter() - t0)
             outs.append(o)
             if t + 1 < work.turns:
+                if hint is not None:
+                    await hint(sid, work.waits[k][t], False)
                 await asyncio.sleep(work.waits[k][t])
-                # the model's tokens (their ids do not matter for the cache: a stand-in of the same length)
-                ctx += tool_ids(k, 1000 + t, o[0], vocab) + tool_ids(k, t, work.tool_tokens, vocab)
+                ctx += (o[4] or tool_ids(k, 1000 + t, o[0], vocab)) + tool_ids(k, t, work.tool_tokens, vocab)
+            elif hint is not None:
+                await hint(sid, None, True)
 
     await asyncio.gather(*(session(k) for k in range(len(work.sessions))))
     return outs
@@ -409,7 +438,8 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                         mem_fraction_static=a.mem_fraction / (a.engines - e) if a.engines > 1 else a.mem_fraction,
                         cuda_graph_max_bs=a.graph_bs,
                         random_seed=0,
-                        extra={"disable_prefill_cuda_graph": True, "max_total_tokens": per},
+                        session_admission=a.session_admission or None,
+                        extra={"disable_prefill_cuda_graph": True, "max_total_tokens": per, **json.loads(a.extra)},
                     )
                 )
             )
@@ -422,7 +452,12 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
         for _ in range(a.engines):
             engines.append(  # noqa: PERF401
                 SglangEngine(
-                    SglangEngineConfig(model_path=model, freeze_gc=False, decode_window=a.graph_bs),
+                    SglangEngineConfig(
+                        model_path=model,
+                        freeze_gc=False,
+                        decode_window=a.graph_bs,
+                        session_admission=a.session_admission or None,
+                    ),
                     launcher=StandinEngine.launcher(StandinScheduler(step_s=0.001, max_running=4096)),
                 )
             )
@@ -439,6 +474,8 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                         prefix_cache=True,
                         step_per_prefill_token_s=2e-7,
                         prefill_once_min_tokens=256,
+                        kv_capacity_tokens=a.max_total_tokens or None,
+                        session_admission=a.session_admission or None,
                     )
                 )
             )
@@ -479,6 +516,16 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                 with contextlib.suppress(OSError):
                     await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=30).read())
 
+        def admission(on: bool) -> None:
+            """sdk: session admission at --session-admission; sdkpin and sdkoff: none (sessions' KV kept or not
+            is the client's choice, keep_kv_s)."""
+            for eng in engines:
+                book = getattr(eng, "sessions", None)
+                if book is not None:
+                    if not hasattr(eng, "_bench_budget"):
+                        eng._bench_budget = book.budget_tokens
+                    book.budget_tokens = eng._bench_budget if on else None
+
         def levers(on: bool) -> None:
             """sdkoff: the decode window and prefill-once switched off on every engine for one pass (between
             passes only: nothing holds a place in the window then)."""
@@ -510,6 +557,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                 row = await raw_pass(a, work, raws, cap=graph_bs if mode == "rawcap" else None, engines=engines)
             else:
                 assert client is not None
+                admission(mode == "sdk")
                 if mode == "sdkoff":
                     levers(False)
                 try:
@@ -546,7 +594,8 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                         row = {"error": f"{type(exc).__name__}: {exc}"}
                     row.update(rep=rep, workload=wname, mode=mode)
                     res["passes"].append(row)
-                    keys = ("s", "tok_s", "prefill_x", "prefill_sched", "load_cv_tokens", "turn_p50_s", "ok", "error")
+                    keys = ("s", "tok_s", "prefill_x", "prefill_sched", "load_cv_tokens", "turn_p50_s", "turn_p99_s",
+                            "reprefill_frac", "ok", "error")  # fmt: skip
                     log(f"rep {rep} {wname:12s} {mode:6s} {json.dumps({k: row[k] for k in keys if k in row})}")
                     if a.json:
                         gpu_rl.write_json(a.json, res)
@@ -650,18 +699,22 @@ def raw_side(a: argparse.Namespace, eng: Any, index: int, GenerateRequest: Any, 
                 int(meta.get("prompt_tokens") or len(prompt)),
                 int(meta.get("cached_tokens") or 0),
                 name,
+                list(o["output_ids"]),
             )
 
         return one
     seq = iter(range(1 << 62))
 
-    async def one_fake(prompt: list[int], n: int) -> Out:
+    async def one_fake(prompt: list[int], n: int, sid: str | None = None) -> Out:
         r = await eng.generate(
             GenerateRequest(
-                input_ids=prompt, rid=f"raw-{next(seq)}", sampling=SamplingParams(max_new_tokens=n, ignore_eos=True)
+                input_ids=prompt,
+                rid=f"raw-{next(seq)}",
+                session_id=sid,  # the fake models SGLang's prefix cache of sessions: plain LRU for raw
+                sampling=SamplingParams(max_new_tokens=n, ignore_eos=True),
             )
         )
-        return len(r.output_ids), r.prompt_tokens, r.cached_tokens, name
+        return len(r.output_ids), r.prompt_tokens, r.cached_tokens, name, list(r.output_ids)
 
     return one_fake
 
@@ -674,10 +727,11 @@ async def raw_pass(
 
     async def gen(prompt: list[int], n: int, group: str | None, sid: str | None) -> Out:
         side = raws[next(counter) % len(raws)]  # a naive user deals requests round-robin
+        kw = {"sid": sid} if sid and a.engine == "fake" else {}
         if sem is None:
-            return await side(prompt, n)
+            return await side(prompt, n, **kw)
         async with sem:
-            return await side(prompt, n)
+            return await side(prompt, n, **kw)
 
     t0 = time.perf_counter()
     turn_s: list[float] = []
@@ -726,6 +780,9 @@ def parse_plan(items: list[str]) -> list[tuple[str, list[str]]]:
     return plan
 
 
+_KEYS = ("s", "tok_s", "prefill_x", "prefill_sched", "load_cv_tokens", "turn_p50_s", "turn_p99_s", "reprefill_frac")
+
+
 def summary(res: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     passes = [p for p in res["passes"] if "tok_s" in p]
@@ -743,11 +800,9 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
             return {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
 
         for mode, ps in by.items():
-            row[mode] = {
-                k: med(ps, k) for k in ("s", "tok_s", "prefill_x", "prefill_sched", "load_cv_tokens", "turn_p50_s")
-            }
-        for num in ("sdk", "sdkoff", "http"):
-            for den in ("raw", "rawcap", "http", "sdkoff", "sdkflat"):
+            row[mode] = {k: med(ps, k) for k in _KEYS}
+        for num in ("sdk", "sdkpin", "sdkoff", "http"):
+            for den in ("raw", "rawcap", "http", "sdkoff", "sdkflat", "sdkpin"):
                 if num == den or num not in by or den not in by:
                     continue
                 rs = [by[num][r]["tok_s"] / by[den][r]["tok_s"] for r in by[num] if r in by[den]]
@@ -788,6 +843,12 @@ def table(res: dict[str, Any]) -> str:
                 f"{w:13s} {mode:7s} {cell(m['s'], '{:.2f}'):>20s} {cell(m['tok_s'], '{:,.0f}'):>24s} "
                 f"{cell(m['prefill_x'], '{:.2f}'):>20s} {sched_s:>12s} {cv_s:>7s}"
             )
+            if m.get("turn_p50_s"):
+                lines.append(
+                    f"{'':13s} {'':7s} turn p50 {cell(m['turn_p50_s'], '{:.2f}')} s, p99 "
+                    f"{cell(m.get('turn_p99_s'), '{:.2f}')} s, re-prefilled per resumed turn "
+                    f"{cell(m.get('reprefill_frac'), '{:.3f}')}"
+                )
         ratios = [f"{k} {v['median']:.2f} [{v['min']:.2f}-{v['max']:.2f}]" for k, v in row.items() if "/" in k]
         if ratios:
             lines.append(f"{'':13s} ratios (tok/s, per rep): " + "; ".join(ratios) + f"; all ok: {row['all_ok']}")
@@ -813,6 +874,10 @@ def main() -> None:
     ap.add_argument("--graph-bs", type=int, default=512)
     ap.add_argument("--max-running", type=int, default=0)
     ap.add_argument("--update-after-s", type=float, default=None, help="default: 2 s (0.02 s with --quick)")
+    ap.add_argument("--keep-kv-s", type=float, default=60.0, help="agent: the sdk sides' keep_kv_s (0: none)")
+    ap.add_argument("--hints", type=int, default=1, help="agent: the sdk sides send tool-wait and end hints")
+    ap.add_argument("--session-admission", type=float, default=0.9, help="sdk side: fraction of the KV pool")
+    ap.add_argument("--extra", default="{}", help="JSON: more SGLang server args for the engine (e.g. HiCache)")
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--budget-s", type=float, default=1e9)
     ap.add_argument("--json", default=None)

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from ..errors import ConfigError, StalenessError
-from ..protocol import SamplingParams, expect_sampling
+from ..protocol import MAX_KEEP_KV_S, SamplingParams, expect_sampling
 from ..protocol.checks import check_config_types
 from ..rollouts.context import RolloutContext
 from ..rollouts.group import Agent, Sample
@@ -66,6 +66,10 @@ class AgentConfig:
     #: how reasoning is split off before tool calls are parsed (``reasoning_parser_names()``): with
     #: "think", calls inside ``<think>...</think>`` are drafts and never run
     reasoning_parser: str = "think"
+    #: agent sessions on the engine (docs/agents.md, "KV kept through tool waits"): every turn asks the
+    #: engine to keep the session's KV this many seconds while the tools run, and the session's end releases
+    #: it; None: the engine's prefix cache treats the session like any other request
+    keep_kv_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
@@ -75,6 +79,8 @@ class AgentConfig:
                 raise ConfigError(name, getattr(self, name), "must be >= 1")
         get_parser(self.parser)  # unknown names: ConfigError naming the value and the choices
         get_reasoning_parser(self.reasoning_parser)
+        if self.keep_kv_s is not None and not 0 < self.keep_kv_s <= MAX_KEEP_KV_S:
+            raise ConfigError("keep_kv_s", self.keep_kv_s, f"must be in (0, {MAX_KEEP_KV_S:.0f}] seconds, or None")
 
 
 class ToolAgent(Agent):
@@ -121,6 +127,18 @@ class ToolAgent(Agent):
         self.chat = ChatTemplate(tokenizer, tools=schemas or None, strategy=self.config.template_strategy)
 
     async def run(self, ctx: RolloutContext, sample: Sample) -> Trajectory:
+        try:
+            return await self._run(ctx, sample)
+        finally:
+            if self._keeps(ctx):  # the session is over: its kept KV goes now, not at its lease's end
+                await asyncio.shield(ctx.hint(ended=True))
+
+    def _keeps(self, ctx: RolloutContext) -> bool:
+        """Whether turns ask the engine to keep the session's KV: a RolloutContext (a duck-typed context,
+        e.g. a scripted expert's, is called as before)."""
+        return self.config.keep_kv_s is not None and isinstance(ctx, RolloutContext)
+
+    async def _run(self, ctx: RolloutContext, sample: Sample) -> Trajectory:
         cfg = self.config
         messages: list[dict[str, Any]] = [dict(m) for m in sample["messages"]]
         builder = TrajectoryBuilder(self.chat.prompt_ids(messages), ctx.session_id, images=message_images(messages))
@@ -135,7 +153,10 @@ class ToolAgent(Agent):
             t0 = time.perf_counter()
             try:
                 sampling = msgspec.structs.replace(cfg.sampling, max_new_tokens=room)
-                result = await ctx.generate(builder.ids, sampling, builder.images)
+                if self._keeps(ctx):
+                    result = await ctx.generate(builder.ids, sampling, builder.images, keep_kv_s=cfg.keep_kv_s)
+                else:
+                    result = await ctx.generate(builder.ids, sampling, builder.images)
             except StalenessError:
                 finish = "stale"
                 break

@@ -23,6 +23,7 @@ reports are in ``config.py`` and ``stats.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
@@ -44,8 +45,10 @@ from ..errors import (
     NoServersError,
     RemoteError,
     RequestTimeoutError,
+    RolloutError,
 )
 from ..protocol import (
+    MAX_SESSION_HINTS,
     FlushCache,
     GenerateRequest,
     GenerateResult,
@@ -55,6 +58,8 @@ from ..protocol import (
     ResumeMemory,
     SamplingParams,
     ServerInfo,
+    SessionHint,
+    SessionHints,
     SetWeightVersion,
     encode,
     expect_sampling,
@@ -544,6 +549,26 @@ class RolloutClient(OpenedWith):
 
     async def flush_cache(self) -> None:
         await broadcast_control(self._live(), lambda s: FlushCache(s.next_call_id()))
+
+    async def session_hints(self, hints: Sequence[SessionHint]) -> None:
+        """Tell the servers holding these agent sessions what comes next (``GenerateRequest.keep_kv_s``): a
+        session ``ended`` (its kept KV is released now, not at its lease's end), or it waits on a tool for
+        about ``wait_s`` seconds (kept KV expected back later is demoted first under memory pressure).
+        Advisory: a session this client has not placed, or a server that is gone, is skipped; an ended
+        session's placement is forgotten."""
+        by_server: dict[ServerConnection, list[SessionHint]] = {}
+        for h in hints:
+            if not isinstance(h, SessionHint):
+                raise InvalidRequestError("hints", h, "must be SessionHint values")
+            conn = self.scheduler.session_server(h.session_id)
+            if conn is not None and conn.accepting:
+                by_server.setdefault(conn, []).append(h)
+            if h.ended:
+                self.scheduler.forget_session(h.session_id)
+        for conn, batch in by_server.items():
+            for i in range(0, len(batch), MAX_SESSION_HINTS):
+                with contextlib.suppress(RolloutError):  # advisory: a lost hint costs memory, not results
+                    await conn.call(SessionHints(conn.next_call_id(), batch[i : i + MAX_SESSION_HINTS]))
 
     async def release_memory(self, tags: Sequence[str] | None = None, *, wait: bool = False) -> None:
         """Free the engines' GPU memory (``weights``, ``kv_cache``; all by default) for a colocated trainer.

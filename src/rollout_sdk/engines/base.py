@@ -31,6 +31,7 @@ from ..protocol import (
     GenerateResult,
     InitWeightGroup,
     PauseMode,
+    SessionHint,
     Timings,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
@@ -253,6 +254,11 @@ class Engine(abc.ABC):
 
     async def set_weight_version(self, version: int) -> None:
         self._weight_version = version
+
+    def session_hints(self, hints: Sequence[SessionHint]) -> None:
+        """Advisory (agent sessions, ``GenerateRequest.keep_kv_s``): a session ended, or waits on a tool for
+        about ``wait_s``.  Engines that keep no session KV ignore them."""
+        return None
 
     async def update_weights(self, named: NamedTensors, *, version: int | None = None) -> None:
         """Load tensors already in this process (all-or-nothing)."""

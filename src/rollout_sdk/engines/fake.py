@@ -25,6 +25,13 @@ the step that prefilled it has run, so requests admitted in the same step all co
 ``prefill_tokens`` counts what was computed), and a step costs ``step_per_prefill_token_s`` per computed
 prompt token on top.  With ``prefill_once_min_tokens`` set, a GRPO group's prompt is prefilled once
 (engines/prefill.py), as the SGLang engine does.
+
+``kv_capacity_tokens`` models an agent's KV kept through its tool waits (issue 40, as the SGLang engine pins
+it, engines/sglang/pins.py): each session's latest sequence (prompt and output but its last token) stays
+cached after its turn, in one pool with the running requests' KV; when the pool overflows, the least
+recently used unpinned session goes first and pinned ones (``keep_kv_s``) last, the one expected back
+latest first.  A session's next turn takes the common prefix from it (``cached_tokens``).
+``session_admission`` admits new sessions by that pool (engines/sessions.py).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .._aio import await_unless, cancel_and_wait
 from ..errors import (
@@ -44,10 +52,19 @@ from ..errors import (
     InvalidRequestError,
     WeightUpdateError,
 )
-from ..protocol import EngineLimits, GenerateRequest, GenerateResult, InitWeightGroup, PauseMode, Timings
+from ..protocol import (
+    EngineLimits,
+    GenerateRequest,
+    GenerateResult,
+    InitWeightGroup,
+    PauseMode,
+    SessionHint,
+    Timings,
+)
 from ..protocol.segments import append_segments
 from .base import Engine, EngineLoad, Gate, NamedTensors
 from .prefill import PrefillOnce
+from .sessions import SessionBook
 
 __all__ = ["FakeEngine", "FakeEngineConfig"]
 
@@ -81,6 +98,10 @@ class FakeEngineConfig:
     step_per_prefill_token_s: float = 0.0
     #: group prompts of at least this many tokens are prefilled once (engines/prefill.py); None: off
     prefill_once_min_tokens: int | None = None
+    #: agent sessions (module docstring): the modelled KV pool in tokens (None: no session cache) and the
+    #: fraction of it session admission fills (None: off)
+    kv_capacity_tokens: int | None = None
+    session_admission: float | None = None
     #: named weights and their sizes, for update_weights checks
     weight_shapes: dict[str, tuple[int, ...]] = field(default_factory=lambda: {"w": (4,)})
 
@@ -169,6 +190,15 @@ class FakeEngine(Engine):
         self._prefilled: collections.OrderedDict[int, None] = collections.OrderedDict()  # the modelled cache
         #: prompt tokens computed (not taken from the modelled prefix cache), prefill-only passes included
         self.prefill_tokens = 0
+        #: the modelled session cache (module docstring): session -> [sequence, pin rank or None], LRU order
+        self._session_kv: collections.OrderedDict[str, list[Any]] = collections.OrderedDict()
+        self.session_evictions = 0
+        cap, adm = self.config.kv_capacity_tokens, self.config.session_admission
+        self.sessions = SessionBook(
+            release=self._unpin,
+            rerank=self._rerank,
+            budget_tokens=int(cap * adm) if cap is not None and adm is not None else None,
+        )
         self.prefill_once: PrefillOnce | None = None
         if self.config.prefill_once_min_tokens is not None:
             self.prefill_once = PrefillOnce(self._prefill_prompt, min_tokens=self.config.prefill_once_min_tokens)
@@ -247,6 +277,13 @@ class FakeEngine(Engine):
             await await_unless(self.gate.wait(), fut)  # the gate, unless the request ends meanwhile (abort)
             if fut.done():
                 return fut.result()
+        if req.keep_kv_s is not None and req.session_id is not None:
+            need = len(req.input_ids) + req.sampling.max_new_tokens
+            await await_unless(self.sessions.enter(req.session_id, need), fut)  # admission, unless aborted
+            if fut.done():
+                return fut.result()
+            sid, keep, n = req.session_id, req.keep_kv_s, len(req.input_ids)
+            fut.add_done_callback(lambda f: self._left(f, sid, keep, n))
         if self.config.instant:
             await self._gate.wait()
             if not fut.done():
@@ -279,8 +316,10 @@ class FakeEngine(Engine):
         computed = 0
         for r, key in zip(admitted, keys, strict=True):
             n = len(r.req.input_ids)
-            r.cached = n - 1 if key in self._prefilled else 0
+            taken = self._session_cached(r)
+            r.cached = taken if taken is not None else (n - 1 if key in self._prefilled else 0)
             computed += n - r.cached
+        self._evict_sessions()  # the admitted requests' KV needs room
         for key in keys:  # cached only after this step: requests admitted together all compute it
             self._prefilled[key] = None
             self._prefilled.move_to_end(key)
@@ -288,6 +327,77 @@ class FakeEngine(Engine):
             self._prefilled.popitem(last=False)
         self.prefill_tokens += computed
         return computed
+
+    # -- the modelled session cache (module docstring) ----------------------------------------------------
+
+    def _left(self, fut: asyncio.Future[GenerateResult], session: str, keep_s: float, prompt: int) -> None:
+        ok = not fut.cancelled() and fut.exception() is None and fut.result().finish_reason != "abort"
+        out = len(fut.result().output_ids) if ok else 0
+        self.sessions.leave(session, keep_s=keep_s, tokens=prompt + out, ok=ok)
+
+    def _session_cached(self, r: _Req) -> int | None:
+        """What ``r`` takes from its session's cached sequence (None: not a session request here)."""
+        sid = r.req.session_id
+        if self.config.kv_capacity_tokens is None or sid is None:
+            return None
+        entry = self._session_kv.get(sid)
+        if entry is None:
+            return 0
+        self._session_kv.move_to_end(sid)
+        ids, n = entry[0], len(r.req.input_ids)
+        common = 0
+        for a, b in zip(ids, r.req.input_ids, strict=False):
+            if a != b:
+                break
+            common += 1
+        return min(common, n - 1)
+
+    def _session_done(self, r: _Req, reason: str) -> None:
+        sid = r.req.session_id
+        if self.config.kv_capacity_tokens is None or sid is None or reason == "abort" or not r.out:
+            return
+        keep = r.req.keep_kv_s if r.req.keep_kv_s is not None and self.sessions.holds(sid) else None
+        rank = asyncio.get_running_loop().time() + keep if keep is not None else None
+        self._session_kv[sid] = [(*r.req.input_ids, *r.out[:-1]), rank]
+        self._session_kv.move_to_end(sid)
+        self._evict_sessions()
+
+    def _evict_sessions(self) -> None:
+        cap = self.config.kv_capacity_tokens
+        if cap is None:
+            return
+        used = sum(len(e[0]) for e in self._session_kv.values())
+        used += sum(len(r.req.input_ids) + len(r.out) for r in self._running if not r.done)
+        while used > cap and self._session_kv:
+            victim = next((k for k, e in self._session_kv.items() if e[1] is None), None)
+            if victim is None:  # only pinned ones left: the one expected back latest
+                victim = max(self._session_kv, key=lambda k: self._session_kv[k][1])
+            used -= len(self._session_kv.pop(victim)[0])
+            self.session_evictions += 1
+
+    def _unpin(self, sessions: list[str]) -> None:
+        for s in sessions:
+            entry = self._session_kv.get(s)
+            if entry is not None:
+                entry[1] = None
+
+    def _rerank(self, session: str, rank: float) -> None:
+        entry = self._session_kv.get(session)
+        if entry is not None and entry[1] is not None:
+            entry[1] = rank
+
+    def session_hints(self, hints: Sequence[SessionHint]) -> None:
+        self.sessions.hints(hints)
+
+    @property
+    def pinned_sessions(self) -> list[str]:
+        """Sessions whose KV the modelled cache holds pinned now (tests)."""
+        return [k for k, e in self._session_kv.items() if e[1] is not None]
+
+    def session_cached(self, session: str) -> int:
+        """Tokens of ``session`` the modelled cache holds (tests)."""
+        entry = self._session_kv.get(session)
+        return len(entry[0]) if entry is not None else 0
 
     def _emit(self, r: _Req) -> bool:
         """Append the next target token; return True when the request finished."""
@@ -311,6 +421,7 @@ class FakeEngine(Engine):
             return
         r.done = True
         self._reqs.pop(r.req.rid, None)
+        self._session_done(r, reason)
         now = time.perf_counter()
         if not r.future.done():
             r.future.set_result(

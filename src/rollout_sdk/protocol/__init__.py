@@ -38,6 +38,8 @@ __all__ = [
     "MAX_IMAGES",
     "MAX_IMAGE_BYTES",
     "MAX_INPUT_IDS",
+    "MAX_KEEP_KV_S",
+    "MAX_SESSION_HINTS",
     "MAX_STOP_TOKEN_IDS",
     "MAX_TENSORS",
     "MAX_TIMEOUT_S",
@@ -68,6 +70,8 @@ __all__ = [
     "ServerInfo",
     "ServerMessage",
     "ServerStats",
+    "SessionHint",
+    "SessionHints",
     "SetWeightVersion",
     "TensorMeta",
     "Timings",
@@ -112,6 +116,10 @@ MAX_INPUT_IDS = 1 << 21
 MAX_STOP_TOKEN_IDS = 4096
 #: characters of a request's ``group_id``
 MAX_GROUP_ID = 256
+#: the longest lease a request may ask for its session's KV (``keep_kv_s``), and for a tool wait hint
+MAX_KEEP_KV_S = 3600.0
+#: session hints in one SessionHints message
+MAX_SESSION_HINTS = 4096
 #: the most tensors (and buckets, and IPC handles) one weight update may describe
 MAX_TENSORS = 1 << 16
 #: the most dimensions of one tensor in an update
@@ -270,8 +278,18 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
     ] = []
     #: the GRPO group this request is a member of (see above); at most MAX_GROUP_ID characters
     group_id: Annotated[str, msgspec.Meta(max_length=MAX_GROUP_ID)] | None = None
+    #: agent sessions: keep this session's KV (prompt and output) in the engine's prefix cache for up to this
+    #: many seconds after the request ends, because another turn will follow (a tool call); needs
+    #: ``session_id``.  The next turn, :class:`SessionHints` (ended, or the tool wait) or the lease's end
+    #: releases it; memory pressure demotes kept KV before anything running waits (docs/agents.md).
+    keep_kv_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_KEEP_KV_S)] | None = None
 
     def __post_init__(self) -> None:
+        if self.keep_kv_s is not None:
+            if not isinstance(self.keep_kv_s, int | float) or not 0 < self.keep_kv_s <= MAX_KEEP_KV_S:
+                raise _bad("keep_kv_s", self.keep_kv_s, f"must be in (0, {MAX_KEEP_KV_S:.0f}] seconds")
+            if self.session_id is None:
+                raise _bad("keep_kv_s", self.keep_kv_s, "needs a session_id (the session whose KV is kept)")
         if self.group_id is not None and not 0 < len(self.group_id) <= MAX_GROUP_ID:
             raise _bad("group_id", self.group_id[:40], f"must hold 1..{MAX_GROUP_ID} characters")
         if not self.input_ids:
@@ -558,6 +576,29 @@ class ResumeMemory(msgspec.Struct, tag="resume_memory", frozen=True):
     tags: _Tags | None = None
 
 
+class SessionHint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a session does next, from the agent loop or the gateway: ``ended`` (release its kept KV now), or
+    waiting on a tool expected to take about ``wait_s`` seconds (kept KV of sessions expected back later
+    is demoted first under memory pressure)."""
+
+    session_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_GROUP_ID)]
+    ended: bool = False
+    wait_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_KEEP_KV_S)] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.session_id, str) or not 0 < len(self.session_id) <= MAX_GROUP_ID:
+            raise _bad("session_id", str(self.session_id)[:40], f"must hold 1..{MAX_GROUP_ID} characters")
+        if self.wait_s is not None and not 0 <= self.wait_s <= MAX_KEEP_KV_S:  # also NaN
+            raise _bad("wait_s", self.wait_s, f"must be in [0, {MAX_KEEP_KV_S:.0f}] seconds")
+
+
+class SessionHints(msgspec.Struct, tag="session_hints", frozen=True):
+    """Hints for sessions placed on this server (advisory: unknown sessions are ignored)."""
+
+    call_id: str
+    hints: Annotated[list[SessionHint], msgspec.Meta(max_length=MAX_SESSION_HINTS)]
+
+
 class SetWeightVersion(msgspec.Struct, tag="set_weight_version", frozen=True):
     call_id: str
     version: int
@@ -625,6 +666,7 @@ ControlRequest = (
     | ReleaseMemory
     | ResumeMemory
     | SetWeightVersion
+    | SessionHints
     | InitWeightGroup
     | UpdateWeightsDistributed
     | UpdateWeightsFromIpc

@@ -9,19 +9,22 @@ of the group shares) carries it: the group is placed together and its prompt pre
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Sequence
 
 import msgspec
 
 from ..errors import StalenessError
-from ..protocol import GenerateRequest, GenerateResult, Lifecycle, RoutedExperts, SamplingParams
+from ..protocol import GenerateRequest, GenerateResult, Lifecycle, RoutedExperts, SamplingParams, SessionHint
 from .continuation import Continuation
 from .generator import USE_CLIENT_DEFAULT, Generator, UseClientDefault
 from .seeds import sample_seed
 from .trajectory import Trajectory
 
 __all__ = ["RolloutContext"]
+
+log = logging.getLogger("rollout_sdk.rollouts")
 
 
 class RolloutContext:
@@ -90,11 +93,31 @@ class RolloutContext:
     def parked(self) -> bool:
         return not self._gate.is_set()
 
+    async def hint(self, *, wait_s: float | None = None, ended: bool = False) -> None:
+        """Tell the engine what this session does next (``keep_kv_s``, docs/agents.md): it waits on a tool
+        for about ``wait_s`` seconds, or it ``ended`` (its kept KV is released now).  Advisory: a generator
+        without session hints ignores it, and a failed hint costs memory, never the trajectory."""
+        send = getattr(self.generator, "session_hints", None)
+        if send is None or not self._calls:
+            return
+        hint = SessionHint(session_id=self.session_id, wait_s=wait_s, ended=ended)  # bad values raise here
+        try:
+            await send([hint])
+        except Exception:  # a closed client, a lost server: the engine's lease ends it instead
+            log.debug("session hint not delivered", exc_info=True)
+
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, images: Sequence[bytes] = ()
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        images: Sequence[bytes] = (),
+        *,
+        keep_kv_s: float | None = None,
     ) -> GenerateResult:
         """One model turn.  Refuses (StalenessError) to extend a trajectory past its staleness bound.
-        ``images``: the images ``input_ids`` marks, in order (vision-language models)."""
+        ``images``: the images ``input_ids`` marks, in order (vision-language models).  ``keep_kv_s``:
+        another turn may follow (a tool call): the engine keeps this session's KV that long after the turn
+        (``GenerateRequest.keep_kv_s``); end it early with :meth:`hint`."""
         self._calls += 1
         if sampling.seed is not None:
             seed = sample_seed(sampling.seed, member=self.member, turn=self._calls - 1)
@@ -107,6 +130,7 @@ class RolloutContext:
             return_routed_experts=self.return_routed_experts,
             images=list(images),
             group_id=self.group_id if self._calls == 1 else None,  # later turns diverge per member
+            keep_kv_s=keep_kv_s,
         )
         cont = Continuation(req)
         segment = 0

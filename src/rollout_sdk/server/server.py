@@ -104,6 +104,7 @@ from ..protocol import (
     ResumeMemory,
     ServerInfo,
     ServerStats,
+    SessionHints,
     SetWeightVersion,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
@@ -796,6 +797,8 @@ class EngineServer:
                 await engine.resume_memory(tags)
             case SetWeightVersion(version=v):
                 await engine.set_weight_version(v)
+            case SessionHints(hints=hints):
+                engine.session_hints(hints)
             case InitWeightGroup():
                 await engine.init_weight_group(msg)
             case UpdateWeightsDistributed():

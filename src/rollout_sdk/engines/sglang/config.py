@@ -68,6 +68,13 @@ class SglangEngineConfig:
     #: GRPO groups (requests sharing a ``group_id``) whose prompt has at least this many tokens are
     #: prefilled once, by a prefill-only request their members wait for (engines/prefill.py); None: off
     prefill_once_min_tokens: int | None = 256
+    #: agent sessions (``GenerateRequest.keep_kv_s``): pin a session's KV in the radix cache through its tool
+    #: waits (engines/sglang/pins.py; needs ``incremental_eviction``'s plugin, i.e. rollout-sdk installed
+    #: where SGLang's processes start); False: the requests' ``keep_kv_s`` is ignored
+    keep_session_kv: bool = True
+    #: session-level admission: a new session's first turn waits while the kept sessions' working set would
+    #: exceed this fraction of the KV pool (engines/sessions.py); None: every session starts at once
+    session_admission: float | None = None
     #: any other ServerArgs field, passed through unchanged
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -87,6 +94,9 @@ class SglangEngineConfig:
             or self.prefill_once_min_tokens < 1
         ):
             raise ConfigError("prefill_once_min_tokens", self.prefill_once_min_tokens, "must be an int >= 1 or None")
+        adm = self.session_admission
+        if adm is not None and (isinstance(adm, bool) or not isinstance(adm, int | float) or not 0 < adm <= 4):
+            raise ConfigError("session_admission", adm, "must be a fraction of the KV pool in (0, 4], or None")
         if self.nnodes > 1 and not self.dist_init_addr:
             raise ConfigError("dist_init_addr", self.dist_init_addr, "is required when nnodes > 1")
 

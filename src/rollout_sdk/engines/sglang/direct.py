@@ -146,7 +146,12 @@ class SchedulerPath:
                 f"You requested a total of {max_new + n + reserved} tokens: {n + reserved} tokens from the input "
                 f"messages and {max_new} tokens for the completion."
             )
+        custom = sampling.get("custom_params")
+        if custom is not None:  # per request (a session's pin, pins.py): not part of the shared template
+            sampling = {k: v for k, v in sampling.items() if k != "custom_params"}
         sp = self._sampling(sampling)
+        if custom is not None:
+            sp = msgspec.structs.replace(sp, custom_params=custom)
         obj = self._io.TokenizedGenerateReqInput(
             rid=sid,
             input_text=None,

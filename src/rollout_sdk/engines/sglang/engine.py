@@ -45,12 +45,14 @@ from ...protocol import (
     GenerateResult,
     InitWeightGroup,
     PauseMode,
+    SessionHint,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
 )
 from ..base import Engine, EngineLoad
 from ..prefill import PrefillOnce
-from . import radix_patch
+from ..sessions import SessionBook
+from . import pins, radix_patch
 from .config import SglangEngineConfig
 from .control import Control, Flight
 from .direct import SchedulerPath, Unsupported
@@ -121,6 +123,13 @@ class SglangEngine(Engine):
         self.prefill_once_tokens = 0
         self._warned_seed = False
         self.startup_s = 0.0
+        #: agent sessions whose KV is kept (engines/sessions.py), and the batched pin changes for SGLang's
+        #: scheduler (engines/sglang/pins.py), sent by one task through SGLang's RPC socket
+        self._sessions: SessionBook | None = None
+        self._pin_ops: list[list[Any]] = []
+        self._pin_task: asyncio.Task[None] | None = None
+        self._pin_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closing = False
 
     # -- what the control side reads (control.Host) -------------------------------------------------
 
@@ -193,8 +202,82 @@ class SglangEngine(Engine):
             self._window = DecodeWindow(size)
         if self.config.freeze_gc:
             await self._freeze_gc()
+        if self.config.keep_session_kv:
+            await self._start_sessions()
         self._load_task = asyncio.create_task(self._refresh_load(), name="sglang-load")
         log.info("SGLang engine ready in %.1fs: %s", self.startup_s, self.config.model_path)
+
+    async def _start_sessions(self) -> None:
+        """Kept session KV: the book, with admission sized from the KV pool SGLang allocated.  Pins reach
+        the scheduler in the requests themselves (``custom_params``); releases and re-ranks need SGLang's RPC
+        socket and our plugin in its processes (without them pins still work and end by pressure alone)."""
+        budget = None
+        if self.config.session_admission is not None:
+            try:
+                snaps = await self._tm.get_loads()
+                pool = int(getattr(snaps[0], "max_total_num_tokens", 0) or 0) if snaps else 0
+            except Exception:
+                pool = 0
+            if pool > 0:
+                budget = int(pool * self.config.session_admission)
+            else:
+                log.warning("the KV pool's size is unknown: no session admission")
+        self._sessions = SessionBook(release=self._release_pins, rerank=self._rerank_pin, budget_tokens=budget)
+
+    def _pins_reachable(self) -> bool:
+        return (
+            self.config.incremental_eviction
+            and self._launcher is None
+            and getattr(self._engine, "send_to_rpc", None) is not None
+        )
+
+    def _release_pins(self, sessions: list[str]) -> None:
+        self._queue_pin_ops([["release", s] for s in sessions])
+
+    def _rerank_pin(self, session: str, rank: float) -> None:
+        self._queue_pin_ops([["rank", session, rank]])
+
+    def _queue_pin_ops(self, ops: list[list[Any]]) -> None:
+        if not self._pins_reachable() or self._dead is not None or self._closing:
+            return
+        self._pin_ops.extend(ops)
+        if self._pin_task is None or self._pin_task.done():
+            self._pin_task = asyncio.create_task(self._send_pin_ops(), name="sglang-pins")
+
+    async def _send_pin_ops(self) -> None:
+        """One RPC at a time, each carrying every change queued meanwhile (at most 4,096)."""
+        if self._pin_thread is None:
+            self._pin_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sglang-pins")
+        loop = asyncio.get_running_loop()
+        while self._pin_ops and self._dead is None and not self._closing:
+            ops, self._pin_ops = self._pin_ops[:4096], self._pin_ops[4096:]
+            try:
+                ok = await loop.run_in_executor(self._pin_thread, self._pin_rpc, ops)
+                if not ok and not self._closing:
+                    log.warning("SGLang's scheduler refused a session pin update (%d ops)", len(ops))
+            except Exception:  # advisory: a lost release costs memory until pressure demotes the pin
+                log.warning("session pin update failed", exc_info=True)
+
+    def _pin_rpc(self, ops: list[list[Any]]) -> bool:
+        """In the pin thread: SGLang's ``collective_rpc`` without its forever-blocking receive (polled, so a
+        dead scheduler or our close never strands the thread)."""
+        from sglang.srt.managers.io_struct import RpcReqInput, sock_recv, sock_send
+
+        sock = self._engine.send_to_rpc
+        sock_send(sock, RpcReqInput(method="rollout_sdk_sessions", parameters={"ops": ops}))
+        while not sock.poll(200):
+            if self._closing or self._dead is not None:
+                return False
+        return bool(getattr(sock_recv(sock), "success", False))
+
+    def session_hints(self, hints: Sequence[SessionHint]) -> None:
+        if self._sessions is not None:
+            self._sessions.hints(hints)
+
+    @property
+    def sessions(self) -> SessionBook | None:
+        """The kept agent sessions (engines/sessions.py); None before start or with keep_session_kv off."""
+        return self._sessions
 
     async def _freeze_gc(self) -> None:
         """SGLang's ``freeze_gc``: ``gc.freeze()`` here and in the scheduler (it only sends a message there).
@@ -286,8 +369,16 @@ class SglangEngine(Engine):
             self._thread = None
 
     async def close(self) -> None:
+        self._closing = True
         task, self._load_task = self._load_task, None
         await cancel_and_wait(task)
+        pin_task, self._pin_task = self._pin_task, None
+        await cancel_and_wait(pin_task)
+        if self._sessions is not None:
+            self._sessions.close()
+        if self._pin_thread is not None:
+            self._pin_thread.shutdown(wait=False)  # its poll sees _closing within 0.2 s
+            self._pin_thread = None
         if self._prefill is not None:
             await self._prefill.close()
         if self._path is not None:
@@ -390,7 +481,21 @@ class SglangEngine(Engine):
         flight = self._flights[req.rid] = Flight()
         parts = Parts(req.return_logprobs)
         t0 = time.perf_counter()
+        book = self._sessions if req.keep_kv_s is not None and req.session_id is not None else None
+        entered = ok = False
         try:
+            if book is not None:
+                assert req.session_id is not None and req.keep_kv_s is not None
+                admitted: list[bool] = []
+
+                async def enter(session: str = req.session_id, n: int = len(req.input_ids)) -> None:
+                    await book.enter(session, n + req.sampling.max_new_tokens)
+                    admitted.append(True)
+
+                await self._until_aborted(flight, enter())  # session admission (engines/sessions.py)
+                entered = bool(admitted)
+                if entered:  # the scheduler pins the session where it caches this request (pins.py)
+                    base = dict(base, custom_params={pins.KEY: [req.session_id, book.rank(req.keep_kv_s)]})
             if self._prefill is not None and self._prefill.wants(req):
                 await self._until_aborted(flight, self._prefill.wait(req))
             if self._window is not None:
@@ -417,8 +522,11 @@ class SglangEngine(Engine):
                 if kind == "abort" and flight.held and not flight.user_aborted:
                     flight.held = False  # checkpointed: continue from its tokens once the gate opens
                     continue
+                ok = kind != "abort"
                 return parts.result(req, kind, t0, self._weight_version)
         finally:
+            if entered and book is not None and req.session_id is not None:
+                book.leave(req.session_id, keep_s=req.keep_kv_s, tokens=len(req.input_ids) + len(parts.ids), ok=ok)
             if self._window is not None:
                 self._window.leave(flight)
             if self._flights.get(req.rid) is flight:

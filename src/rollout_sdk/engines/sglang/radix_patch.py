@@ -67,6 +67,7 @@ def apply(*, toggle: str | None = None) -> bool:
         return True
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
+    _apply_pins(RadixCache)
     missing = [name for name in _NEEDS if not hasattr(RadixCache, name)]
     if missing:
         log.warning("not patching SGLang's radix cache eviction: RadixCache lacks %s", ", ".join(missing))
@@ -132,3 +133,40 @@ def apply(*, toggle: str | None = None) -> bool:
     _applied = True
     log.info("SGLang radix cache: incremental eviction in process %d%s", os.getpid(), " (toggle)" if _toggle else "")
     return True
+
+
+_pins_applied = False
+
+
+def _apply_pins(radix_cache: Any) -> None:
+    """Session pins (:mod:`.pins`): a finished request that asked pins its session at the node SGLang cached
+    it at (``_tag_session_leaf``, called with that node), and the scheduler answers the server's batched
+    RPC ``rollout_sdk_sessions(ops)``.  Missing hooks: a warning, no pins (SGLang as it is)."""
+    global _pins_applied
+    if _pins_applied:
+        return
+    from . import pins
+
+    original_tag = getattr(radix_cache, "_tag_session_leaf", None)
+    try:
+        from sglang.srt.managers.scheduler import Scheduler
+    except Exception as exc:  # an SGLang without the scheduler module we know
+        log.warning("no session pins: %s", exc)
+        return
+    if original_tag is None:
+        log.warning("no session pins: RadixCache lacks _tag_session_leaf")
+        return
+
+    def _tag_session_leaf(self: Any, req: Any, radix_key: Any, node: Any = None) -> None:
+        original_tag(self, req, radix_key, node=node)
+        if node is not None:
+            pins.on_cached(self, req, node)
+
+    def rollout_sdk_sessions(self: Any, ops: list[Any]) -> None:
+        cache = getattr(self, "tree_cache", None)
+        if cache is not None and hasattr(cache, "evictable_leaves"):
+            pins.apply_ops(cache, ops)
+
+    radix_cache._tag_session_leaf = _tag_session_leaf
+    Scheduler.rollout_sdk_sessions = rollout_sdk_sessions
+    _pins_applied = True
