@@ -562,9 +562,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                     levers(False)
                 try:
                     update = asyncio.create_task(mid_update(a, engines, wname)) if wname == "update" else None
-                    row = await client.run(
-                        mode="http" if mode == "http" else "sdk", workload=wname, vocab=vocab, salt=salt
-                    )
+                    row = await client.run(mode=mode, workload=wname, vocab=vocab, salt=salt)
                     if update is not None:
                         row["update"] = await update
                 finally:

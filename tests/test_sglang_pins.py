@@ -93,6 +93,22 @@ def test_a_waiting_sessions_prefix_survives_pressure_that_evicts_an_unpinned_one
     assert pins.pinned_sessions(cache) == {"s-wait": 10.0}
 
 
+def test_pins_arriving_after_evictions_began_keep_the_eviction_heap_consistent(cache: RadixCache) -> None:
+    """The H200 run's crash: the incremental heap held SGLang's float priorities when the first pin
+    arrived; the pin-aware tuples must never be compared with them."""
+    rnd = random.Random(9)
+    sim = Sim(cache)
+    old = [_ids(rnd, 50) for _ in range(4)]
+    for ids in old:
+        sim.finish(ids)
+    assert sim.evict(50) == 50  # the heap exists now, with SGLang's priorities
+    waiting = _ids(rnd, 80)
+    sim.finish(waiting, "s", rank=1.0)
+    sim.finish(_ids(rnd, 30))
+    assert sim.evict(180) == 180  # every unpinned leaf, without a TypeError
+    assert sim.cached(waiting) == 80
+
+
 def test_the_same_pressure_evicts_the_older_session_without_a_pin(cache: RadixCache) -> None:
     """The control: with no pin, SGLang's LRU evicts the session waiting on its tool."""
     rnd = random.Random(0)

@@ -59,6 +59,9 @@ def attach(cache: Any) -> dict[str, Any]:
         table = cache.__dict__[_CACHE] = {}
         if not isinstance(cache.eviction_strategy, PinAware):
             cache.eviction_strategy = PinAware(cache.eviction_strategy)
+            # radix_patch's heap holds SGLang's own priorities, which do not compare with ours: rebuilt on
+            # the next eviction from the evictable leaves, under the new strategy
+            cache.__dict__.pop("_rsdk_heap", None)
     return table
 
 

@@ -157,15 +157,25 @@ def _apply_pins(radix_cache: Any) -> None:
         log.warning("no session pins: RadixCache lacks _tag_session_leaf")
         return
 
+    failed: list[BaseException] = []  # pins are advisory: one failure turns them off, never the scheduler
+
     def _tag_session_leaf(self: Any, req: Any, radix_key: Any, node: Any = None) -> None:
         original_tag(self, req, radix_key, node=node)
-        if node is not None:
-            pins.on_cached(self, req, node)
+        if node is not None and not failed:
+            try:
+                pins.on_cached(self, req, node)
+            except Exception as exc:
+                failed.append(exc)
+                log.exception("session pins failed; turned off in this scheduler")
 
     def rollout_sdk_sessions(self: Any, ops: list[Any]) -> None:
         cache = getattr(self, "tree_cache", None)
-        if cache is not None and hasattr(cache, "evictable_leaves"):
-            pins.apply_ops(cache, ops)
+        if cache is not None and hasattr(cache, "evictable_leaves") and not failed:
+            try:
+                pins.apply_ops(cache, ops)
+            except Exception as exc:
+                failed.append(exc)
+                log.exception("session pins failed; turned off in this scheduler")
 
     radix_cache._tag_session_leaf = _tag_session_leaf
     Scheduler.rollout_sdk_sessions = rollout_sdk_sessions
