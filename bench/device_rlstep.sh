@@ -48,7 +48,7 @@ for step in "$@"; do
             --json $OUT/agent-7b-300k.json --log-dir $OUT 2>$OUT/agent-7b-300k.log | quiet
           grep -a "rep \|ready\|Traceback\|Error" $OUT/agent-7b-300k.log | tail -20 ;;
     ag7h) timeout 560 python3 bench/gpu_rlstep.py --shape 7b --reps ${REPS:-1} --budget-s 540 --max-total-tokens 300000 --mem-fraction 0.5 \
-            --extra '{"enable_hierarchical_cache": true, "hicache_ratio": 3}' --plan agent:${SIDES:-http,raw,sdkpin,sdk} \
+            --extra '{"enable_hierarchical_cache": true, "hicache_ratio": 3}' --plan agent:${SIDES:-http,raw,sdkpin} \
             --json $OUT/agent-7b-300k-host.json --log-dir $OUT 2>$OUT/agent-7b-300k-host.log | quiet
           grep -a "rep \|ready\|Traceback\|Error" $OUT/agent-7b-300k-host.log | tail -20 ;;
     ag7d) timeout 560 python3 bench/gpu_rlstep.py --shape 7b --reps ${REPS:-1} --budget-s 540 --max-total-tokens 1200000 \

@@ -235,7 +235,10 @@ async def client_main(a: argparse.Namespace) -> None:
         import aiohttp
 
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=20000), timeout=aiohttp.ClientTimeout(total=None)
+            # uvicorn closes a connection idle for 5 s: an agent's tool wait is longer, so never reuse one that
+            # old (a reused closed connection is ServerDisconnectedError)
+            connector=aiohttp.TCPConnector(limit=20000, keepalive_timeout=2.0),
+            timeout=aiohttp.ClientTimeout(total=None),
         )
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -295,10 +298,16 @@ async def client_main(a: argparse.Namespace) -> None:
 
             t0 = time.perf_counter()
             turn_s: list[float] = []
-            if work.sessions:
-                outs = await run_agent(work, gen, turn_s, cmd["vocab"], hint if a.hints else None)
-            else:
-                outs = list(await asyncio.gather(*(gen(it.prompt, it.max_new, it.group, None) for it in work.items)))
+            try:
+                if work.sessions:
+                    outs = await run_agent(work, gen, turn_s, cmd["vocab"], hint if a.hints else None)
+                else:
+                    outs = list(
+                        await asyncio.gather(*(gen(it.prompt, it.max_new, it.group, None) for it in work.items))
+                    )
+            except Exception as exc:  # one side's failure must not lose the others' passes
+                print(json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]}), flush=True)
+                continue
             row = summarize(work, outs, time.perf_counter() - t0, turn_s)
             if a.serve and not work.sessions:
                 row["prefill_results"] = row["prefill"]
@@ -563,6 +572,8 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                 try:
                     update = asyncio.create_task(mid_update(a, engines, wname)) if wname == "update" else None
                     row = await client.run(mode=mode, workload=wname, vocab=vocab, salt=salt)
+                    if "error" in row:
+                        return row
                     if update is not None:
                         row["update"] = await update
                 finally:
