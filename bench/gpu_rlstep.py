@@ -107,10 +107,9 @@ class Work:
 
     @property
     def ideal_prefill(self) -> int:
-        if self.sessions:  # each turn's new tokens only: the first prompt, then output + tool result per turn
-            return sum(len(s) for s in self.sessions) + len(self.sessions) * (self.turns - 1) * (
-                self.turn_new + self.tool_tokens
-            )
+        if self.sessions:  # each turn's new tokens only: the first prompt, then the tool's result and the last
+            # output token per turn (the model's other tokens are in the cache from decoding them)
+            return sum(len(s) for s in self.sessions) + len(self.sessions) * (self.turns - 1) * (self.tool_tokens + 1)
         seen: set[tuple[str | None, int]] = set()
         total = 0
         for it in self.items:
