@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -411,3 +412,28 @@ def test_unknown_parser_names_are_config_errors() -> None:
         AgentConfig(parser="qwen4")
     with pytest.raises(ConfigError, match=r"reasoning_parser='deep'.*known: none, think"):
         AgentConfig(reasoning_parser="deep")
+
+
+async def test_every_turn_asks_the_engine_to_keep_the_session_and_the_end_releases_it(fake_servers, tok) -> None:
+    """Issue 40: a tool call follows a turn, so each turn carries ``keep_kv_s``; when the trajectory ends
+    the agent tells the engine (its kept KV goes now, not at the lease's end)."""
+    script = Script(tok, [call("add", a=1, b=2), call("mul", a=3, b=4), "The answer is 12."])
+    config = dataclasses.replace(QWEN, kv_capacity_tokens=1 << 20, prefix_cache=True, step_base_s=0.001)
+    servers = await fake_servers(1, config, responder=script)
+    engine = servers[0].engine
+    async with RolloutClient(servers=[servers[0].address]) as client:
+        ctx = RolloutContext(client)
+        traj = await ToolAgent(tok, registry(), AgentConfig(keep_kv_s=30.0)).run(ctx, USER)
+        assert traj.finish_reason == "stop"
+        turns = [r for r in engine.requests_seen if r.session_id == ctx.session_id]
+        assert [r.keep_kv_s for r in turns] == [30.0, 30.0, 30.0]
+        assert engine.sessions.admitted == 1  # kept from its first turn ...
+        assert engine.sessions.kept == 0 and engine.pinned_sessions == []  # ... and released at its end
+        script.seen.clear()
+        no_keep = await ToolAgent(tok, registry(), AgentConfig(keep_kv_s=None)).run(RolloutContext(client), USER)
+        assert no_keep.finish_reason == "stop"
+        assert all(r.keep_kv_s is None for r in list(engine.requests_seen)[len(turns) :])
+    from rollout_sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="keep_kv_s"):
+        AgentConfig(keep_kv_s=0.0)

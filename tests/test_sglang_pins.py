@@ -34,7 +34,7 @@ class _Reason:
     pass
 
 
-class FINISH_ABORT:  # noqa: N801  (SGLang's class name is what on_cached checks)
+class FINISH_ABORT:  # SGLang's class name is what on_cached checks
     pass
 
 
