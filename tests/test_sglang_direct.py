@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -356,3 +357,53 @@ async def test_a_group_prompt_is_prefilled_once_inside_sglang(model: str) -> Non
     assert all(cached == 0 for _, cached in naive)
     assert all(cached == n_prompt - 1 for _, cached in once)
     assert [ids for ids, _ in naive] == [ids for ids, _ in once]
+
+
+async def test_a_kept_sessions_turns_carry_their_pin_and_admission_holds_new_sessions(model: str) -> None:
+    """Issue 40 over SGLang's tokenizer-manager wire: a turn with ``keep_kv_s`` reaches the scheduler with
+    the pin (``custom_params``, read by engines/sglang/pins.py where SGLang caches it), tokens unchanged;
+    the engine's session book admits a new session only when the kept ones leave room."""
+    from rollout_sdk.engines.sglang import pins
+    from rollout_sdk.protocol import SessionHint
+
+    async with engine(model, session_admission=0.5) as e:
+        assert e.sessions is not None
+        e.sessions.budget_tokens = 400  # the stand-in reports no pool: size it by hand
+        assert e._path is not None
+        sent: list[dict] = []
+        submit = e._path.submit
+
+        def spy(sid: str, ids: list[int], sampling: dict, **kw: object) -> object:
+            sent.append(dict(sampling))
+            return submit(sid, ids, sampling, **kw)
+
+        e._path.submit = spy  # type: ignore[method-assign]
+        prompt = [7 + j % 50 for j in range(200)]
+        plain = await e.generate(GenerateRequest(rid="p", input_ids=prompt, sampling=SamplingParams(max_new_tokens=5)))
+        kept = await e.generate(
+            GenerateRequest(
+                rid="k", input_ids=prompt, session_id="s1", keep_kv_s=30.0, sampling=SamplingParams(max_new_tokens=5)
+            )
+        )
+        assert kept.output_ids == plain.output_ids  # a pin changes what is cached, never the tokens
+        assert "custom_params" not in sent[0]
+        assert sent[1]["custom_params"][pins.KEY][0] == "s1"
+        assert e.sessions.holds("s1")
+        second = asyncio.create_task(
+            e.generate(
+                GenerateRequest(
+                    rid="k2",
+                    input_ids=prompt,
+                    session_id="s2",
+                    keep_kv_s=30.0,
+                    sampling=SamplingParams(max_new_tokens=5),
+                )
+            )
+        )
+        deadline = time.monotonic() + 60
+        while e.sessions.waiting != 1:  # s1 keeps 205 tokens: s2's 205 do not fit in 400 as well
+            assert time.monotonic() < deadline, "s2 never waited for room"
+            await asyncio.sleep(0.005)
+        e.session_hints([SessionHint(session_id="s1", ended=True)])
+        assert (await asyncio.wait_for(second, 60)).output_ids == plain.output_ids
+        assert e.sessions.holds("s2") and not e.sessions.holds("s1")
