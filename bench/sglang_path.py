@@ -5,7 +5,7 @@ vs ``SglangEngine`` through the tokenizer manager, on one engine.
 SGLang's real TokenizerManager and io_struct run here over a stand-in scheduler process
 (engines/sglang/standin.py), so the event loop's per-request cost is SGLang's own code plus ours; only the
 GPU work is missing.  Prints tokens/s and the event-loop process's CPU per request, medians of alternating
-repetitions.  Needs sglang importable (see docs/benchmarks.md section 23).  ``three_paths`` is also what
+repetitions.  Needs sglang importable (see docs/benchmarks.md#sdk-vs-raw-sglang-and-sglangs-http-server).  ``three_paths`` is also what
 ``bench/gpu_check.py`` runs on the GPU.
 
     python bench/sglang_path.py --model PATH [--requests 4000] [--inflight 512] [--max-new 8] [--reps 3]
