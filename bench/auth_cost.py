@@ -29,7 +29,6 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import harness
@@ -134,17 +133,13 @@ def zmq_cpu_per_message(curve: bool, messages: int) -> float:
 
 async def main(args: argparse.Namespace) -> None:
     rows: list[tuple[int, str, dict[str, float]]] = []
-    with tempfile.TemporaryDirectory(prefix="auth-cost-") as tmp:
-        out = Path(tmp)
-        procs = ServerProcs(out, ROOT)
-        try:
-            for rep, auth in harness.abba(args.reps, [False, True]):
-                tag = f"{'on' if auth else 'off'}-{rep}"
-                got = await server_instructions(procs, out, auth, args.requests, tag)
-                rows.append((rep, "on" if auth else "off", got))
-                harness.log(f"rep {rep} auth {rows[-1][1]}: {got}")
-        finally:
-            procs.stop()
+    with ServerProcs.session("auth-cost-") as procs:
+        out = procs.logdir
+        for rep, auth in harness.abba(args.reps, [False, True]):
+            tag = f"{'on' if auth else 'off'}-{rep}"
+            got = await server_instructions(procs, out, auth, args.requests, tag)
+            rows.append((rep, "on" if auth else "off", got))
+            harness.log(f"rep {rep} auth {rows[-1][1]}: {got}")
     cpu = {c: [zmq_cpu_per_message(c, args.messages) for _ in range(args.zmq_reps)] for c in (False, True)}
 
     cols = ["total", "loop", "zmq threads", *_SODIUM]
@@ -157,7 +152,7 @@ async def main(args: argparse.Namespace) -> None:
         print(
             f"rep {rep}: auth adds {on['total'] - off['total']:+,.0f} instructions per request "
             f"({on['total'] / off['total'] - 1:+.1%}): event loop {on['loop'] - off['loop']:+,.0f}, "
-            f"libzmq threads {on['zmq threads'] - off['zmq threads']:+,.0f}"
+            f"libzmq threads {on.get('zmq threads', 0) - off.get('zmq threads', 0):+,.0f}"
         )
     print(
         f"\nlibzmq alone, {args.messages} 400-byte messages DEALER -> ROUTER (CPU of all threads, medians of "

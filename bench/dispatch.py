@@ -155,7 +155,7 @@ class FakeServers(ServerProcs):
     """``python -m rollout_sdk serve --engine fake`` processes, named in start order."""
 
     def __init__(self, logdir: Path, *, no_history: bool = False) -> None:
-        super().__init__(logdir, ROOT)
+        super().__init__(logdir)
         self._no_history = no_history
         self._count = 0
 
@@ -760,15 +760,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
     }
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="dispatch-bench-") as logdir:
-        procs = FakeServers(Path(logdir), no_history=args.no_fake_history)
+    with FakeServers.session("dispatch-bench-", no_history=args.no_fake_history) as procs:
         try:
             harness.run(run_all(args, report, procs), uvloop=not args.no_uvloop)
-        except KeyboardInterrupt:
-            print("interrupted; stopping every process this benchmark started", file=sys.stderr)
-            return 130
         finally:
-            procs.stop()
             ray = sys.modules.get("ray")
             if ray is not None and ray.is_initialized():
                 with contextlib.suppress(Exception):

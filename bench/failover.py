@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -132,21 +131,17 @@ async def _kill(procs: ServerProcs, args: argparse.Namespace, sig: signal.Signal
 async def _drive(args: argparse.Namespace) -> dict[str, Any]:
     parts = set(args.parts.split(","))
     out: dict[str, Any] = {"clear_suspects": args.clear_suspects, "step_s": args.step_s, "tokens": args.tokens}
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = ServerProcs(Path(tmp), ROOT)
-        try:
-            if "healthy" in parts:
-                log("healthy")
-                out["healthy"] = await _healthy(procs, args)
-            for name, sig in (("sigkill", signal.SIGKILL), ("sigstop", signal.SIGSTOP)):
-                if name in parts:
-                    log(name)
-                    out[name] = await _kill(procs, args, sig)
-            if "poison" in parts:
-                log("poison")
-                out["poison"] = await poison_case(clear_suspects=args.clear_suspects)
-        finally:
-            procs.stop()
+    with ServerProcs.session("failover-") as procs:
+        if "healthy" in parts:
+            log("healthy")
+            out["healthy"] = await _healthy(procs, args)
+        for name, sig in (("sigkill", signal.SIGKILL), ("sigstop", signal.SIGSTOP)):
+            if name in parts:
+                log(name)
+                out[name] = await _kill(procs, args, sig)
+        if "poison" in parts:
+            log("poison")
+            out["poison"] = await poison_case(clear_suspects=args.clear_suspects)
     return out
 
 

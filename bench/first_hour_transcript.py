@@ -180,15 +180,15 @@ def main() -> int:
         )
     )
     # the one-line mistakes the docs promise (README/quickstart: checked before any work, exit 2)
-    for argv in (
+    mistakes = (
         ["serve", "--port", "99999"],
         ["serve", "--potr", "1"],
         ["--log-level", "bogus", "demo"],
         ["serve", "--address-file", "/no/such/dir/addr"],
         ["demo", "--servers", "127.0.0.1:36471"],
         ["serve", "--engine", "sglang"],
-    ):
-        commands.append((f"rollout-sdk {' '.join(argv)}", [*exe, *argv], {}))
+    )
+    commands += [(f"rollout-sdk {' '.join(argv)}", [*exe, *argv], {}) for argv in mistakes]
     for name, code in blocks:
         path = scripts / (re.sub(r"\W+", "_", name) + ".py")
         path.write_text(code)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -116,14 +115,12 @@ async def _cell(address: str, flood: int, samples: int) -> dict[str, Any]:
 
 
 async def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
-    tmp = Path(tempfile.mkdtemp(prefix="flood-"))
-    procs = harness.ServerProcs(tmp, ROOT)
     base = harness.fake_server_argv(
         "--fake-step-base-s", "0.002", "--fake-step-per-seq-s", "0.00001", "--fake-max-batch", "256"
     )
     rows = []
     cells = [("quiet", [], 0), ("admission", [], args.flood), ("no cap", ["--max-requests", "1000000000"], args.flood)]
-    try:
+    with harness.ServerProcs.session("flood-", keep_logs=True) as procs:
         for rep in range(args.repeats):
             for name, extra, flood in cells:
                 proc, address = procs.spawn(f"{name}-{rep}".replace(" ", "_"), base + extra)
@@ -135,8 +132,6 @@ async def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
                     f"flood answered {row['flood_answered']}, busy {row['flood_busy']}"
                 )
                 procs.stop([proc])
-    finally:
-        procs.stop()
     return rows
 
 

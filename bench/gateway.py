@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -120,10 +119,9 @@ async def run_gateway(
 
 
 async def main(args: argparse.Namespace) -> None:
-    logdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-    procs = harness.ServerProcs(logdir, ROOT)
     py = sys.executable
-    try:
+    with harness.ServerProcs.session("bench-gateway-", keep_logs=True) as procs:
+        logdir = procs.logdir
         _, engine = procs.spawn("engine", harness.fake_server_argv())
         gw_argv = [py, "-m", "rollout_sdk", "gateway", "--servers", engine, "--model-name", "policy"]
         # this benchmark does not collect trajectories: let the gateway write them, so sessions are freed
@@ -164,8 +162,6 @@ async def main(args: argparse.Namespace) -> None:
         header = ["concurrent sessions", "sessions", "direct req/s", "gateway req/s", "gateway/direct"]
         header += ["direct p50 ms", "gateway p50 ms", "added p50 ms", "gateway p99 ms"]
         print(harness.markdown(header, rows, numeric=range(len(header))))
-    finally:
-        procs.stop()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -666,12 +666,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    try:
-        import uvloop
-
-        run = uvloop.run
-    except ImportError:
-        run = asyncio.run
+    run = harness.loop_runner()
     if a.client:
         run(client_main(a))
         return

@@ -36,7 +36,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -469,10 +468,9 @@ async def poison_case(**client_options: Any) -> dict[str, Any]:
 
 async def _drive(args: argparse.Namespace) -> dict[str, Any]:
     parts = set(args.parts.split(","))
-    tmp = Path(tempfile.mkdtemp(prefix="hardening-"))
-    procs = ServerProcs(tmp, ROOT)
     out: dict[str, Any] = {}
-    try:
+    with ServerProcs.session("hardening-", keep_logs=True) as procs:
+        tmp = procs.logdir
         if parts & {"stall", "memory"}:
             log("stall / memory")
             out.update(await _stall_and_memory(procs, tmp, parts))
@@ -488,8 +486,6 @@ async def _drive(args: argparse.Namespace) -> dict[str, Any]:
         if "poison" in parts:
             log("poison")
             out["poison"] = await poison_case()
-    finally:
-        procs.stop()
     return out
 
 

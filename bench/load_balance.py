@@ -99,7 +99,6 @@ import math
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -662,15 +661,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "target": f"makespan <= {TARGET_RATIO} x static split",
     }
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="load-balance-bench-") as logdir:
-        procs = ServerProcs(Path(logdir), ROOT)
-        try:
-            harness.run(run_all(args, report, procs), uvloop=not args.no_uvloop)
-        except KeyboardInterrupt:
-            print("interrupted; stopping every process this benchmark started", file=sys.stderr)
-            return 130
-        finally:
-            procs.stop()
+    with ServerProcs.session("load-balance-bench-") as procs:
+        harness.run(run_all(args, report, procs), uvloop=not args.no_uvloop)
     report.meta["runtime_s"] = round(time.perf_counter() - t0, 1)
     rows = summarize(report)
     payload = {

@@ -34,9 +34,7 @@ import asyncio
 import os
 import random
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import harness
@@ -96,14 +94,10 @@ async def run_mode(mode: str, addrs: list[str], a: argparse.Namespace) -> dict[s
 
 
 async def main_async(a: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="longtail-") as logdir:
-        procs = harness.ServerProcs(Path(logdir), Path.cwd())
-        try:
-            # running servers (e.g. SGLang ones from launch/serve.sh): no fake servers started
-            addrs = list(a.addresses) if a.addresses else start_servers(procs, a.servers, a)
-            results = [await run_mode(m, addrs, a) for m in ("sync", "async", "partial")]
-        finally:
-            procs.stop()
+    with harness.ServerProcs.session("longtail-") as procs:
+        # running servers (e.g. SGLang ones from launch/serve.sh): no fake servers started
+        addrs = list(a.addresses) if a.addresses else start_servers(procs, a.servers, a)
+        results = [await run_mode(m, addrs, a) for m in ("sync", "async", "partial")]
     base = results[0]["makespan_mean_s"]
     for r in results:
         r["makespan_vs_sync"] = r["makespan_mean_s"] / base

@@ -48,7 +48,6 @@ import collections
 import json
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -211,11 +210,10 @@ async def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
     frames = {"max": _max_frame(limit, "max")}
     frames["over"] = frames["max"] + b"\x00" * (limit - len(frames["max"]) + 1024)  # over the limit
     log(f"maximum-size frame {len(frames['max']):,} bytes, oversized {len(frames['over']):,} bytes")
-    tmp = Path(tempfile.mkdtemp(prefix="loop_lag-"))
-    procs = ServerProcs(tmp, ROOT)
     rows: list[dict[str, Any]] = []
     configs = {"default": args.offload_decode_bytes, "on-loop": limit}
-    try:
+    with ServerProcs.session("loop_lag-", keep_logs=True) as procs:
+        tmp = procs.logdir
         for rep in range(args.repeats):
             for name, offload in configs.items():
                 samples = tmp / f"{name}-{rep}.json"
@@ -246,8 +244,6 @@ async def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
                     row["busy_p99_ms"] = 1000 * pct(busy, 0.99)
                     row["busy_max_ms"] = 1000 * max(busy, default=float("nan"))
                 rows.extend(got)
-    finally:
-        procs.stop()
     return rows
 
 

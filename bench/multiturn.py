@@ -86,7 +86,6 @@ import random
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -667,15 +666,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "target": f"agent loop <= {TARGET_RATIO} x turn-synchronous when T ~ a turn's generation time",
     }
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="multiturn-bench-") as workdir:
-        procs = ServerProcs(Path(workdir), ROOT)
-        try:
-            harness.run(run_all(args, report, procs, Path(workdir)), uvloop=not args.no_uvloop)
-        except KeyboardInterrupt:
-            print("interrupted; stopping every process this benchmark started", file=sys.stderr)
-            return 130
-        finally:
-            procs.stop()
+    with ServerProcs.session("multiturn-bench-") as procs:
+        harness.run(run_all(args, report, procs, procs.logdir), uvloop=not args.no_uvloop)
     report.meta["runtime_s"] = round(time.perf_counter() - t0, 1)
     cells = []
     for c in report.cells:

@@ -61,7 +61,6 @@ import gc
 import json
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -438,9 +437,8 @@ def _cell(server: subprocess.Popen[str], address: str, clients: int, args: argpa
 
 
 def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
-    procs = ServerProcs(Path(tempfile.mkdtemp(prefix="request_path-")), ROOT)
     rows: list[dict[str, Any]] = []
-    try:
+    with ServerProcs.session("request_path-", keep_logs=True) as procs:
         for rep in range(args.reps):
             argv = [sys.executable, __file__, "--serve", "--engine", args.engine]
             argv += ["--engine-cost-us", str(args.engine_cost_us), "--in-flight", str(args.in_flight)]
@@ -450,8 +448,6 @@ def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
                 rows.extend({"rep": rep, **_cell(server, address, c, args)} for c in args.clients)
             finally:
                 procs.stop([server])
-    finally:
-        procs.stop()
     return rows
 
 

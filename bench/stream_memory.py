@@ -42,53 +42,55 @@ def prompts(tokens: int) -> Any:
 async def run_mode(mode: str, args: argparse.Namespace) -> list[dict[str, float]]:
     proc = psutil.Process()
     engine = FakeEngine(FakeEngineConfig(step_base_s=0.001, step_per_seq_s=0.00001, max_batch=256))
-    async with EngineServer(engine, ServerConfig(server_id="mem")) as server:
-        async with RolloutClient(servers=[server.address]) as client:
-            async with client.rollouts(
-                prompts(args.tokens), group_size=args.group_size, batch_groups=args.batch_groups, mode=mode
-            ) as stream:
-                it = aiter(stream)
-                times = []
-                for _ in range(args.warmup):
-                    t0 = time.perf_counter()
-                    await anext(it)
-                    times.append(time.perf_counter() - t0)
-                produce_s = statistics.median(times)
-                consume_s = 10 * produce_s
-                rows: list[dict[str, float]] = []
-                batches = 0
-                start = time.perf_counter()
+    async with (
+        EngineServer(engine, ServerConfig(server_id="mem")) as server,
+        RolloutClient(servers=[server.address]) as client,
+        client.rollouts(
+            prompts(args.tokens), group_size=args.group_size, batch_groups=args.batch_groups, mode=mode
+        ) as stream,
+    ):
+        it = aiter(stream)
+        times = []
+        for _ in range(args.warmup):
+            t0 = time.perf_counter()
+            await anext(it)
+            times.append(time.perf_counter() - t0)
+        produce_s = statistics.median(times)
+        consume_s = 10 * produce_s
+        rows: list[dict[str, float]] = []
+        batches = 0
+        start = time.perf_counter()
 
-                async def sample() -> None:
-                    while True:
-                        stats = stream.statistics()
-                        rows.append(
-                            {
-                                "t_s": time.perf_counter() - start,
-                                "rss_mb": proc.memory_info().rss / 2**20,
-                                "heap_mb": tracemalloc.get_traced_memory()[0] / 2**20,
-                                "held": stats.held,
-                                "buffered": stats.buffered,
-                                "capacity": stats.capacity,
-                                "batches": batches,
-                                "produce_s": produce_s,
-                                "consume_s": consume_s,
-                            }
-                        )
-                        await asyncio.sleep(args.every)
+        async def sample() -> None:
+            while True:
+                stats = stream.statistics()
+                rows.append(
+                    {
+                        "t_s": time.perf_counter() - start,
+                        "rss_mb": proc.memory_info().rss / 2**20,
+                        "heap_mb": tracemalloc.get_traced_memory()[0] / 2**20,
+                        "held": stats.held,
+                        "buffered": stats.buffered,
+                        "capacity": stats.capacity,
+                        "batches": batches,
+                        "produce_s": produce_s,
+                        "consume_s": consume_s,
+                    }
+                )
+                await asyncio.sleep(args.every)
 
-                async def consume() -> None:
-                    nonlocal batches
-                    while True:
-                        await anext(it)
-                        batches += 1
-                        await asyncio.sleep(consume_s)  # the slow consumer ("training")
+        async def consume() -> None:
+            nonlocal batches
+            while True:
+                await anext(it)
+                batches += 1
+                await asyncio.sleep(consume_s)  # the slow consumer ("training")
 
-                async with asyncio.TaskGroup() as tg:
-                    tasks = [tg.create_task(sample()), tg.create_task(consume())]
-                    await asyncio.sleep(args.seconds)
-                    for t in tasks:
-                        t.cancel()
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(sample()), tg.create_task(consume())]
+            await asyncio.sleep(args.seconds)
+            for t in tasks:
+                t.cancel()
     return rows
 
 

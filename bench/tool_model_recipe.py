@@ -1,5 +1,6 @@
 """Train variants of the tool model's recipe and print held-back accuracy along the way: the evidence
-behind the defaults of ``rollout_sdk.tasks.tool_model.Recipe`` (see docs/benchmarks.md#the-tool-model and docs/benchmarks-changelog.md).
+behind the defaults of ``rollout_sdk.tasks.tool_model.Recipe`` (see docs/benchmarks.md#the-tool-model and
+docs/benchmarks-changelog.md).
 
     python bench/tool_model_recipe.py --seeds 0 1 2 3                   # the default recipe, four seeds
     python bench/tool_model_recipe.py --seeds 0 1 --lr 5e-3 --steps 700  # a variant

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Coroutine
+import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -86,11 +87,23 @@ def by_mode(args: argparse.Namespace, **defaults: tuple[Any, Any]) -> argparse.N
 
 
 def run(main: Coroutine[Any, Any, T], *, uvloop: bool = True) -> T:
-    """Run the workload's coroutine (on uvloop unless told not to); SIGTERM unwinds like Ctrl-C, so the
-    ``finally`` blocks stop every process the benchmark started."""
-    with sigterm_as_interrupt():
-        if not uvloop:
-            return asyncio.run(main)
-        import uvloop as _uvloop  # optional: the bench extra
+    """Run the workload's coroutine (on uvloop unless told not to, or not installed).  SIGTERM unwinds like
+    Ctrl-C, so the ``finally`` blocks stop every process the benchmark started; then the script exits 130."""
+    try:
+        with sigterm_as_interrupt():
+            return loop_runner(uvloop)(main)
+    except KeyboardInterrupt:
+        print("interrupted; stopping every process this benchmark started", file=sys.stderr)
+        raise SystemExit(130) from None
 
-        return _uvloop.run(main)
+
+def loop_runner(uvloop: bool = True) -> Callable[[Coroutine[Any, Any, T]], T]:
+    """``uvloop.run`` where wanted and installed, else ``asyncio.run``."""
+    if uvloop:
+        try:
+            import uvloop as _uvloop  # optional: the bench extra
+        except ImportError:
+            pass
+        else:
+            return _uvloop.run
+    return asyncio.run

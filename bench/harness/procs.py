@@ -13,10 +13,14 @@ import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
+
+#: the repository root: the working directory of the processes a benchmark starts
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fake_server_argv(*options: str) -> list[str]:
@@ -57,16 +61,32 @@ class ServerProcs:
     """Server processes a benchmark starts (each ``argv`` prints ``READY <address>`` once serving, stderr to
     ``<logdir>/<name>.log``); :meth:`stop` terminates them, then kills what is left."""
 
-    def __init__(self, logdir: Path, cwd: Path) -> None:
+    def __init__(self, logdir: Path, cwd: Path = ROOT) -> None:
         self.procs: list[subprocess.Popen[str]] = []
-        self._logdir = logdir
+        self.logdir = logdir
         self._cwd = cwd
+
+    @classmethod
+    @contextlib.contextmanager
+    def session(cls, prefix: str, *, keep_logs: bool = False, **kwargs: Any) -> Iterator[Self]:
+        """Processes logged in a new temporary folder (``keep_logs``: left for a post-mortem), every one of
+        them stopped when the block ends, however it ends."""
+        with contextlib.ExitStack() as stack:
+            if keep_logs:
+                logdir = tempfile.mkdtemp(prefix=prefix)
+            else:
+                logdir = stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix))
+            procs = cls(Path(logdir), **kwargs)
+            try:
+                yield procs
+            finally:
+                procs.stop()
 
     def spawn(
         self, name: str, argv: Sequence[str], timeout: float = 60.0, *, pipe_stdin: bool = False
     ) -> tuple[subprocess.Popen[str], str]:
         """Start ``argv`` and wait for its READY line; ``pipe_stdin``: its stdin is a pipe (commands)."""
-        log_path = self._logdir / f"{name}.log"
+        log_path = self.logdir / f"{name}.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
                 list(argv),
