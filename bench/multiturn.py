@@ -264,10 +264,12 @@ def make_turn_sync(inner: Agent, barrier: asyncio.Barrier, phases: list[float]) 
     from rollout_sdk.agents import Agent, RolloutContext
 
     class BarrierContext(RolloutContext):
-        async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        async def generate(
+            self, input_ids: list[int], sampling: SamplingParams, images: Sequence[bytes] = ()
+        ) -> GenerateResult:
             if await barrier.wait() == 0:  # everyone's tools are done: the generation phase starts
                 phases.append(time.perf_counter())
-            result = await super().generate(input_ids, sampling)
+            result = await super().generate(input_ids, sampling, images)
             if await barrier.wait() == 0:  # everyone's turn is generated: the tool phase starts
                 phases.append(time.perf_counter())
             return result
