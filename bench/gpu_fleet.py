@@ -262,18 +262,7 @@ def render(res: dict[str, Any]) -> str:
             f"long tail: batch {c['lt_batch']}, {c['lt_steps']} steps, lognormal median {c['lt_median']} "
             f"sigma 1 cap {c['lt_cap']}, train {c['lt_train_s']} s"
         )
-        rows = [
-            [
-                r["mode"],
-                f"{r['makespan_mean_s']:.3f}",
-                f"{r['makespan_p90_s']:.3f}",
-                f"{r['makespan_vs_sync']:.2f}",
-                f"{r['busy_fraction']:.2f}",
-                f"{r['tokens_per_s']:.0f}",
-            ]
-            for r in res["longtail"]
-        ]
-        lines.append(harness.table(["mode", "makespan s", "p90 s", "vs sync", "busy", "tok/s"], rows))
+        lines.append(longtail.table(res["longtail"]))
     return "\n".join(lines)
 
 

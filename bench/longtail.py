@@ -110,6 +110,15 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def table(results: list[dict[str, Any]]) -> str:
+    """One row per producer mode (also bench/gpu_fleet.py's long-tail table)."""
+    cols = {"makespan s": "makespan_mean_s", "p90 s": "makespan_p90_s", "vs sync": "makespan_vs_sync"}
+    cols |= {"busy": "busy_fraction", "total s": "total_s", "tok/s": "tokens_per_s"}
+    fmt = {"makespan s": ".3f", "p90 s": ".3f", "vs sync": ".2f", "busy": ".2f", "total s": ".2f", "tok/s": ".0f"}
+    rows = [[r["mode"], *(f"{r[k]:{fmt[c]}}" for c, k in cols.items())] for r in results]
+    return harness.table(["mode", *cols], rows)
+
+
 def main() -> None:
     ap = harness.parser(__doc__, quick=True, json="longtail")
     ap.add_argument("--servers", type=int, default=2)
@@ -141,19 +150,7 @@ def main() -> None:
         f"{c['step_per_seq'] * 1e6:.0f} us/seq, max batch {c['max_batch']}), batch {c['batch']}, {c['steps']} steps, "
         f"lengths lognormal(median {c['median']}, sigma {c['sigma']}, cap {c['cap']}), train {c['train_s']} s/step"
     )
-    rows = [
-        [
-            r["mode"],
-            f"{r['makespan_mean_s']:.3f}",
-            f"{r['makespan_p90_s']:.3f}",
-            f"{r['makespan_vs_sync']:.2f}",
-            f"{r['busy_fraction']:.2f}",
-            f"{r['total_s']:.2f}",
-            f"{r['tokens_per_s']:.0f}",
-        ]
-        for r in res["results"]
-    ]
-    print(harness.table(["mode", "makespan s", "p90 s", "vs sync", "busy", "total s", "tok/s"], rows))
+    print(table(res["results"]))
     part = next(r for r in res["results"] if r["mode"] == "partial")
     print(
         f"target carry-over makespan <= 0.5 x batch-gather: {part['makespan_vs_sync']:.2f} -> "
