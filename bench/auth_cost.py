@@ -27,14 +27,13 @@ import argparse
 import asyncio
 import os
 import resource
-import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+import harness
 import zmq
-from _machine import ServerProcs
+from harness import ServerProcs
 
 ROOT = Path(__file__).resolve().parent.parent
 _PARTS = {"total": "PROGRAM TOTALS", "loop": "__libc_start_main", "zmq threads": "start_thread"}
@@ -134,43 +133,36 @@ def zmq_cpu_per_message(curve: bool, messages: int) -> float:
 
 async def main(args: argparse.Namespace) -> None:
     rows: list[tuple[int, str, dict[str, float]]] = []
-    with tempfile.TemporaryDirectory(prefix="auth-cost-") as tmp:
-        out = Path(tmp)
-        procs = ServerProcs(out, ROOT)
-        try:
-            for rep in range(args.reps):
-                for auth in (False, True) if rep % 2 == 0 else (True, False):
-                    tag = f"{'on' if auth else 'off'}-{rep}"
-                    got = await server_instructions(procs, out, auth, args.requests, tag)
-                    rows.append((rep, "on" if auth else "off", got))
-                    print(f"rep {rep} auth {rows[-1][1]}: {got}", file=sys.stderr, flush=True)
-        finally:
-            procs.stop()
+    with ServerProcs.session("auth-cost-") as procs:
+        out = procs.logdir
+        for rep, auth in harness.abba(args.reps, [False, True]):
+            tag = f"{'on' if auth else 'off'}-{rep}"
+            got = await server_instructions(procs, out, auth, args.requests, tag)
+            rows.append((rep, "on" if auth else "off", got))
+            harness.log(f"rep {rep} auth {rows[-1][1]}: {got}")
     cpu = {c: [zmq_cpu_per_message(c, args.messages) for _ in range(args.zmq_reps)] for c in (False, True)}
 
     cols = ["total", "loop", "zmq threads", *_SODIUM]
     print(f"\nserver instructions per request ({args.requests} requests at c=1 after 200 of warm-up):")
-    print("| rep | auth | " + " | ".join(cols) + " |")
-    print("| --- | --- | " + " | ".join("---" for _ in cols) + " |")
-    for rep, mode, got in sorted(rows, key=lambda r: (r[0], r[1] != "off")):
-        print(f"| {rep} | {mode} | " + " | ".join(f"{got.get(c, 0):,.0f}" for c in cols) + " |")
+    ordered = sorted(rows, key=lambda r: (r[0], r[1] != "off"))
+    table = [[rep, mode, *(f"{got.get(c, 0):,.0f}" for c in cols)] for rep, mode, got in ordered]
+    print(harness.markdown(["rep", "auth", *cols], table))
     for rep in range(args.reps):
         off, on = (next(g for r, m, g in rows if r == rep and m == mode) for mode in ("off", "on"))
         print(
             f"rep {rep}: auth adds {on['total'] - off['total']:+,.0f} instructions per request "
             f"({on['total'] / off['total'] - 1:+.1%}): event loop {on['loop'] - off['loop']:+,.0f}, "
-            f"libzmq threads {on['zmq threads'] - off['zmq threads']:+,.0f}"
+            f"libzmq threads {on.get('zmq threads', 0) - off.get('zmq threads', 0):+,.0f}"
         )
     print(
         f"\nlibzmq alone, {args.messages} 400-byte messages DEALER -> ROUTER (CPU of all threads, medians of "
-        f"{args.zmq_reps}): {statistics.median(cpu[False]):.2f} us/message without CURVE, "
-        f"{statistics.median(cpu[True]):.2f} with it"
+        f"{args.zmq_reps}): {harness.median(cpu[False]):.2f} us/message without CURVE, "
+        f"{harness.median(cpu[True]):.2f} with it"
     )
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reps", type=int, default=2, help="alternating off/on repetitions (ABBA order)")
+    p = harness.parser(__doc__, reps=2, reps_help="alternating off/on repetitions (ABBA order)")
     p.add_argument("--requests", type=int, default=1500, help="measured requests per server")
     p.add_argument("--messages", type=int, default=50_000, help="messages per libzmq-alone measurement")
     p.add_argument("--zmq-reps", type=int, default=5)
@@ -179,6 +171,4 @@ def parse_args() -> argparse.Namespace:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    import uvloop
-
-    uvloop.run(main(parse_args()))
+    harness.run(main(parse_args()))

@@ -45,7 +45,6 @@ import asyncio
 import concurrent.futures
 import datetime
 import itertools
-import json
 import os
 import platform
 import random
@@ -56,6 +55,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import harness
 
 ENGINE = "rollout-sdk CpuEngine"
 HF_CB = "transformers CB"
@@ -362,47 +363,16 @@ def _log(name: str, r: LevelResult) -> None:
     print(f"[{name}] c={r.concurrency:<4} {line}", file=sys.stderr, flush=True)
 
 
-def _cpu_seconds() -> tuple[float, float]:
-    """(CPU seconds used by the whole machine, by this process) so far; the first is 0 off Linux."""
-    t = os.times()
-    own = t.user + t.system
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return 0.0, own
-    ticks = [int(x) for x in fields]
-    busy = sum(ticks[:8]) - ticks[3] - ticks[4]  # all but idle and iowait (guest time is inside user)
-    return busy / os.sysconf("SC_CLK_TCK"), own
-
-
-def _foreign_cpu_share(start: tuple[float, float], wall: float) -> float | None:
-    """The share of the machine's CPU time that other processes used while the benchmark ran."""
-    end = _cpu_seconds()
-    if not start[0] or wall <= 0:
-        return None
-    foreign = (end[0] - start[0]) - (end[1] - start[1])
-    return max(0.0, foreign) / (wall * (os.cpu_count() or 1))
-
-
 def _machine() -> dict[str, Any]:
     import torch
     import transformers
 
     import rollout_sdk
 
-    cpu_model = ""
-    try:
-        cpu_model = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        pass
     return {
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "cpu_model": cpu_model or platform.processor(),
+        "cpu_model": harness.cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "load_average_1_5_15min_at_end": [round(x, 2) for x in os.getloadavg()],
         "platform": platform.platform(),
@@ -411,17 +381,6 @@ def _machine() -> dict[str, Any]:
         "transformers": transformers.__version__,
         "rollout_sdk": getattr(rollout_sdk, "__version__", "?"),
     }
-
-
-def _table(rows: list[list[str]], header: list[str], numeric: set[int]) -> str:
-    """A plain-text table; the columns in ``numeric`` are right-aligned."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def fmt(row: list[str]) -> str:
-        cells = enumerate(zip(row, widths, strict=True))
-        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in cells).rstrip()
-
-    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *(fmt(r) for r in rows)])
 
 
 def _results_table(results: list[ImplResult]) -> str:
@@ -439,7 +398,7 @@ def _results_table(results: list[ImplResult]) -> str:
             cells = [str(r.concurrency), str(r.requests), f"{r.seconds:.1f}", f"{r.tok_s:.1f}", speed, vs]
             rows.append([res.name, *cells, r.status])
     header = ["implementation", "c", "requests", "s", "tok/s", "vs c=1", "vs other impl", "status"]
-    return _table(rows, header, numeric={1, 2, 3, 4, 5, 6})
+    return harness.table(header, rows, left=(0, 7))
 
 
 def _features_table(names: Sequence[str], width: int = 88) -> str:
@@ -449,28 +408,14 @@ def _features_table(names: Sequence[str], width: int = 88) -> str:
             lines = textwrap.wrap(text, width)
             rows.append([name, feat, lines[0]])
             rows += [["", "", line] for line in lines[1:]]
-    return _table(rows, ["implementation", "feature", "per request?"], numeric=set())
-
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return harness.table(["implementation", "feature", "per request?"], rows, left=(0, 1, 2))
 
 
 # -- main -------------------------------------------------------------------------------------------------
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
-    )
-    p.add_argument(
-        "--json",
-        type=Path,
-        default=Path(__file__).resolve().parent / "results" / "cpu_batching.json",
-        help="where to write the numbers (default bench/results/cpu_batching.json)",
-    )
-    p.add_argument("--quick", action="store_true", help="~1 minute: 1 s a level instead of 3")
+    p = harness.parser(__doc__, quick="~1 minute: 1 s a level instead of 3", json="cpu_batching", json_type=Path)
     p.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32, 128], help="concurrency levels")
     p.add_argument("--min-seconds", type=float, default=None, help="closed-loop time a level (default 3, quick 1)")
     p.add_argument("--impl", choices=["both", "engine", "transformers"], default="both", help="what to measure")
@@ -480,8 +425,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--home", default=None, help="rollout-sdk home for the tiny model (default $ROLLOUT_SDK_HOME)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.min_seconds is None:
-        args.min_seconds = 1.0 if args.quick else 3.0
+    harness.by_mode(args, min_seconds=(3.0, 1.0))
     if 1 not in args.levels:
         args.levels = [1, *args.levels]  # speedups are against c=1
     args.levels = sorted(set(args.levels))
@@ -491,7 +435,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     t_start = time.perf_counter()
-    cpu_start = _cpu_seconds()
+    foreign_cpu = harness.ForeignCpu()
+    foreign_cpu.start()
     load_before = os.getloadavg()[0]
     if load_before > 0.5:
         print(f"warning: 1-min load average is {load_before:.2f}: other work may share the CPU", file=sys.stderr)
@@ -512,7 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for res in results:
         _add_speedups(res)
     total = time.perf_counter() - t_start
-    foreign = _foreign_cpu_share(cpu_start, total)
+    foreign_pct = foreign_cpu.stop()  # % of one core -> share of the machine
+    foreign = None if foreign_pct is None else foreign_pct / 100 / (os.cpu_count() or 1)
     payload = {
         "benchmark": "cpu_batching",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -535,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "features": {name: FEATURES[name] for name in names},
         "total_seconds": round(total, 1),
     }
-    _write_json(args.json, payload)
+    harness.write_json(args.json, payload)
     print(f"\nper-request SamplingParams features\n{_features_table(names)}\n")
     busy = "" if foreign is None else f"; other processes used {foreign:.0%} of the CPU meanwhile"
     print(f"wrote {args.json}; total {total:.0f} s{busy}\n")

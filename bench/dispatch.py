@@ -58,13 +58,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as _dt
 import functools
 import gc
 import importlib.util
-import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -75,10 +72,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _machine import QUIET_PCT, ServerProcs, log, sigterm_as_interrupt
+import harness
+from harness import CpuMeter, ServerProcs, foreign_load, log, pct, wait_quiet
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = ROOT / "bench" / "results" / "dispatch.json"
 VOCAB = 151936
 TARGET_RATIO = 5.0
 TARGET_P50_MS = 0.5
@@ -118,12 +115,6 @@ class Report:
     memory: dict[str, Any] = field(default_factory=dict)
 
 
-def _pct(sorted_values: Sequence[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
 # -- process helpers -----------------------------------------------------------------------------------
 
 
@@ -136,85 +127,6 @@ def _rss_bytes(pid: int | None = None) -> int:
     except ImportError:
         with open(f"/proc/{pid or 'self'}/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class CpuMeter:
-    """CPU time of this process, of its descendants and of everything else on the machine ("foreign":
-    other users' jobs share these cores) between start() and stop(), in % of one core.  Needs psutil."""
-
-    def __init__(self) -> None:
-        try:
-            import psutil
-        except ImportError:
-            self._ps: Any = None
-            return
-        self._ps = psutil
-        self._me = psutil.Process()
-        self._t0 = 0.0
-        self._mine0 = 0.0
-        self._busy0 = 0.0
-        self._kids0: dict[int, float] = {}
-
-    @staticmethod
-    def _cpu(proc: Any) -> float:
-        t = proc.cpu_times()
-        return float(t.user + t.system)
-
-    def _busy(self) -> float:
-        t = self._ps.cpu_times()
-        return float(
-            sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-        )
-
-    def _kids(self) -> dict[int, float]:
-        out: dict[int, float] = {}
-        for p in self._me.children(recursive=True):
-            try:
-                out[p.pid] = self._cpu(p)
-            except self._ps.Error:
-                pass
-        return out
-
-    def start(self) -> None:
-        if self._ps is None:
-            return
-        self._t0 = time.perf_counter()
-        self._mine0 = self._cpu(self._me)
-        self._kids0 = self._kids()
-        self._busy0 = self._busy()
-
-    def stop(self) -> tuple[float, float, float] | None:
-        """(this process, its descendants, foreign) in % of one core; None without psutil."""
-        if self._ps is None:
-            return None
-        busy = self._busy() - self._busy0
-        wall = time.perf_counter() - self._t0
-        mine = self._cpu(self._me) - self._mine0
-        kids = sum(t - self._kids0.get(pid, 0.0) for pid, t in self._kids().items())
-        foreign = max(0.0, busy - mine - kids)
-        return 100.0 * mine / wall, 100.0 * kids / wall, 100.0 * foreign / wall
-
-
-async def foreign_load(seconds: float = 1.0) -> float | None:
-    """CPU used by processes other than this one and its descendants, % of one core, over ``seconds``."""
-    meter = CpuMeter()
-    meter.start()
-    await asyncio.sleep(seconds)
-    cpu = meter.stop()
-    return None if cpu is None else cpu[2]
-
-
-async def wait_quiet(max_wait_s: float, threshold_pct: float = QUIET_PCT) -> float | None:
-    """Wait (up to ``max_wait_s``) until other processes use less than ``threshold_pct`` of one core."""
-    if max_wait_s <= 0:
-        return None
-    deadline = time.monotonic() + max_wait_s
-    load = await foreign_load()
-    while load is not None and load > threshold_pct and time.monotonic() < deadline:
-        log(f"other processes use {load:.0f}% of a core; waiting up to {deadline - time.monotonic():.0f} s")
-        await asyncio.sleep(3.0)
-        load = await foreign_load()
-    return load
 
 
 #: ``python -c`` wrapper for ``--no-fake-history``: FakeEngine keeps every request it has seen
@@ -243,7 +155,7 @@ class FakeServers(ServerProcs):
     """``python -m rollout_sdk serve --engine fake`` processes, named in start order."""
 
     def __init__(self, logdir: Path, *, no_history: bool = False) -> None:
-        super().__init__(logdir, ROOT)
+        super().__init__(logdir)
         self._no_history = no_history
         self._count = 0
 
@@ -299,7 +211,7 @@ async def closed_loop(
         await asyncio.sleep(max(0.0, t_start - perf()))
         meter.start()
         await asyncio.sleep(max(0.0, t_end - perf()))
-        return meter.stop()
+        return meter.stop_all()
 
     cpu_task = asyncio.ensure_future(meter_window())
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -313,9 +225,9 @@ async def closed_loop(
         requests=n,
         duration_s=duration_s,
         req_per_s=n / duration_s,
-        p50_ms=1e3 * _pct(lat, 0.50),
-        p90_ms=1e3 * _pct(lat, 0.90),
-        p99_ms=1e3 * _pct(lat, 0.99),
+        p50_ms=1e3 * pct(lat, 0.50),
+        p90_ms=1e3 * pct(lat, 0.90),
+        p99_ms=1e3 * pct(lat, 0.99),
         mean_ms=1e3 * sum(lat) / n if n else float("nan"),
         max_ms=1e3 * lat[-1] if n else float("nan"),
         client_cpu_pct=cpu[0] if cpu else None,
@@ -346,14 +258,21 @@ def _prompt(tokens: int) -> list[int]:
 async def measure(run_once: Callable[[], Awaitable[Cell]], args: argparse.Namespace) -> Cell:
     """Run one cell; with ``--wait-quiet``, run it again (up to ``--retries`` times) when other processes
     used more than QUIET_PCT of a core during its window."""
-    attempts = 1 + (args.retries if args.wait_quiet > 0 else 0)
-    for i in range(attempts):
+
+    async def logged() -> Cell:
         cell = await run_once()
-        cell.attempts = i + 1
         _log_cell(cell)
-        if cell.foreign_cpu_pct is None or cell.foreign_cpu_pct <= QUIET_PCT or i == attempts - 1:
-            break
-        log(f"other processes used {cell.foreign_cpu_pct:.0f}% of a core during that cell; measuring it again")
+        return cell
+
+    # closed_loop waits for a quiet machine and measures the foreign load in the cell's own window
+    cell, _, attempts = await harness.until_quiet(
+        logged,
+        wait_quiet_s=args.wait_quiet,
+        retries=args.retries,
+        foreign=lambda c: c.foreign_cpu_pct,
+        wait_first=False,
+    )
+    cell.attempts = attempts
     return cell
 
 
@@ -602,32 +521,6 @@ async def bench_ray(args: argparse.Namespace, report: Report) -> None:
 # -- orchestration -------------------------------------------------------------------------------------
 
 
-def _versions() -> dict[str, Any]:
-    from importlib import metadata
-
-    out: dict[str, Any] = {"python": platform.python_version()}
-    for dist in ("rollout-sdk", "pyzmq", "msgspec", "uvloop", "ray", "psutil"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    try:
-        import zmq
-
-        out["libzmq"] = zmq.zmq_version()
-    except ImportError:
-        pass
-    return out
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 async def run_all(args: argparse.Namespace, report: Report, procs: FakeServers) -> None:
     report.meta["foreign_cpu_pct_at_start"] = await foreign_load()
     # rollout-sdk first, so that Ray's background processes do not share the cores with it
@@ -755,11 +648,6 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
-def _median(values: Sequence[float]) -> float:
-    v = sorted(values)
-    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-
-
 def _render_auth(report: Report, ray_rate: dict[tuple[int, int], float]) -> list[str]:
     """Authentication on vs off, medians over the alternating repetitions, side by side."""
     keys = sorted({(c.servers, c.concurrency) for c in report.cells if c.system == SDK_AUTH})
@@ -776,10 +664,10 @@ def _render_auth(report: Report, ray_rate: dict[tuple[int, int], float]) -> list
         on = [x for x in report.cells if (x.system, x.servers, x.concurrency) == (SDK_AUTH, n, c)]
         if not off:
             continue
-        r_off, r_on = _median([x.req_per_s for x in off]), _median([x.req_per_s for x in on])
+        r_off, r_on = harness.median([x.req_per_s for x in off]), harness.median([x.req_per_s for x in on])
         # each repetition's auth cell against the off cell measured next to it, then the median of those
-        paired = _median([a.req_per_s / b.req_per_s for a, b in zip(on, off, strict=False) if b.req_per_s])
-        p_off, p_on = _median([x.p50_ms for x in off]), _median([x.p50_ms for x in on])
+        paired = harness.median([a.req_per_s / b.req_per_s for a, b in zip(on, off, strict=False) if b.req_per_s])
+        p_off, p_on = harness.median([x.p50_ms for x in off]), harness.median([x.p50_ms for x in on])
         base = ray_rate.get((n, c))
         vs_ray = f"{r_on / base:.2f}x" if base else "-"
         ray = [x for x in report.cells if (x.system, x.servers, x.concurrency) == ("ray", n, c)]
@@ -802,7 +690,7 @@ def _cpu_us(cells: Sequence[Cell]) -> str:
         for c in cells
         if c.requests and c.client_cpu_pct is not None
     ]
-    return f"{_median(per):.0f}" if per else "-"
+    return f"{harness.median(per):.0f}" if per else "-"
 
 
 def _parse_ints(text: str) -> list[int]:
@@ -810,9 +698,9 @@ def _parse_ints(text: str) -> list[int]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="shorter cells and fewer requests (about 1 minute)")
-    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"write the numbers here (default {DEFAULT_JSON})")
+    p = harness.parser(
+        __doc__, quick="shorter cells and fewer requests (about 1 minute)", json="dispatch", json_type=Path
+    )
     p.add_argument("--servers", type=_parse_ints, default=[1, 4], help="server / actor counts (default: 1,4)")
     p.add_argument("--concurrency", type=_parse_ints, default=[1, 256], help="coroutines (default: 1,256)")
     p.add_argument("--duration", type=float, default=None, help="measured seconds per cell (full 8, quick 3)")
@@ -829,14 +717,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mem-concurrency", type=int, default=64, help="coroutines for memory (b)")
     p.add_argument("--no-ray", action="store_true", help="skip the Ray baseline")
     p.add_argument("--no-memory", action="store_true", help="skip the client-memory measurements")
-    p.add_argument(
-        "--wait-quiet",
-        type=float,
-        default=0.0,
-        help="before each cell, wait up to this many seconds for other processes to use < 20%% of a core; "
-        "measure a cell again (--retries) when they used more during it",
-    )
-    p.add_argument("--retries", type=int, default=2, help="with --wait-quiet: extra attempts per cell")
+    harness.add_quiet(p, "cell")
     p.add_argument(
         "--no-fake-history",
         action="store_true",
@@ -849,12 +730,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--auth-reps", type=int, default=1, help="alternating auth off/on repetitions per cell")
     args = p.parse_args(argv)
-    if args.duration is None:
-        args.duration = 3.0 if args.quick else 8.0
-    if args.warmup is None:
-        args.warmup = 0.5 if args.quick else 2.0
-    if args.mem_checkpoints is None:
-        args.mem_checkpoints = [1000, 10_000] if args.quick else [1000, 10_000, 30_000]
+    harness.by_mode(
+        args, duration=(8.0, 3.0), warmup=(2.0, 0.5), mem_checkpoints=([1000, 10_000, 30_000], [1000, 10_000])
+    )
     args.mem_warmup = min(500, args.mem_checkpoints[0])
     if sorted(args.mem_checkpoints) != args.mem_checkpoints or args.mem_checkpoints[0] < args.mem_warmup:
         p.error("--mem-checkpoints must be increasing")
@@ -867,17 +745,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     report = Report()
     report.meta = {
-        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
-        "cores": os.cpu_count(),
-        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "versions": _versions(),
+        **harness.facts((*harness.machine.DISTS, "ray")),
         "loop": "asyncio" if args.no_uvloop else "uvloop",
         "mode": "quick" if args.quick else "full",
         "fake_history": not args.no_fake_history,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "workload": {
             "prompt_tokens": args.prompt_tokens,
             "max_new_tokens": args.max_new_tokens,
@@ -889,28 +760,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
     }
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="dispatch-bench-") as logdir, sigterm_as_interrupt():
-        procs = FakeServers(Path(logdir), no_history=args.no_fake_history)
+    with FakeServers.session("dispatch-bench-", no_history=args.no_fake_history) as procs:
         try:
-            if args.no_uvloop:
-                asyncio.run(run_all(args, report, procs))
-            else:
-                import uvloop
-
-                uvloop.run(run_all(args, report, procs))
-        except KeyboardInterrupt:
-            print("interrupted; stopping every process this benchmark started", file=sys.stderr)
-            return 130
+            harness.run(run_all(args, report, procs), uvloop=not args.no_uvloop)
         finally:
-            procs.stop()
             ray = sys.modules.get("ray")
             if ray is not None and ray.is_initialized():
                 with contextlib.suppress(Exception):
                     ray.shutdown()
     report.meta["runtime_s"] = round(time.perf_counter() - t0, 1)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     payload = {"meta": report.meta, "cells": [asdict(c) for c in report.cells], "memory": report.memory}
-    args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    harness.write_json(args.json, payload)
     print(render(report))
     print(f"\nruntime {report.meta['runtime_s']} s; numbers in {args.json}")
     return 0

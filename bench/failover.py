@@ -28,14 +28,14 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import ServerProcs, log, save_results, sigterm_as_interrupt
+import harness
 from hardening import poison_case  # the same poison experiment, with the client rule as an option
+from harness import ServerProcs, log
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("healthy", "sigkill", "sigstop", "poison")
@@ -43,8 +43,7 @@ REQUESTS = 600
 
 
 def _spawn(procs: ServerProcs, name: str, step_s: float) -> tuple[subprocess.Popen[str], str]:
-    argv = [sys.executable, "-m", "rollout_sdk", "serve", "--engine", "fake", "--fake-step-base-s", str(step_s)]
-    return procs.spawn(name, argv)
+    return procs.spawn(name, harness.fake_server_argv("--fake-step-base-s", str(step_s)))
 
 
 async def _generate_all(client: Any, tokens: int, on_result: Any = None) -> tuple[list[Any], float]:
@@ -132,38 +131,33 @@ async def _kill(procs: ServerProcs, args: argparse.Namespace, sig: signal.Signal
 async def _drive(args: argparse.Namespace) -> dict[str, Any]:
     parts = set(args.parts.split(","))
     out: dict[str, Any] = {"clear_suspects": args.clear_suspects, "step_s": args.step_s, "tokens": args.tokens}
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = ServerProcs(Path(tmp), ROOT)
-        try:
-            if "healthy" in parts:
-                log("healthy")
-                out["healthy"] = await _healthy(procs, args)
-            for name, sig in (("sigkill", signal.SIGKILL), ("sigstop", signal.SIGSTOP)):
-                if name in parts:
-                    log(name)
-                    out[name] = await _kill(procs, args, sig)
-            if "poison" in parts:
-                log("poison")
-                out["poison"] = await poison_case(clear_suspects=args.clear_suspects)
-        finally:
-            procs.stop()
+    with ServerProcs.session("failover-") as procs:
+        if "healthy" in parts:
+            log("healthy")
+            out["healthy"] = await _healthy(procs, args)
+        for name, sig in (("sigkill", signal.SIGKILL), ("sigstop", signal.SIGSTOP)):
+            if name in parts:
+                log(name)
+                out[name] = await _kill(procs, args, sig)
+        if "poison" in parts:
+            log("poison")
+            out["poison"] = await poison_case(clear_suspects=args.clear_suspects)
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__)
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--clear-suspects", choices=["answered", "finished"], default="answered")
     ap.add_argument("--step-s", type=float, default=0.02)
     ap.add_argument("--tokens", type=int, default=50, help="new tokens per request (the issue: 50)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    with sigterm_as_interrupt():
-        out = asyncio.run(_drive(args))
+    out = harness.run(_drive(args), uvloop=False)
     for k, v in out.items():
         print(f"{k}: {v}")
     name = args.out or f"bench/results/failover_{args.clear_suspects}.json"
-    save_results(name, [out], vars(args))
+    harness.save_results(name, [out], vars(args))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ apart, not flagged: a user's pip does not print them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -29,6 +28,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import harness
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = re.compile(r"warning|deprecat|traceback|\berror\b|exception", re.I)  # not "errors 0" in a stats row
@@ -104,7 +105,7 @@ def curl_without_session(text: str) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
+    p = harness.parser(__doc__)
     p.add_argument("--home", required=True, help="a fresh ROLLOUT_SDK_HOME (created)")
     p.add_argument("--out", required=True)
     p.add_argument("--only", default=None, help="a regex: run only the commands it matches")
@@ -145,22 +146,49 @@ def main() -> int:
         ("python examples/custom_trainer.py", [python, "examples/custom_trainer.py"], {}),
         (
             "torchrun --standalone --nproc-per-node 2 examples/custom_trainer.py --steps 2",
-            [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-             "examples/custom_trainer.py", "--steps", "2"],
+            [
+                python,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "examples/custom_trainer.py",
+                "--steps",
+                "2",
+            ],
             {},
         ),
     ]
-    commands.append((
-        "torchrun --standalone --nproc-per-node 4 examples/driver.py --tp 2 --requests 100",
-        [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "examples/driver.py",
-         "--tp", "2", "--requests", "100"],
-        {},
-    ))
+    commands.append(
+        (
+            "torchrun --standalone --nproc-per-node 4 examples/driver.py --tp 2 --requests 100",
+            [
+                python,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "4",
+                "examples/driver.py",
+                "--tp",
+                "2",
+                "--requests",
+                "100",
+            ],
+            {},
+        )
+    )
     # the one-line mistakes the docs promise (README/quickstart: checked before any work, exit 2)
-    for argv in (["serve", "--port", "99999"], ["serve", "--potr", "1"], ["--log-level", "bogus", "demo"],
-                 ["serve", "--address-file", "/no/such/dir/addr"], ["demo", "--servers", "127.0.0.1:36471"],
-                 ["serve", "--engine", "sglang"]):
-        commands.append((f"rollout-sdk {' '.join(argv)}", [*exe, *argv], {}))
+    mistakes = (
+        ["serve", "--port", "99999"],
+        ["serve", "--potr", "1"],
+        ["--log-level", "bogus", "demo"],
+        ["serve", "--address-file", "/no/such/dir/addr"],
+        ["demo", "--servers", "127.0.0.1:36471"],
+        ["serve", "--engine", "sglang"],
+    )
+    commands += [(f"rollout-sdk {' '.join(argv)}", [*exe, *argv], {}) for argv in mistakes]
     for name, code in blocks:
         path = scripts / (re.sub(r"\W+", "_", name) + ".py")
         path.write_text(code)
@@ -179,8 +207,11 @@ def main() -> int:
                         out.write(f"[{t:7.1f}s] {piece.rstrip()}\n")
             out.write(f"[exit {r['rc']}, {r['wall_s']}s, longest silence {r['longest_silence_s']}s]\n")
             out.flush()
-            print(f"{name:80s} rc={r['rc']:<4} {r['wall_s']:7.1f}s  silence {r['longest_silence_s']:5.1f}s  "
-                  f"flagged {len(r['flagged'])}  machine pip lines {r['machine_pip_lines']}", flush=True)
+            print(
+                f"{name:80s} rc={r['rc']:<4} {r['wall_s']:7.1f}s  silence {r['longest_silence_s']:5.1f}s  "
+                f"flagged {len(r['flagged'])}  machine pip lines {r['machine_pip_lines']}",
+                flush=True,
+            )
             for f in r["flagged"]:
                 print(f"    flagged: {f[:200]}", flush=True)
     return 0

@@ -27,18 +27,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import zmq
 import zmq.asyncio
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import ServerProcs, log, save_results, sigterm_as_interrupt
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,11 +104,10 @@ async def _cell(address: str, flood: int, samples: int) -> dict[str, Any]:
     stop.set()
     if ftask is not None:
         await ftask
-    lat.sort()
     return {
-        "p50_ms": 1000 * lat[len(lat) // 2],
-        "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-        "max_ms": 1000 * lat[-1],
+        "p50_ms": 1000 * harness.pct(lat, 0.5),
+        "p99_ms": 1000 * harness.pct(lat, 0.99),
+        "max_ms": 1000 * max(lat),
         "elapsed_s": elapsed,
         "flood_answered": counts.get("answered", 0),
         "flood_busy": counts.get("busy", 0),
@@ -121,60 +115,42 @@ async def _cell(address: str, flood: int, samples: int) -> dict[str, Any]:
 
 
 async def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
-    tmp = Path(tempfile.mkdtemp(prefix="flood-"))
-    procs = ServerProcs(tmp, ROOT)
-    base = [sys.executable, "-m", "rollout_sdk", "serve", "--engine", "fake"]
-    base += ["--fake-step-base-s", "0.002", "--fake-step-per-seq-s", "0.00001", "--fake-max-batch", "256"]
+    base = harness.fake_server_argv(
+        "--fake-step-base-s", "0.002", "--fake-step-per-seq-s", "0.00001", "--fake-max-batch", "256"
+    )
     rows = []
     cells = [("quiet", [], 0), ("admission", [], args.flood), ("no cap", ["--max-requests", "1000000000"], args.flood)]
-    try:
+    with harness.ServerProcs.session("flood-", keep_logs=True) as procs:
         for rep in range(args.repeats):
             for name, extra, flood in cells:
                 proc, address = procs.spawn(f"{name}-{rep}".replace(" ", "_"), base + extra)
                 row = await _cell(address, flood, args.samples)
                 row["config"] = name
                 rows.append(row)
-                log(
+                harness.log(
                     f"{name:9s} p50 {row['p50_ms']:9.1f} ms  p99 {row['p99_ms']:9.1f} ms  "
                     f"flood answered {row['flood_answered']}, busy {row['flood_busy']}"
                 )
                 procs.stop([proc])
-    finally:
-        procs.stop()
     return rows
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, quick=True, json="flood")
     p.add_argument("--flood", type=int, default=None, help="requests the flooder sends (full 100000, quick 30000)")
     p.add_argument("--samples", type=int, default=20, help="normal-client requests per cell")
     p.add_argument("--repeats", type=int, default=None, help="alternating repetitions (full 2, quick 1)")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", default=str(ROOT / "bench" / "results" / "flood.json"))
-    args = p.parse_args()
-    args.flood = args.flood or (30_000 if args.quick else 100_000)
-    args.repeats = args.repeats or (1 if args.quick else 2)
-    import uvloop
-
+    args = harness.by_mode(p.parse_args(), flood=(100_000, 30_000), repeats=(2, 1))
     t0 = time.time()
-    with sigterm_as_interrupt():
-        rows = uvloop.run(_drive(args))
-    meta = save_results(args.json, rows, vars(args))
-    print(
-        f"{'config':10s} {'p50 ms':>9s} {'p99 ms':>9s} {'max ms':>9s} {'flood answered':>15s} {'flood busy':>11s}"
-        "   (normal client, 4-token requests; medians over repeats)"
-    )
-    print("-" * 72)
+    rows = harness.run(_drive(args))
+    meta = harness.save_results(args.json, rows, vars(args))
+    keys = ("p50_ms", "p99_ms", "max_ms", "flood_answered", "flood_busy")
+    out = []
     for name in ("quiet", "admission", "no cap"):
-        rs = [r for r in rows if r["config"] == name]
-
-        def med(k: str, rs: list[dict[str, Any]] = rs) -> float:
-            return statistics.median(r[k] for r in rs)
-
-        print(
-            f"{name:10s} {med('p50_ms'):9.1f} {med('p99_ms'):9.1f} {med('max_ms'):9.1f} "
-            f"{med('flood_answered'):15.0f} {med('flood_busy'):11.0f}"
-        )
+        m = harness.medians([r for r in rows if r["config"] == name], keys)
+        out.append([name, *(f"{m[k]:.1f}" for k in keys[:3]), *(f"{m[k]:.0f}" for k in keys[3:])])
+    print("normal client, 4-token requests; medians over repeats")
+    print(harness.table(["config", "p50 ms", "p99 ms", "max ms", "flood answered", "flood busy"], out))
     print(f"runtime {time.time() - t0:.0f} s; {meta['machine']}; numbers in {args.json}")
 
 

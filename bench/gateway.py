@@ -28,21 +28,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _machine import ServerProcs, log, sigterm_as_interrupt
+import harness
+from harness import pct
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 async def run_direct(address: str, sessions: int, conc: int, turns: int, gen: int) -> dict[str, float]:
@@ -125,55 +119,57 @@ async def run_gateway(
 
 
 async def main(args: argparse.Namespace) -> None:
-    logdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-    procs = ServerProcs(logdir, ROOT)
     py = sys.executable
-    try:
-        _, engine = procs.spawn("engine", [py, "-m", "rollout_sdk", "serve", "--engine", "fake"])
+    with harness.ServerProcs.session("bench-gateway-", keep_logs=True) as procs:
+        logdir = procs.logdir
+        _, engine = procs.spawn("engine", harness.fake_server_argv())
         gw_argv = [py, "-m", "rollout_sdk", "gateway", "--servers", engine, "--model-name", "policy"]
         # this benchmark does not collect trajectories: let the gateway write them, so sessions are freed
         gw_argv += ["--trajectories-jsonl", str(logdir / "trajectories.jsonl")]
         _, url = procs.spawn("gateway", gw_argv, timeout=180)
-        log(f"engine {engine}, gateway {url}, logs in {logdir}")
+        harness.log(f"engine {engine}, gateway {url}, logs in {logdir}")
         rows = []
         for conc in args.concurrency:
             sessions = max(conc, args.sessions)
-            cells: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
-            for rep in range(args.reps):
-                cells["direct"].append(await run_direct(engine, sessions, conc, args.turns, args.gen))
-                cells["gateway"].append(await run_gateway(url, sessions, conc, args.turns, args.gen, rep, args.api))
-                log(f"C={conc} rep {rep}: direct {cells['direct'][-1]}, gateway {cells['gateway'][-1]}")
-            med = {
-                m: {k: statistics.median(c[k] for c in cs) for k in ("rps", "p50", "p99")} for m, cs in cells.items()
-            }
-            rows.append((conc, sessions, med))
+
+            async def direct(rep: int, conc: int = conc, sessions: int = sessions) -> dict[str, float]:
+                return await run_direct(engine, sessions, conc, args.turns, args.gen)
+
+            async def gateway(rep: int, conc: int = conc, sessions: int = sessions) -> dict[str, float]:
+                cell = await run_gateway(url, sessions, conc, args.turns, args.gen, rep, args.api)
+                harness.log(f"C={conc} rep {rep}: gateway {cell}")
+                return cell
+
+            cells = await harness.alternate(args.reps, {"direct": direct, "gateway": gateway})
+            d, g = (harness.medians(cells[m], ("rps", "p50", "p99")) for m in ("direct", "gateway"))
+            rows.append(
+                [
+                    conc,
+                    sessions,
+                    f"{d['rps']:.0f}",
+                    f"{g['rps']:.0f}",
+                    f"{g['rps'] / d['rps']:.2f}",
+                    f"{d['p50']:.2f}",
+                    f"{g['p50']:.2f}",
+                    f"{g['p50'] - d['p50']:.2f}",
+                    f"{g['p99']:.1f}",
+                ]
+            )
         print(
             f"\nsessions x {args.turns} turns x {args.gen} tokens, {args.api} API, fake instant engine, medians of "
-            f"{args.reps} reps\n"
+            f"{args.reps} reps (alternating)\n"
         )
-        print(
-            "| concurrent sessions | sessions | direct req/s | gateway req/s | gateway/direct | direct p50 ms | "
-            "gateway p50 ms | added p50 ms | gateway p99 ms |"
-        )
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for conc, sessions, med in rows:
-            d, g = med["direct"], med["gateway"]
-            print(
-                f"| {conc} | {sessions} | {d['rps']:.0f} | {g['rps']:.0f} | {g['rps'] / d['rps']:.2f} | "
-                f"{d['p50']:.2f} | {g['p50']:.2f} | {g['p50'] - d['p50']:.2f} | {g['p99']:.1f} |"
-            )
-    finally:
-        procs.stop()
+        header = ["concurrent sessions", "sessions", "direct req/s", "gateway req/s", "gateway/direct"]
+        header += ["direct p50 ms", "gateway p50 ms", "added p50 ms", "gateway p99 ms"]
+        print(harness.markdown(header, rows, numeric=range(len(header))))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, reps=3, quick="C = 1, 32; 40 sessions; 1 rep")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 500])
     p.add_argument("--sessions", type=int, default=200, help="sessions per cell (at least the concurrency)")
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--gen", type=int, default=16)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="C = 1, 32; 40 sessions; 1 rep")
     p.add_argument(
         "--api",
         choices=["chat", "responses", "messages"],
@@ -187,5 +183,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    with sigterm_as_interrupt():
-        asyncio.run(main(parse_args()))
+    harness.run(main(parse_args()), uvloop=False)

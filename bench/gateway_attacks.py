@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _machine import log, save_results
+import harness
+from harness import log
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -322,14 +323,13 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, json="gateway_attacks", json_flag="--out")
     ap.add_argument("--python", default=sys.executable, help="the interpreter whose rollout_sdk runs the gateway")
     ap.add_argument("--parts", default="bind,big,junk,deep,stream,slow")
     ap.add_argument("--apis", default="chat,responses,messages")
     ap.add_argument("--big-mib", type=float, default=15.0, help="size of the big call's body")
     ap.add_argument("--gateway-args", default="", help="more flags for rollout-sdk gateway (one string)")
-    ap.add_argument("--out", default=str(ROOT / "bench/results/gateway_attacks.json"))
     a = ap.parse_args()
     result = asyncio.run(main(a))
-    meta = save_results(a.out, result, vars(a))
+    meta = harness.save_results(a.out, result, vars(a))
     print(json.dumps({"meta": meta, "rows": result}, indent=1))

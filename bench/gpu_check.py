@@ -483,11 +483,11 @@ def table(res: dict[str, Any]) -> str:
         f"{res['out_len']} out), {res['date']}",
         f"  engine start                 {res['start_s']} s",
     ]
-    for r in res["throughput"]:
-        lines.append(
-            f"  throughput rep {r['rep']}: raw {r['raw_tok_s']} tok/s ({r['raw_s']} s)  "
-            f"sdk {r['sdk_tok_s']} tok/s ({r['sdk_s']} s)  sdk/raw {r['ratio']}"
-        )
+    lines += [
+        f"  throughput rep {r['rep']}: raw {r['raw_tok_s']} tok/s ({r['raw_s']} s)  "
+        f"sdk {r['sdk_tok_s']} tok/s ({r['sdk_s']} s)  sdk/raw {r['ratio']}"
+        for r in res["throughput"]
+    ]
     lines += [
         f"  all answered, lengths+logprobs ok  {res['all_answered']}",
         f"  cancel 64 in flight -> idle  {res['abort_64_s']} s",

@@ -53,9 +53,10 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 import gpu_check  # noqa: E402
+import harness  # noqa: E402
 import load_balance  # noqa: E402
 import longtail  # noqa: E402
-from _machine import stop_processes  # noqa: E402
+from harness import stop_processes  # noqa: E402
 
 SCHEMES = ("static", "round_robin", "least_load", "least_load_cap")
 
@@ -244,34 +245,29 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
 
 def _dump(a: argparse.Namespace, res: dict[str, Any]) -> None:
     if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+        harness.write_json(a.json, res, indent=1)
 
 
 def render(res: dict[str, Any]) -> str:
     lines = [f"GPU fleet ({', '.join(res['engines'])}; engines started in {res['start_s']} s), {res['date']}"]
     if res.get("balance"):
-        lines.append(f"{'workload':10s} {'servers':22s} {'scheme':15s} {'makespan s':>10s} {'vs static':>9s}")
-        lines += [
-            f"{r['workload']:10s} {r['servers']:22s} {r['scheme']:15s} {r['makespan_s']:10.3f} {r['vs_static']:9.2f}"
+        rows = [
+            [r["workload"], r["servers"], r["scheme"], f"{r['makespan_s']:.3f}", f"{r['vs_static']:.2f}"]
             for r in res["balance"]
         ]
+        lines.append(harness.table(["workload", "servers", "scheme", "makespan s", "vs static"], rows, left=(0, 1, 2)))
     if res.get("longtail"):
         c = res["config"]
         lines.append(
             f"long tail: batch {c['lt_batch']}, {c['lt_steps']} steps, lognormal median {c['lt_median']} "
             f"sigma 1 cap {c['lt_cap']}, train {c['lt_train_s']} s"
         )
-        lines.append(f"{'mode':8s} {'makespan s':>10s} {'p90 s':>7s} {'vs sync':>8s} {'busy':>6s} {'tok/s':>8s}")
-        for r in res["longtail"]:
-            lines.append(
-                f"{r['mode']:8s} {r['makespan_mean_s']:10.3f} {r['makespan_p90_s']:7.3f} {r['makespan_vs_sync']:8.2f} "
-                f"{r['busy_fraction']:6.2f} {r['tokens_per_s']:8.0f}"
-            )
+        lines.append(longtail.table(res["longtail"]))
     return "\n".join(lines)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__)
     ap.add_argument("--placement", type=int, nargs="+", default=[2, 3], help="engines per GPU (GPU 0, 1, ...)")
     ap.add_argument("--max-running", type=int, default=128)
     ap.add_argument("--engine", choices=["sglang", "fake"], default="sglang", help="fake: a CPU dry run")
@@ -287,9 +283,7 @@ def main() -> None:
     ap.add_argument("--log-dir", default=None)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    import uvloop
-
-    res = uvloop.run(main_async(a))
+    res = harness.run(main_async(a))
     _dump(a, res)
     print(render(res), flush=True)
 

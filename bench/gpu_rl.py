@@ -41,7 +41,6 @@ import os
 import pstats
 import random
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -52,12 +51,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, HERE)
 
+import harness  # noqa: E402  (bench/harness/)
+from harness import log, write_json  # noqa: E402  (write_json: also bench/gpu_rlstep.py's)
+
 WORKLOADS = ("grpo", "short", "long", "oversub")
 T0 = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"[rl {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # -- workloads ---------------------------------------------------------------------------------------
@@ -567,13 +565,6 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-def write_json(path: str, res: dict[str, Any]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(tmp, path)
-
-
 def summary(res: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     passes = [p for p in res["passes"] if "tok_s" in p]
@@ -584,54 +575,44 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
             if p["workload"] == w:
                 by.setdefault(p["mode"], {})[p["rep"]] = p["tok_s"]
         for mode, reps in by.items():
-            v = list(reps.values())
-            row[mode] = {"median": round(statistics.median(v)), "min": round(min(v)), "max": round(max(v))}
+            med, lo, hi = harness.spread(list(reps.values()))
+            row[mode] = {"median": round(med), "min": round(lo), "max": round(hi)}
         for num, den in (("sdk", "raw"), ("http", "raw"), ("sdk", "http"), ("sdktm", "raw"), ("sdk", "sdktm")):
             if num in by and den in by:
                 rs = [by[num][r] / by[den][r] for r in by[num] if r in by[den]]
                 if rs:
-                    row[f"{num}/{den}"] = {
-                        "median": round(statistics.median(rs), 3),
-                        "min": round(min(rs), 3),
-                        "max": round(max(rs), 3),
-                    }
+                    med, lo, hi = harness.spread(rs)
+                    row[f"{num}/{den}"] = {"median": round(med, 3), "min": round(lo, 3), "max": round(hi, 3)}
         row["all_ok"] = all(p.get("ok") for p in res["passes"] if p["workload"] == w)
         out[w] = row
     return out
 
 
 def table(res: dict[str, Any]) -> str:
-    lines = [
-        f"shape {res['shape']} ({res['engine']}), max_running={res.get('max_running')}, "
-        f"KV tokens={res.get('engine_max_total_tokens', '-')}, reps={res['reps']}, {res['date']}",
-        f"{'workload':9s} {'raw tok/s':>22s} {'sdk tok/s':>22s} {'http tok/s':>22s} "
-        f"{'sdk/raw':>20s} {'sdk/http':>20s} ok",
-    ]
-
     def cell(d: dict[str, Any] | None, fmt: str = "{:,.0f}") -> str:
         if not d:
             return "-"
         return f"{fmt.format(d['median'])} [{fmt.format(d['min'])}-{fmt.format(d['max'])}]"
 
     tm = any("sdktm" in row for row in res["summary"].values())
-    if tm:
-        lines[1] += f" {'sdk(TM) tok/s':>22s} {'sdk/sdk(TM)':>20s}"
+    header = ["workload", "raw tok/s", "sdk tok/s", "http tok/s", "sdk/raw", "sdk/http", "ok"]
+    header += ["sdk(TM) tok/s", "sdk/sdk(TM)"] if tm else []
+    rows = []
     for w, row in res["summary"].items():
-        line = (
-            f"{w:9s} {cell(row.get('raw')):>22s} {cell(row.get('sdk')):>22s} {cell(row.get('http')):>22s} "
-            f"{cell(row.get('sdk/raw'), '{:.3f}'):>20s} {cell(row.get('sdk/http'), '{:.2f}'):>20s} {row['all_ok']}"
-        )
-        if tm:
-            line += f" {cell(row.get('sdktm')):>22s} {cell(row.get('sdk/sdktm'), '{:.3f}'):>20s}"
-        lines.append(line)
-    return "\n".join(lines)
+        rows.append([w, *(cell(row.get(m)) for m in ("raw", "sdk", "http"))])
+        rows[-1] += [cell(row.get("sdk/raw"), "{:.3f}"), cell(row.get("sdk/http"), "{:.2f}"), row["all_ok"]]
+        rows[-1] += [cell(row.get("sdktm")), cell(row.get("sdk/sdktm"), "{:.3f}")] if tm else []
+    title = (
+        f"shape {res['shape']} ({res['engine']}), max_running={res.get('max_running')}, "
+        f"KV tokens={res.get('engine_max_total_tokens', '-')}, reps={res['reps']}, {res['date']}"
+    )
+    return title + "\n" + harness.table(header, rows)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, reps=3)
     ap.add_argument("--shape", default="0.5b", choices=["0.5b", "7b"])
     ap.add_argument("--engine", default="sglang", choices=["sglang", "fake"])
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=WORKLOADS)
     ap.add_argument("--http", action="store_true", help="also measure SGLang's HTTP server")
     ap.add_argument("--profile", nargs="*", default=[], choices=WORKLOADS, help="cProfile one extra pass of these")
@@ -656,18 +637,11 @@ def main() -> None:
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--http-url", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    try:
-        import uvloop
-
-        run = uvloop.run
-    except ImportError:
-        run = asyncio.run
+    run = harness.loop_runner()
     if a.client:
         run(client_main(a))
         return
-    from _machine import sigterm_as_interrupt  # SIGTERM (timeout) unwinds: the HTTP server is stopped
-
-    with sigterm_as_interrupt():
+    with harness.sigterm_as_interrupt():  # SIGTERM (timeout) unwinds: the HTTP server is stopped
         res = run(server_main(a))
     if a.json:
         write_json(a.json, res)

@@ -54,15 +54,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, HERE)
 
 import _stacks  # noqa: E402  (bench/ on sys.path)
-from gpu_rl import ClientProc, cpu_times, make_workload, write_json  # noqa: E402
+import harness  # noqa: E402
+from gpu_rl import ClientProc, cpu_times, make_workload  # noqa: E402
+from harness import log, write_json  # noqa: E402
 
 WORKLOADS = ("grpo", "short", "long", "agent")
 EXTRA_WORKLOADS = ("oversub", "long128")  # gpu_rl.py's 16,384 x 16 in / 16 out: many tiny cached requests
 Work = list[tuple[list[int], int]]
-
-
-def log(msg: str) -> None:
-    print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # -- workloads ---------------------------------------------------------------------------------------
@@ -604,40 +602,52 @@ def keep_stacks(res: dict[str, Any], root: str, path: str | None) -> list[str]:
 
 
 def table(res: dict[str, Any]) -> str:
-    lines = [
+    title = (
         f"soak: shape {res['shape']} ({res['engine']}), {len(res['passes'])} passes, engine start "
-        f"{res.get('engine_start_s')} s, {res['date']}",
-        f"{'pass':18s} {'s':>8s} {'tok/s':>10s} {'gpu%':>5s} {'lag p99':>8s} {'gc s':>6s} {'fix':>4s} "
-        f"{'stalls':>6s} ok",
-    ]
-    lines += [
-        f"{p['label']:18s} {p.get('s', '-'):>8} {p.get('tok_s', '-'):>10} {p.get('gpu_util') or '-':>5} "
-        f"{p.get('lag_p99_ms') or '-':>8} {p.get('gc_s', '-'):>6} {'y' if p.get('patched') else 'n':>4} "
-        f"{p.get('stalls', '-'):>6} {p.get('ok', p.get('error'))}"
+        f"{res.get('engine_start_s')} s, {res['date']}"
+    )
+    passes = [
+        [
+            p["label"],
+            p.get("s", "-"),
+            p.get("tok_s", "-"),
+            p.get("gpu_util") or "-",
+            p.get("lag_p99_ms") or "-",
+            p.get("gc_s", "-"),
+            "y" if p.get("patched") else "n",
+            p.get("stalls", "-"),
+            p.get("ok", p.get("error")),
+        ]
         for p in res["passes"]
     ]
-    lines.append(
-        f"{'workload':14s} {'raw med s':>10s} {'raw max s':>10s} {'sdk med s':>10s} {'sdk max s':>10s} "
-        f"{'sdk max/med':>12s} {'sdk max/raw max':>16s} {'sdk/raw tok/s':>14s} slow passes"
-    )
+    header = ["pass", "s", "tok/s", "gpu%", "lag p99", "gc s", "fix", "stalls", "ok"]
+    workloads = []
     for w, r in res["summary"].items():
         raw, sdk = r.get("raw", {}), r.get("sdk", {})
-        lines.append(
-            f"{w:14s} {raw.get('median_s', '-'):>10} {raw.get('max_s', '-'):>10} {sdk.get('median_s', '-'):>10} "
-            f"{sdk.get('max_s', '-'):>10} {r.get('sdk_worst_over_sdk_median', '-'):>12} "
-            f"{r.get('sdk_worst_over_raw_worst', '-'):>16} {r.get('sdk_over_raw_median_tok_s', '-'):>14} "
-            f"{','.join(r['slow_passes']) or '-'}"
+        workloads.append(
+            [
+                w,
+                raw.get("median_s", "-"),
+                raw.get("max_s", "-"),
+                sdk.get("median_s", "-"),
+                sdk.get("max_s", "-"),
+                r.get("sdk_worst_over_sdk_median", "-"),
+                r.get("sdk_worst_over_raw_worst", "-"),
+                r.get("sdk_over_raw_median_tok_s", "-"),
+                ",".join(r["slow_passes"]) or "-",
+            ]
         )
-    return "\n".join(lines)
+    header2 = ["workload", "raw med s", "raw max s", "sdk med s", "sdk max s", "sdk max/med", "sdk max/raw max"]
+    header2 += ["sdk/raw tok/s", "slow passes"]
+    return "\n".join([title, harness.table(header, passes), harness.table(header2, workloads, left=(0, 8))])
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, quick="tiny workloads (dry runs)")
     ap.add_argument("--shape", default="0.5b", choices=["0.5b", "7b"])
     ap.add_argument("--engine", default="sglang", choices=["sglang", "fake"])
     ap.add_argument("--steps", type=int, default=4, help="RL steps: each runs every workload raw and sdk")
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=WORKLOADS + EXTRA_WORKLOADS)
-    ap.add_argument("--quick", action="store_true", help="tiny workloads (dry runs)")
     ap.add_argument("--attn", default="triton")
     ap.add_argument("--sampling", default="pytorch")
     ap.add_argument("--mem-fraction", type=float, default=0.7)
@@ -656,12 +666,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    try:
-        import uvloop
-
-        run = uvloop.run
-    except ImportError:
-        run = asyncio.run
+    run = harness.loop_runner()
     if a.client:
         run(client_main(a))
         return
@@ -672,9 +677,7 @@ def main() -> None:
         os.environ["ROLLOUT_SDK_STACKS_DIR"] = stacks_root  # the client and SGLang's children inherit both
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (boot, os.environ.get("PYTHONPATH")) if p)
         _stacks.start()
-    from _machine import sigterm_as_interrupt
-
-    with sigterm_as_interrupt():
+    with harness.sigterm_as_interrupt():
         res = run(server_main(a, stacks_root))
     if a.json:
         write_json(a.json, res)

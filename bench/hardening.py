@@ -36,7 +36,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,8 @@ import zmq
 import zmq.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import ServerProcs, log, save_results, sigterm_as_interrupt
+import harness
+from harness import ServerProcs, log, pct
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("stall", "memory", "heartbeat", "sigterm", "fairshare", "poison")
@@ -153,11 +153,6 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
-
-
 # -- parts ----------------------------------------------------------------------------------------------
 
 
@@ -221,7 +216,7 @@ async def _stall_and_memory(procs: ServerProcs, tmp: Path, parts: set[str]) -> d
         rows = []
         for kind, t0, t1 in windows:
             lag = [x[1] * 1000 for x in data if t0 <= x[0] <= t1]
-            rows.append({"frame": kind, "samples": len(lag), "lag_p99_ms": _pct(lag, 0.99), "lag_max_ms": max(lag)})
+            rows.append({"frame": kind, "samples": len(lag), "lag_p99_ms": pct(lag, 0.99), "lag_max_ms": max(lag)})
         out["stall"] = rows
     return out
 
@@ -237,8 +232,8 @@ async def _heartbeat(procs: ServerProcs, tmp: Path) -> list[dict[str, Any]]:
             {
                 "phase": "idle",
                 "pings": len(idle),
-                "p50_ms": _pct(idle, 0.5) * 1e3,
-                "p99_ms": _pct(idle, 0.99) * 1e3,
+                "p50_ms": pct(idle, 0.5) * 1e3,
+                "p99_ms": pct(idle, 0.99) * 1e3,
                 "max_ms": max(idle) * 1e3,
             }
         )
@@ -258,8 +253,8 @@ async def _heartbeat(procs: ServerProcs, tmp: Path) -> list[dict[str, Any]]:
             {
                 "phase": "one peer floods max frames",
                 "pings": len(flooded),
-                "p50_ms": _pct(flooded, 0.5) * 1e3,
-                "p99_ms": _pct(flooded, 0.99) * 1e3,
+                "p50_ms": pct(flooded, 0.5) * 1e3,
+                "p99_ms": pct(flooded, 0.99) * 1e3,
                 "max_ms": max(flooded) * 1e3,
                 "frames_sent": sent[0],
             }
@@ -388,9 +383,7 @@ def _sigterm(sdk_home: str) -> list[dict[str, Any]]:
 async def _fairshare(procs: ServerProcs, tmp: Path, identities: int) -> list[dict[str, Any]]:
     from rollout_sdk import RolloutClient, SamplingParams
 
-    proc, address = procs.spawn(
-        "fair", [sys.executable, "-m", "rollout_sdk", "serve", "--engine", "fake", "--fake-step-base-s", "0.002"]
-    )
+    proc, address = procs.spawn("fair", harness.fake_server_argv("--fake-step-base-s", "0.002"))
     rows = []
     try:
         for label, n in (("alone", 0), (f"after {identities} throwaway identities (one Ping each)", identities)):
@@ -475,10 +468,9 @@ async def poison_case(**client_options: Any) -> dict[str, Any]:
 
 async def _drive(args: argparse.Namespace) -> dict[str, Any]:
     parts = set(args.parts.split(","))
-    tmp = Path(tempfile.mkdtemp(prefix="hardening-"))
-    procs = ServerProcs(tmp, ROOT)
     out: dict[str, Any] = {}
-    try:
+    with ServerProcs.session("hardening-", keep_logs=True) as procs:
+        tmp = procs.logdir
         if parts & {"stall", "memory"}:
             log("stall / memory")
             out.update(await _stall_and_memory(procs, tmp, parts))
@@ -494,8 +486,6 @@ async def _drive(args: argparse.Namespace) -> dict[str, Any]:
         if "poison" in parts:
             log("poison")
             out["poison"] = await poison_case()
-    finally:
-        procs.stop()
     return out
 
 
@@ -518,7 +508,7 @@ def _print(out: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, json="hardening", json_flag="--out")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--flood", default="", help=argparse.SUPPRESS)
     p.add_argument("--samples", default="")
@@ -527,7 +517,6 @@ def main() -> None:
     p.add_argument(
         "--sdk-home", default=os.environ.get("ROLLOUT_SDK_TEST_HOME", os.environ.get("ROLLOUT_SDK_HOME", ""))
     )
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "hardening.json"))
     args = p.parse_args()
     if args.flood:
         asyncio.run(_flood(args.flood))
@@ -537,10 +526,9 @@ def main() -> None:
 
         uvloop.run(_serve(args))
         return
-    with sigterm_as_interrupt():
-        out = asyncio.run(_drive(args))
+    out = harness.run(_drive(args), uvloop=False)
     _print(out)
-    meta = save_results(args.out, [out], {"parts": args.parts, "identities": args.identities})
+    meta = harness.save_results(args.out, [out], {"parts": args.parts, "identities": args.identities})
     print(f"\n{meta['date']}, {meta['machine']}")
 
 

@@ -91,29 +91,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import collections
 import contextlib
-import datetime as _dt
+import functools
 import heapq
-import json
 import math
-import os
-import platform
 import random
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _machine import QUIET_PCT, ForeignCpu, ServerProcs, log, sigterm_as_interrupt, wait_quiet
+import harness
+from harness import ServerProcs, interpolate, log
+from harness.stats import StepFn
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = ROOT / "bench" / "results" / "load_balance.json"
 VOCAB = 151936
 TARGET_RATIO = 0.75
 PROMPT_TOKENS = 16
@@ -208,30 +204,10 @@ class Report:
 
 def fake_server(procs: ServerProcs, server_id: str, *args: str) -> str:
     """Start ``python -m rollout_sdk serve --engine fake``; its address."""
-    argv = [sys.executable, "-m", "rollout_sdk", "serve", "--engine", "fake", "--server-id", server_id, *args]
-    return procs.spawn(server_id, argv)[1]
+    return procs.spawn(server_id, harness.fake_server_argv("--server-id", server_id, *args))[1]
 
 
 # -- the cost model, simulated -----------------------------------------------------------------------------
-
-StepFn = Callable[[int], float]
-
-
-def interpolate(points: dict[int, float]) -> StepFn:
-    """Piecewise-linear step time over the calibrated batch sizes (flat beyond the ends)."""
-    xs = sorted(points)
-    ys = [points[x] for x in xs]
-
-    def step(b: int) -> float:
-        if b <= xs[0]:
-            return ys[0]
-        if b >= xs[-1]:
-            return ys[-1]
-        i = bisect.bisect_left(xs, b)
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return y0 + (y1 - y0) * (b - x0) / (x1 - x0)
-
-    return step
 
 
 def simulate(
@@ -473,17 +449,11 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs) 
                 order = list(args.schemes)
                 order = order[si % len(order) :] + order[: si % len(order)]
                 for scheme in order:
-                    attempts = 1 + (args.retries if args.wait_quiet > 0 else 0)
-                    for attempt in range(attempts):
-                        if args.wait_quiet > 0:
-                            await wait_quiet(args.wait_quiet)
-                        meter = ForeignCpu()
-                        meter.start()
-                        makespan, results, finish, cpu = await run_once(scheme, addrs, lengths, cost, w.cap)
-                        foreign = meter.stop()
-                        if foreign is None or foreign <= QUIET_PCT or attempt == attempts - 1:
-                            break
-                        log(f"other processes used {foreign:.0f}% of a core during that run; measuring it again")
+                    cell = functools.partial(run_once, scheme, addrs, lengths, cost, w.cap)
+                    got, foreign, _ = await harness.until_quiet(
+                        cell, wait_quiet_s=args.wait_quiet, retries=args.retries
+                    )
+                    makespan, results, finish, cpu = got
                     ids = [f"s{i}" for i in range(d)] if addrs is fast else [*(f"s{i}" for i in range(d - 1)), "slow"]
                     toks = dict.fromkeys(ids, 0)
                     reqs = dict.fromkeys(ids, 0)
@@ -645,9 +615,12 @@ def render(report: Report, rows: list[dict[str, Any]]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="one seed, shorter calibration (about 1 minute)")
-    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"write the numbers here (default {DEFAULT_JSON})")
+    p = harness.parser(
+        __doc__,
+        quick="one seed, shorter calibration (about 1 minute)",
+        json="load_balance",
+        json_type=Path,
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="length seeds (full 0 1 2, quick 0)")
     p.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=["skewed", "throughput"])
     p.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES))
@@ -657,18 +630,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-per-seq-s", type=float, default=0.00002)
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--slow-factor", type=float, default=2.0, help="the slow server's step_base multiple")
-    p.add_argument(
-        "--wait-quiet",
-        type=float,
-        default=0.0,
-        help="before each run, wait up to this many seconds for other processes to use < 20%% of a core; "
-        "measure a run again (--retries) when they used more during it",
-    )
-    p.add_argument("--retries", type=int, default=2, help="with --wait-quiet: extra attempts per run")
+    harness.add_quiet(p, "run")
     p.add_argument("--no-uvloop", action="store_true", help="run the client on the default asyncio loop")
-    args = p.parse_args(argv)
-    if args.seeds is None:
-        args.seeds = [0] if args.quick else [0, 1, 2]
+    args = harness.by_mode(p.parse_args(argv), seeds=([0, 1, 2], [0]))
     args.cal_tokens = (10, 60) if args.quick else (20, 120)
     if args.servers < 2:
         p.error("--servers must be >= 2")
@@ -677,31 +641,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _versions() -> dict[str, Any]:
-    from importlib import metadata
-
-    out: dict[str, Any] = {"python": platform.python_version()}
-    for dist in ("rollout-sdk", "pyzmq", "msgspec", "uvloop"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     report = Report()
     report.meta = {
-        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "cores": os.cpu_count(),
-        "versions": _versions(),
+        **harness.facts(),
         "loop": "asyncio" if args.no_uvloop else "uvloop",
         "mode": "quick" if args.quick else "full",
         "wait_quiet_s": args.wait_quiet,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "cost_model": {
             "step_base_s": args.step_base_s,
             "step_per_seq_s": args.step_per_seq_s,
@@ -714,23 +661,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "target": f"makespan <= {TARGET_RATIO} x static split",
     }
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="load-balance-bench-") as logdir, sigterm_as_interrupt():
-        procs = ServerProcs(Path(logdir), ROOT)
-        try:
-            if args.no_uvloop:
-                asyncio.run(run_all(args, report, procs))
-            else:
-                import uvloop
-
-                uvloop.run(run_all(args, report, procs))
-        except KeyboardInterrupt:
-            print("interrupted; stopping every process this benchmark started", file=sys.stderr)
-            return 130
-        finally:
-            procs.stop()
+    with ServerProcs.session("load-balance-bench-") as procs:
+        harness.run(run_all(args, report, procs), uvloop=not args.no_uvloop)
     report.meta["runtime_s"] = round(time.perf_counter() - t0, 1)
     rows = summarize(report)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "meta": report.meta,
         "calibration": report.calibration,
@@ -738,7 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lower_bounds_s": report.bounds,
         "runs": [asdict(r) for r in report.runs],
     }
-    args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    harness.write_json(args.json, payload)
     print(render(report, rows))
     print(f"\nruntime {report.meta['runtime_s']} s; numbers in {args.json}")
     return 0

@@ -31,51 +31,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+import harness
 
 from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
 
 
-def start_servers(n: int, a: argparse.Namespace) -> tuple[list[subprocess.Popen[str]], list[str]]:
-    procs, addrs = [], []
-    for _ in range(n):
-        p = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rollout_sdk",
-                "serve",
-                "--engine",
-                "fake",
-                "--fake-step-base-s",
-                str(a.step_base),
-                "--fake-step-per-seq-s",
-                str(a.step_per_seq),
-                "--fake-max-batch",
-                str(a.max_batch),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        procs.append(p)
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        while not line.startswith("READY"):
-            line = p.stdout.readline()
-            if not line:
-                raise RuntimeError("server failed to start")
-        addrs.append(line.split()[1])
-    return procs, addrs
+def start_servers(procs: harness.ServerProcs, n: int, a: argparse.Namespace) -> list[str]:
+    """Start ``n`` fake servers with the cost model's step times; their addresses."""
+    argv = harness.fake_server_argv(
+        "--fake-step-base-s", str(a.step_base), "--fake-step-per-seq-s", str(a.step_per_seq),
+        "--fake-max-batch", str(a.max_batch),
+    )  # fmt: skip
+    return [procs.spawn(f"fake{i}", argv)[1] for i in range(n)]
 
 
 def prompts(n: int, a: argparse.Namespace, seed: int) -> list[GenerateRequest]:
@@ -121,17 +94,10 @@ async def run_mode(mode: str, addrs: list[str], a: argparse.Namespace) -> dict[s
 
 
 async def main_async(a: argparse.Namespace) -> dict[str, Any]:
-    if a.addresses:  # running servers (e.g. SGLang ones from launch/serve.sh): no fake servers started
-        procs, addrs = [], list(a.addresses)
-    else:
-        procs, addrs = start_servers(a.servers, a)
-    try:
+    with harness.ServerProcs.session("longtail-") as procs:
+        # running servers (e.g. SGLang ones from launch/serve.sh): no fake servers started
+        addrs = list(a.addresses) if a.addresses else start_servers(procs, a.servers, a)
         results = [await run_mode(m, addrs, a) for m in ("sync", "async", "partial")]
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=20)
     base = results[0]["makespan_mean_s"]
     for r in results:
         r["makespan_vs_sync"] = r["makespan_mean_s"] / base
@@ -144,8 +110,17 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def table(results: list[dict[str, Any]]) -> str:
+    """One row per producer mode (also bench/gpu_fleet.py's long-tail table)."""
+    cols = {"makespan s": "makespan_mean_s", "p90 s": "makespan_p90_s", "vs sync": "makespan_vs_sync"}
+    cols |= {"busy": "busy_fraction", "total s": "total_s", "tok/s": "tokens_per_s"}
+    fmt = {"makespan s": ".3f", "p90 s": ".3f", "vs sync": ".2f", "busy": ".2f", "total s": ".2f", "tok/s": ".0f"}
+    rows = [[r["mode"], *(f"{r[k]:{fmt[c]}}" for c, k in cols.items())] for r in results]
+    return harness.table(["mode", *cols], rows)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, quick=True, json="longtail")
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=8)
@@ -158,37 +133,24 @@ def main() -> None:
     ap.add_argument("--over-provision", type=float, default=2.0)
     ap.add_argument("--train-s", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true")
     ap.add_argument(
         "--addresses",
         nargs="*",
         default=None,
         help="use these running servers instead of fake ones (the GPU variant: SGLang servers)",
     )
-    ap.add_argument(
-        "--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "longtail.json")
-    )
     a = ap.parse_args()
     if a.quick:
         a.steps, a.batch = 4, 32
-    import uvloop
-
-    res = uvloop.run(main_async(a))
-    os.makedirs(os.path.dirname(a.json), exist_ok=True)
-    with open(a.json, "w") as f:
-        json.dump(res, f, indent=1)
+    res = harness.run(main_async(a))
+    harness.write_json(a.json, res, indent=1)
     c = res["config"]
     print(
         f"\nlong-tail rollout: {c['servers']} fake servers (step {c['step_base'] * 1e3:.1f} ms + "
         f"{c['step_per_seq'] * 1e6:.0f} us/seq, max batch {c['max_batch']}), batch {c['batch']}, {c['steps']} steps, "
         f"lengths lognormal(median {c['median']}, sigma {c['sigma']}, cap {c['cap']}), train {c['train_s']} s/step"
     )
-    print(f"{'mode':<8} {'makespan s':>11} {'p90 s':>7} {'vs sync':>8} {'busy':>6} {'total s':>8} {'tok/s':>8}")
-    for r in res["results"]:
-        print(
-            f"{r['mode']:<8} {r['makespan_mean_s']:>11.3f} {r['makespan_p90_s']:>7.3f} {r['makespan_vs_sync']:>8.2f} "
-            f"{r['busy_fraction']:>6.2f} {r['total_s']:>8.2f} {r['tokens_per_s']:>8.0f}"
-        )
+    print(table(res["results"]))
     part = next(r for r in res["results"] if r["mode"] == "partial")
     print(
         f"target carry-over makespan <= 0.5 x batch-gather: {part['makespan_vs_sync']:.2f} -> "

@@ -47,18 +47,15 @@ import asyncio
 import collections
 import json
 import signal
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import zmq
 import zmq.asyncio
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import ServerProcs, log, save_results, sigterm_as_interrupt
+from harness import ServerProcs, log, pct
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -167,13 +164,6 @@ async def _over_sender(address: str, frame: bytes, stop: asyncio.Event) -> None:
         ctx.term()
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 async def _run_config(
     name: str, address: str, args: argparse.Namespace, frames: dict[str, bytes]
 ) -> list[dict[str, Any]]:
@@ -206,8 +196,8 @@ async def _run_config(
                     "t0": t0,
                     "t1": t1,
                     "req_s": n / (t1 - t0),
-                    "lat_p50_ms": 1000 * _pct(window, 0.5),
-                    "lat_p99_ms": 1000 * _pct(window, 0.99),
+                    "lat_p50_ms": 1000 * pct(window, 0.5),
+                    "lat_p99_ms": 1000 * pct(window, 0.99),
                     "max_answered": answered[0],
                 }
             )
@@ -220,11 +210,10 @@ async def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
     frames = {"max": _max_frame(limit, "max")}
     frames["over"] = frames["max"] + b"\x00" * (limit - len(frames["max"]) + 1024)  # over the limit
     log(f"maximum-size frame {len(frames['max']):,} bytes, oversized {len(frames['over']):,} bytes")
-    tmp = Path(tempfile.mkdtemp(prefix="loop_lag-"))
-    procs = ServerProcs(tmp, ROOT)
     rows: list[dict[str, Any]] = []
     configs = {"default": args.offload_decode_bytes, "on-loop": limit}
-    try:
+    with ServerProcs.session("loop_lag-", keep_logs=True) as procs:
+        tmp = procs.logdir
         for rep in range(args.repeats):
             for name, offload in configs.items():
                 samples = tmp / f"{name}-{rep}.json"
@@ -249,14 +238,12 @@ async def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
                     window = [lag for t, lag, _ in lags if row["t0"] <= t <= row["t1"]]
                     busy = [c for t, _, c in lags if row["t0"] <= t <= row["t1"]]
                     row["probe_n"] = len(window)
-                    row["lag_p50_ms"] = 1000 * _pct(window, 0.5)
-                    row["lag_p99_ms"] = 1000 * _pct(window, 0.99)
+                    row["lag_p50_ms"] = 1000 * pct(window, 0.5)
+                    row["lag_p99_ms"] = 1000 * pct(window, 0.99)
                     row["lag_max_ms"] = 1000 * max(window, default=float("nan"))
-                    row["busy_p99_ms"] = 1000 * _pct(busy, 0.99)
+                    row["busy_p99_ms"] = 1000 * pct(busy, 0.99)
                     row["busy_max_ms"] = 1000 * max(busy, default=float("nan"))
                 rows.extend(got)
-    finally:
-        procs.stop()
     return rows
 
 
@@ -264,26 +251,26 @@ def _table(rows: list[dict[str, Any]]) -> str:
     by: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
     for r in rows:
         by[(r["config"], r["phase"])].append(r)
-    lines = [
-        f"{'config':8s} {'phase':7s} {'lag p50':>8s} {'lag p99':>8s} {'lag max':>8s} {'busy p99':>8s} "
-        f"{'busy max':>8s} {'req/s':>7s} {'lat p50':>8s} {'lat p99':>8s} {'max-size ok':>11s}   (ms; medians)",
-        "-" * 114,
-    ]
+    cols = {  # column: (key, decimals)
+        "lag p50": ("lag_p50_ms", 2),
+        "lag p99": ("lag_p99_ms", 2),
+        "lag max": ("lag_max_ms", 1),
+        "busy p99": ("busy_p99_ms", 2),
+        "busy max": ("busy_max_ms", 1),
+        "req/s": ("req_s", 0),
+        "lat p50": ("lat_p50_ms", 2),
+        "lat p99": ("lat_p99_ms", 2),
+        "max-size ok": ("max_answered", 0),
+    }
+    out = []
     for (config, phase), rs in by.items():
-
-        def med(key: str, rs: list[dict[str, Any]] = rs) -> float:
-            return statistics.median(r[key] for r in rs)
-
-        lines.append(
-            f"{config:8s} {phase:7s} {med('lag_p50_ms'):8.2f} {med('lag_p99_ms'):8.2f} {med('lag_max_ms'):8.1f} "
-            f"{med('busy_p99_ms'):8.2f} {med('busy_max_ms'):8.1f} {med('req_s'):7.0f} {med('lat_p50_ms'):8.2f} "
-            f"{med('lat_p99_ms'):8.2f} {med('max_answered'):11.0f}"
-        )
-    return "\n".join(lines)
+        m = harness.medians(rs, [k for k, _ in cols.values()])
+        out.append([config, phase, *(f"{m[k]:.{d}f}" for k, d in cols.values())])
+    return "(ms; medians)\n" + harness.table(["config", "phase", *cols], out, left=(0, 1))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, quick=True, json="loop_lag")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--samples", default="", help=argparse.SUPPRESS)
     p.add_argument("--max-generate-bytes", type=int, default=8 << 20)
@@ -292,22 +279,18 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=None, help="measured seconds per phase (full 6, quick 3)")
     p.add_argument("--warmup", type=float, default=0.5)
     p.add_argument("--repeats", type=int, default=None, help="alternating repetitions (full 2, quick 1)")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", default=str(ROOT / "bench" / "results" / "loop_lag.json"))
     args = p.parse_args()
     if args.serve:
         import uvloop
 
         uvloop.run(_serve(args))
         return
-    args.duration = args.duration or (3.0 if args.quick else 6.0)
-    args.repeats = args.repeats or (1 if args.quick else 2)
-    import uvloop
-
+    harness.by_mode(args, duration=(6.0, 3.0), repeats=(2, 1))
     t0 = time.time()
-    with sigterm_as_interrupt():
-        rows = uvloop.run(_drive(args))
-    meta = save_results(args.json, rows, {k: v for k, v in vars(args).items() if k not in ("serve", "samples", "json")})
+    rows = harness.run(_drive(args))
+    meta = harness.save_results(
+        args.json, rows, {k: v for k, v in vars(args).items() if k not in ("serve", "samples", "json")}
+    )
     print(_table(rows))
     print(f"runtime {time.time() - t0:.0f} s; {meta['machine']}; numbers in {args.json}")
 

@@ -9,12 +9,10 @@ Servers are in-process fake engines with a decode-step cost (real ZMQ on loopbac
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import statistics
 import time
 
-from _machine import log
+import harness
 
 from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
 from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
@@ -78,10 +76,7 @@ async def same_port_restart_to_serving() -> float:
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
+    args = harness.parser(__doc__, reps=7, quick=True).parse_args()
     reps = 2 if args.quick else args.reps
     rows = []
     for name, fn in (
@@ -91,11 +86,9 @@ async def main() -> None:
         xs = []
         for _ in range(reps):
             xs.append(await fn())
-            log(f"{name}: {xs[-1] * 1000:.1f} ms")
-        rows.append((name, statistics.median(xs), min(xs), max(xs)))
-    print(f"\n{'what':<38} {'median ms':>10} {'min':>8} {'max':>8}   (reps={reps})")
-    for name, med, lo, hi in rows:
-        print(f"{name:<38} {med * 1000:>10.1f} {lo * 1000:>8.1f} {hi * 1000:>8.1f}")
+            harness.log(f"{name}: {xs[-1] * 1000:.1f} ms")
+        rows.append([name, *(f"{v * 1000:.1f}" for v in harness.spread(xs))])
+    print(f"\n(reps={reps})\n" + harness.table(["what", "median ms", "min", "max"], rows))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,9 @@ Prints medians of --reps repetitions (microseconds per call).
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import timeit
 
+import harness
 import msgspec
 from prometheus_client import Histogram
 
@@ -23,9 +22,8 @@ from rollout_sdk.server.metrics import ServerMetrics
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = harness.parser(__doc__, reps=5)
     p.add_argument("--n", type=int, default=100_000)
-    p.add_argument("--reps", type=int, default=5)
     a = p.parse_args()
     ph = Histogram("x_seconds", "d", ("server",), registry=None, buckets=LATENCY_BUCKETS)
     oh = _Histogram("y_seconds", "d", ("server",), LATENCY_BUCKETS)
@@ -54,9 +52,8 @@ def main() -> None:
     for _ in range(a.reps):  # alternate the cases inside each repetition
         for k, fn in cases.items():
             res[k].append(timeit.timeit(fn, number=a.n) / a.n * 1e6)
-    print(f"| what | median us/call ({a.reps} reps of {a.n}) |\n| --- | --- |")
-    for k, v in res.items():
-        print(f"| {k} | {statistics.median(v):.2f} |")
+    rows = [(k, f"{harness.median(v):.2f}") for k, v in res.items()]
+    print(harness.markdown(["what", f"median us/call ({a.reps} reps of {a.n})"], rows))
 
 
 if __name__ == "__main__":

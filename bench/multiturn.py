@@ -75,28 +75,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import collections
 import contextlib
-import datetime as _dt
 import heapq
 import itertools
 import json
 import math
 import os
-import platform
 import random
 import signal
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from _machine import QUIET_PCT, ForeignCpu, ServerProcs, log, sigterm_as_interrupt, wait_quiet
+import harness
+from harness import ServerProcs, interpolate, log
+from harness.stats import StepFn
 
 if TYPE_CHECKING:
     from rollout_sdk import RolloutClient
@@ -104,7 +102,6 @@ if TYPE_CHECKING:
     from rollout_sdk.protocol import GenerateRequest, GenerateResult, SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_JSON = ROOT / "bench" / "results" / "multiturn.json"
 TARGET_RATIO = 0.5
 IM_START = 151644
 IM_END = 151645
@@ -267,10 +264,12 @@ def make_turn_sync(inner: Agent, barrier: asyncio.Barrier, phases: list[float]) 
     from rollout_sdk.agents import Agent, RolloutContext
 
     class BarrierContext(RolloutContext):
-        async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        async def generate(
+            self, input_ids: list[int], sampling: SamplingParams, images: Sequence[bytes] = ()
+        ) -> GenerateResult:
             if await barrier.wait() == 0:  # everyone's tools are done: the generation phase starts
                 phases.append(time.perf_counter())
-            result = await super().generate(input_ids, sampling)
+            result = await super().generate(input_ids, sampling, images)
             if await barrier.wait() == 0:  # everyone's turn is generated: the tool phase starts
                 phases.append(time.perf_counter())
             return result
@@ -288,23 +287,6 @@ def make_turn_sync(inner: Agent, barrier: asyncio.Barrier, phases: list[float]) 
 
 
 # -- the cost model, simulated -----------------------------------------------------------------------------
-
-StepFn = Callable[[int], float]
-
-
-def interpolate(points: dict[int, float]) -> StepFn:
-    xs = sorted(points)
-    ys = [points[x] for x in xs]
-
-    def step(b: int) -> float:
-        if b <= xs[0]:
-            return ys[0]
-        if b >= xs[-1]:
-            return ys[-1]
-        i = bisect.bisect_left(xs, b)
-        return ys[i - 1] + (ys[i] - ys[i - 1]) * (b - xs[i - 1]) / (xs[i] - xs[i - 1])
-
-    return step
 
 
 def simulate(n: int, turns: int, g: int, tool_s: float, d: int, step: StepFn, max_batch: int, sync: bool) -> float:
@@ -494,25 +476,30 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
             samples = _samples(n, args.group)
             for rep in range(args.repeats):
                 for mode in ("agent", "sync") if rep % 2 == 0 else ("sync", "agent"):
-                    attempts = 1 + (args.retries if args.wait_quiet > 0 else 0)
-                    for attempt in range(attempts):
-                        if args.wait_quiet > 0:
-                            await wait_quiet(args.wait_quiet)
+
+                    async def one_run(
+                        mode: str = mode,
+                        rep: int = rep,
+                        tool_s: float = tool_s,
+                        case: Case = case,
+                        n: int = n,
+                        client: Any = client,
+                        samples: Any = samples,
+                    ) -> tuple[Any, ...]:
                         clock.set(tool_s, case.sigma, n * (args.turns - 1), seed=rep)
                         phases: list[float] = []
                         runner = agent if mode == "agent" else make_turn_sync(agent, asyncio.Barrier(n), phases)
                         done0 = [s.completed for s in client.servers]
-                        meter = ForeignCpu()
-                        meter.start()
                         cpu0 = time.process_time()
                         t0 = time.perf_counter()
                         trajs = await run_agents(client, runner, samples, args.group)
                         wall = time.perf_counter() - t0
-                        cpu = time.process_time() - cpu0
-                        foreign = meter.stop()
-                        if foreign is None or foreign <= QUIET_PCT or attempt == attempts - 1:
-                            break
-                        log(f"other processes used {foreign:.0f}% of a core during that run; measuring it again")
+                        return phases, done0, t0, trajs, wall, time.process_time() - cpu0
+
+                    got, foreign, _ = await harness.until_quiet(
+                        one_run, wait_quiet_s=args.wait_quiet, retries=args.retries
+                    )
+                    phases, done0, t0, trajs, wall, cpu = got
                     if foreign is not None:
                         cell.foreign_cpu_pct.append(foreign)
                     _check(trajs, n, args.turns)
@@ -612,9 +599,9 @@ def _parse_case(text: str) -> Case:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="N=128, one repeat, no extra cases (about 25 s)")
-    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"write the numbers here (default {DEFAULT_JSON})")
+    p = harness.parser(
+        __doc__, quick="N=128, one repeat, no extra cases (about 25 s)", json="multiturn", json_type=Path
+    )
     p.add_argument("--trajectories", "-n", type=int, default=None, help="N (full 256, quick 128)")
     p.add_argument("--group", type=int, default=8, help="trajectories per prompt (rollout_group n)")
     p.add_argument("--turns", type=int, default=4, help="K model turns per trajectory (K-1 tool calls)")
@@ -633,24 +620,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-base-s", type=float, default=0.002)
     p.add_argument("--step-per-seq-s", type=float, default=0.00002)
     p.add_argument("--max-batch", type=int, default=32)
-    p.add_argument(
-        "--wait-quiet",
-        type=float,
-        default=0.0,
-        help="before each run, wait up to this many seconds for other processes to use < 20%% of a core; "
-        "measure a run again (--retries) when they used more during it",
-    )
-    p.add_argument("--retries", type=int, default=2, help="with --wait-quiet: extra attempts per run")
+    harness.add_quiet(p, "run")
     p.add_argument("--no-uvloop", action="store_true", help="run the client on the default asyncio loop")
     p.add_argument("--child-serve", default=None, help=argparse.SUPPRESS)
     p.add_argument("--server-id", default="s0", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_serve:
         return args
-    if args.trajectories is None:
-        args.trajectories = 128 if args.quick else 256
-    if args.repeats is None:
-        args.repeats = 1 if args.quick else 2
+    harness.by_mode(args, trajectories=(256, 128), repeats=(2, 1))
     if args.extra_cases is None:
         n = args.trajectories
         args.extra_cases = [] if args.quick else [Case(n, 1.0, 0.5), Case(64, 1.0), Case(n, 1.0, 0.0, "default")]
@@ -665,33 +642,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _versions() -> dict[str, Any]:
-    from importlib import metadata
-
-    out: dict[str, Any] = {"python": platform.python_version()}
-    for dist in ("rollout-sdk", "pyzmq", "msgspec", "uvloop", "transformers"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child_serve:
         return child_serve(args.child_serve, args.server_id)
     report = Report()
     report.meta = {
-        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "cores": os.cpu_count(),
-        "versions": _versions(),
+        **harness.facts((*harness.machine.DISTS, "transformers")),
         "loop": "asyncio" if args.no_uvloop else "uvloop",
         "mode": "quick" if args.quick else "full",
         "wait_quiet_s": args.wait_quiet,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "rollout_sdk_home": os.environ.get("ROLLOUT_SDK_HOME"),
         "cost_model": {
             "step_base_s": args.step_base_s,
@@ -708,22 +668,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "target": f"agent loop <= {TARGET_RATIO} x turn-synchronous when T ~ a turn's generation time",
     }
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="multiturn-bench-") as workdir, sigterm_as_interrupt():
-        procs = ServerProcs(Path(workdir), ROOT)
-        try:
-            if args.no_uvloop:
-                asyncio.run(run_all(args, report, procs, Path(workdir)))
-            else:
-                import uvloop
-
-                uvloop.run(run_all(args, report, procs, Path(workdir)))
-        except KeyboardInterrupt:
-            print("interrupted; stopping every process this benchmark started", file=sys.stderr)
-            return 130
-        finally:
-            procs.stop()
+    with ServerProcs.session("multiturn-bench-") as procs:
+        harness.run(run_all(args, report, procs, procs.logdir), uvloop=not args.no_uvloop)
     report.meta["runtime_s"] = round(time.perf_counter() - t0, 1)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     cells = []
     for c in report.cells:
         d = asdict(c)
@@ -732,7 +679,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         d["model_ratio"] = c.model_agent_s / c.model_sync_s if c.model_agent_s and c.model_sync_s else None
         cells.append(d)
     payload = {"meta": report.meta, "calibration": report.calibration, "cells": cells}
-    args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    harness.write_json(args.json, payload)
     print(render(report, args))
     print(f"\nruntime {report.meta['runtime_s']} s; numbers in {args.json}")
     return 0

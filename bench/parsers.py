@@ -22,12 +22,13 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import time
 from collections.abc import Callable
 from typing import Any
+
+import harness
 
 from rollout_sdk.agents import get_parser
 
@@ -74,7 +75,7 @@ def best_of(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--sizes", type=int, nargs="+", default=[2000, 8000, 32000])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--baseline", help="another parsers.py to time on the Hermes inputs")
@@ -92,10 +93,11 @@ def main() -> None:
         old = module.HermesParser()
         for name, text in inputs("hermes", args.sizes):
             rows.append(("hermes (baseline)", name, len(text), best_of(lambda t=text: old.parse(t), args.repeat)))
-    print(f"{'parser':<18} {'input':<14} {'chars':>10} {'time':>11} {'MB/s':>8}")
+    out = []
     for fmt, name, chars, seconds in rows:
         shown = f"{seconds * 1e6:.0f} us" if seconds < 1e-2 else f"{seconds * 1e3:.1f} ms"
-        print(f"{fmt:<18} {name:<14} {chars:>10} {shown:>11} {chars / seconds / 1e6:>8.1f}")
+        out.append([fmt, name, chars, shown, f"{chars / seconds / 1e6:.1f}"])
+    print(harness.table(["parser", "input", "chars", "time", "MB/s"], out, left=(0, 1)))
 
 
 if __name__ == "__main__":

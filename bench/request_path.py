@@ -59,18 +59,16 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import ServerProcs, log, save_results, sigterm_as_interrupt
+import harness
+from harness import ServerProcs, log
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("receive", "decode", "dispatch", "submit", "result", "encode", "send", "engine", "gc")
@@ -439,9 +437,8 @@ def _cell(server: subprocess.Popen[str], address: str, clients: int, args: argpa
 
 
 def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
-    procs = ServerProcs(Path(tempfile.mkdtemp(prefix="request_path-")), ROOT)
     rows: list[dict[str, Any]] = []
-    try:
+    with ServerProcs.session("request_path-", keep_logs=True) as procs:
         for rep in range(args.reps):
             argv = [sys.executable, __file__, "--serve", "--engine", args.engine]
             argv += ["--engine-cost-us", str(args.engine_cost_us), "--in-flight", str(args.in_flight)]
@@ -451,8 +448,6 @@ def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
                 rows.extend({"rep": rep, **_cell(server, address, c, args)} for c in args.clients)
             finally:
                 procs.stop([server])
-    finally:
-        procs.stop()
     return rows
 
 
@@ -461,20 +456,16 @@ COLUMNS = ("req_s", "cpu_us", *STAGES, "other")
 
 def table(rows: Sequence[dict[str, Any]], engine_cost_us: float) -> str:
     """Medians over repetitions, one line per client count."""
-    head = f"{'clients':>7s} {'req/s':>7s} {'cpu/req':>7s} " + " ".join(f"{s:>8s}" for s in (*STAGES, "other"))
-    lines = [head + f"   (us per request; stand-in engine {engine_cost_us:g} us)", "-" * len(head)]
+    out = []
     for clients in sorted({r["clients"] for r in rows}):
-        rs = [r for r in rows if r["clients"] == clients]
-        med = {k: statistics.median(r[k] for r in rs) for k in COLUMNS}
-        lines.append(
-            f"{clients:7d} {med['req_s']:7.0f} {med['cpu_us']:7.1f} "
-            + " ".join(f"{med[s]:8.1f}" for s in (*STAGES, "other"))
-        )
-    return "\n".join(lines)
+        med = harness.medians([r for r in rows if r["clients"] == clients], COLUMNS)
+        out.append([clients, f"{med['req_s']:.0f}", f"{med['cpu_us']:.1f}", *(f"{med[s]:.1f}" for s in COLUMNS[2:])])
+    note = f"(us per request; stand-in engine {engine_cost_us:g} us)\n"
+    return note + harness.table(["clients", "req/s", "cpu/req", *STAGES, "other"], out, left=())
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, quick=True, json="request_path")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--address", default="", help=argparse.SUPPRESS)
@@ -493,15 +484,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=None, help="measured seconds per cell (full 3, quick 1.5)")
     p.add_argument("--warmup", type=float, default=None, help="seconds before each cell's window (full 1, quick 0.5)")
     p.add_argument("--reps", type=int, default=None, help="repetitions, a fresh server each (full 5, quick 3)")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", default=str(ROOT / "bench" / "results" / "request_path.json"))
     args = p.parse_args(argv)
     if isinstance(args.clients, int):
         args.clients = [args.clients]
-    args.duration = args.duration or (1.5 if args.quick else 3.0)
-    args.warmup = args.warmup or (0.5 if args.quick else 1.0)
-    args.reps = args.reps or (3 if args.quick else 5)
-    return args
+    return harness.by_mode(args, duration=(3.0, 1.5), warmup=(1.0, 0.5), reps=(5, 3))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -516,9 +502,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         _client(args)
         return
     t0 = time.time()
-    with sigterm_as_interrupt():
+    with harness.sigterm_as_interrupt():
         rows = _drive(args)
-    meta = save_results(args.json, rows, {k: v for k, v in vars(args).items() if k not in ("serve", "client", "json")})
+    args_kept = {k: v for k, v in vars(args).items() if k not in ("serve", "client", "json")}
+    meta = harness.save_results(args.json, rows, args_kept)
     print(table(rows, args.engine_cost_us))
     print(f"runtime {time.time() - t0:.0f} s; {meta['machine']}; numbers in {args.json}")
 

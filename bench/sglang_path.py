@@ -5,8 +5,8 @@ vs ``SglangEngine`` through the tokenizer manager, on one engine.
 SGLang's real TokenizerManager and io_struct run here over a stand-in scheduler process
 (engines/sglang/standin.py), so the event loop's per-request cost is SGLang's own code plus ours; only the
 GPU work is missing.  Prints tokens/s and the event-loop process's CPU per request, medians of alternating
-repetitions.  Needs sglang importable (see docs/benchmarks.md section 23).  ``three_paths`` is also what
-``bench/gpu_check.py`` runs on the GPU.
+repetitions.  Needs sglang importable (see docs/benchmarks.md#sdk-vs-raw-sglang-and-sglangs-http-server).
+``three_paths`` is also what ``bench/gpu_check.py`` runs on the GPU.
 
     python bench/sglang_path.py --model PATH [--requests 4000] [--inflight 512] [--max-new 8] [--reps 3]
 """
@@ -55,7 +55,7 @@ async def three_paths(
             todo = iter(enumerate(prompts))
             tokens = 0
 
-            async def worker(mode: str = mode, tag: str = f"p{rep}{mode}-") -> None:
+            async def worker(mode: str = mode, tag: str = f"p{rep}{mode}-", todo: Any = todo) -> None:
                 nonlocal tokens
                 for i, ids in todo:
                     n = await one(mode, tag, i, ids)  # awaited first: `tokens += await ...` loses updates

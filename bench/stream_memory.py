@@ -26,6 +26,7 @@ import time
 import tracemalloc
 from typing import Any
 
+import harness
 import psutil
 
 from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
@@ -41,58 +42,60 @@ def prompts(tokens: int) -> Any:
 async def run_mode(mode: str, args: argparse.Namespace) -> list[dict[str, float]]:
     proc = psutil.Process()
     engine = FakeEngine(FakeEngineConfig(step_base_s=0.001, step_per_seq_s=0.00001, max_batch=256))
-    async with EngineServer(engine, ServerConfig(server_id="mem")) as server:
-        async with RolloutClient(servers=[server.address]) as client:
-            async with client.rollouts(
-                prompts(args.tokens), group_size=args.group_size, batch_groups=args.batch_groups, mode=mode
-            ) as stream:
-                it = aiter(stream)
-                times = []
-                for _ in range(args.warmup):
-                    t0 = time.perf_counter()
-                    await anext(it)
-                    times.append(time.perf_counter() - t0)
-                produce_s = statistics.median(times)
-                consume_s = 10 * produce_s
-                rows: list[dict[str, float]] = []
-                batches = 0
-                start = time.perf_counter()
+    async with (
+        EngineServer(engine, ServerConfig(server_id="mem")) as server,
+        RolloutClient(servers=[server.address]) as client,
+        client.rollouts(
+            prompts(args.tokens), group_size=args.group_size, batch_groups=args.batch_groups, mode=mode
+        ) as stream,
+    ):
+        it = aiter(stream)
+        times = []
+        for _ in range(args.warmup):
+            t0 = time.perf_counter()
+            await anext(it)
+            times.append(time.perf_counter() - t0)
+        produce_s = statistics.median(times)
+        consume_s = 10 * produce_s
+        rows: list[dict[str, float]] = []
+        batches = 0
+        start = time.perf_counter()
 
-                async def sample() -> None:
-                    while True:
-                        stats = stream.statistics()
-                        rows.append(
-                            {
-                                "t_s": time.perf_counter() - start,
-                                "rss_mb": proc.memory_info().rss / 2**20,
-                                "heap_mb": tracemalloc.get_traced_memory()[0] / 2**20,
-                                "held": stats.held,
-                                "buffered": stats.buffered,
-                                "capacity": stats.capacity,
-                                "batches": batches,
-                                "produce_s": produce_s,
-                                "consume_s": consume_s,
-                            }
-                        )
-                        await asyncio.sleep(args.every)
+        async def sample() -> None:
+            while True:
+                stats = stream.statistics()
+                rows.append(
+                    {
+                        "t_s": time.perf_counter() - start,
+                        "rss_mb": proc.memory_info().rss / 2**20,
+                        "heap_mb": tracemalloc.get_traced_memory()[0] / 2**20,
+                        "held": stats.held,
+                        "buffered": stats.buffered,
+                        "capacity": stats.capacity,
+                        "batches": batches,
+                        "produce_s": produce_s,
+                        "consume_s": consume_s,
+                    }
+                )
+                await asyncio.sleep(args.every)
 
-                async def consume() -> None:
-                    nonlocal batches
-                    while True:
-                        await anext(it)
-                        batches += 1
-                        await asyncio.sleep(consume_s)  # the slow consumer ("training")
+        async def consume() -> None:
+            nonlocal batches
+            while True:
+                await anext(it)
+                batches += 1
+                await asyncio.sleep(consume_s)  # the slow consumer ("training")
 
-                async with asyncio.TaskGroup() as tg:
-                    tasks = [tg.create_task(sample()), tg.create_task(consume())]
-                    await asyncio.sleep(args.seconds)
-                    for t in tasks:
-                        t.cancel()
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(sample()), tg.create_task(consume())]
+            await asyncio.sleep(args.seconds)
+            for t in tasks:
+                t.cancel()
     return rows
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, quick=True)
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--every", type=float, default=5.0)
     p.add_argument("--modes", nargs="*", default=["async", "partial", "sync"])
@@ -100,33 +103,36 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--batch-groups", type=int, default=16)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     if args.quick:
         args.seconds, args.every, args.modes = 10.0, 2.0, ["async"]
     tracemalloc.start()
-    print("| mode | t (s) | RSS (MB) | Python heap (MB) | groups held / capacity | finished, not taken | batches |")
-    print("|---|---|---|---|---|---|---|")
-    summary = []
+    samples, summary = [], []
     for mode in args.modes:
         rows = asyncio.run(run_mode(mode, args))
-        for r in rows:
-            print(
-                f"| {mode} | {r['t_s']:.0f} | {r['rss_mb']:.1f} | {r['heap_mb']:.2f} | "
-                f"{r['held']:.0f} / {r['capacity']:.0f} | {r['buffered']:.0f} | {r['batches']:.0f} |"
-            )
+        samples += [
+            [
+                mode,
+                f"{r['t_s']:.0f}",
+                f"{r['rss_mb']:.1f}",
+                f"{r['heap_mb']:.2f}",
+                f"{r['held']:.0f} / {r['capacity']:.0f}",
+                f"{r['buffered']:.0f}",
+                f"{r['batches']:.0f}",
+            ]
+            for r in rows
+        ]
         half = len(rows) // 2
-        first = statistics.median(r["heap_mb"] for r in rows[1 : max(2, half)])
-        last = statistics.median(r["heap_mb"] for r in rows[half:])
-        summary.append((mode, rows[0]["produce_s"], rows[0]["consume_s"], first, last, max(r["held"] for r in rows)))
+        first = harness.median(r["heap_mb"] for r in rows[1 : max(2, half)])
+        last = harness.median(r["heap_mb"] for r in rows[half:])
+        held = max(r["held"] for r in rows)
+        summary.append([mode, f"{rows[0]['produce_s']:.3f}", f"{rows[0]['consume_s']:.3f}"])
+        summary[-1] += [f"{first:.2f}", f"{last:.2f}", f"{held:.0f}"]
+    header = ["mode", "t (s)", "RSS (MB)", "Python heap (MB)", "groups held / capacity", "finished, not taken"]
+    print(harness.markdown([*header, "batches"], samples))
     print()
-    print(
-        "| mode | batch produced in (s, median) | consumer per batch (s) | heap 1st half (MB) | heap 2nd half (MB) "
-        "| max groups held |"
-    )
-    print("|---|---|---|---|---|---|")
-    for mode, prod, cons, first, last, held in summary:
-        print(f"| {mode} | {prod:.3f} | {cons:.3f} | {first:.2f} | {last:.2f} | {held:.0f} |")
+    header = ["mode", "batch produced in (s, median)", "consumer per batch (s)", "heap 1st half (MB)"]
+    print(harness.markdown([*header, "heap 2nd half (MB)", "max groups held"], summary))
 
 
 if __name__ == "__main__":

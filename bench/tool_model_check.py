@@ -11,13 +11,13 @@ Prints two tables.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 from transformers import AutoTokenizer
 
 from rollout_sdk import RolloutClient
@@ -90,7 +90,7 @@ async def through_gateway(path: str, n: int) -> list[tuple[str, str, str, int, i
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--home", default=None)
     p.add_argument("--questions", type=int, default=100, help="held-back questions per API (docs' definition)")
     p.add_argument("--gateway-only", action="store_true")
@@ -99,9 +99,11 @@ def main() -> None:
     t0 = time.perf_counter()
     gw_rows = asyncio.run(through_gateway(path, args.questions))
     print(f"\nthrough the gateway ({time.perf_counter() - t0:.0f} s)")
-    print(f"{'definition':<32} {'API':<10} {'decoding':<8} {'questions':>9} {'parsed':>7} {'solved':>7}")
-    for label, api, dec, n, parsed, solved, _ in gw_rows:
-        print(f"{label:<32} {api:<10} {dec:<8} {n:>9} {parsed / n:>7.1%} {solved / n:>7.1%}")
+    table = [
+        [label, api, dec, n, f"{parsed / n:.1%}", f"{solved / n:.1%}"]
+        for label, api, dec, n, parsed, solved, _ in gw_rows
+    ]
+    print(harness.table(["definition", "API", "decoding", "questions", "parsed", "solved"], table, left=(0, 1, 2)))
     if args.gateway_only:
         return
     rows = []
@@ -123,9 +125,11 @@ def main() -> None:
                 time.perf_counter() - t0,
             )
         )
-    print(f"{'model':<13} {'decoding':<8} {'instances':<14} {'success':>8} {'called':>7} {'seconds':>8}")
-    for stage, dec, inst, success, called, secs in rows:
-        print(f"{stage:<13} {dec:<8} {inst:<14} {success:>8.1%} {called:>7.1%} {secs:>8.1f}")
+    table = [
+        [stage, dec, inst, f"{success:.1%}", f"{called:.1%}", f"{secs:.1f}"]
+        for stage, dec, inst, success, called, secs in rows
+    ]
+    print(harness.table(["model", "decoding", "instances", "success", "called", "seconds"], table, left=(0, 1, 2)))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Train variants of the tool model's recipe and print held-back accuracy along the way: the evidence
-behind the defaults of ``rollout_sdk.tasks.tool_model.Recipe`` (see docs/benchmarks.md, section 16).
+behind the defaults of ``rollout_sdk.tasks.tool_model.Recipe`` (see docs/benchmarks.md#the-tool-model and
+docs/benchmarks-changelog.md).
 
     python bench/tool_model_recipe.py --seeds 0 1 2 3                   # the default recipe, four seeds
     python bench/tool_model_recipe.py --seeds 0 1 --lr 5e-3 --steps 700  # a variant
@@ -13,9 +14,9 @@ after another; a table (rows: seeds, columns: steps) is printed last.
 
 from __future__ import annotations
 
-import argparse
 import time
 
+import harness
 from transformers import AutoTokenizer
 
 from rollout_sdk.models import ensure_tiny_model
@@ -23,7 +24,7 @@ from rollout_sdk.tasks.tool_model import Recipe, demonstration_sets, train_stage
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--steps", type=int, default=Recipe.steps)
     p.add_argument("--batch", type=int, default=Recipe.batch)
@@ -70,9 +71,8 @@ def main() -> None:
         table[seed] = row
     print(f"\n{recipe}, seeds {args.seeds}")
     steps = sorted({s for row in table.values() for s in row})
-    print("seed " + " ".join(f"{s:>6}" for s in steps))
-    for seed, row in table.items():
-        print(f"{seed:>4} " + " ".join(f"{row.get(s, float('nan')):>6.2f}" for s in steps))
+    rows = [[seed, *(f"{row.get(s, float('nan')):.2f}" for s in steps)] for seed, row in table.items()]
+    print(harness.table(["seed", *map(str, steps)], rows, left=()))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import harness
 import torch
 
 
@@ -32,8 +33,7 @@ async def main() -> None:
     proc = load_image_processor(path)
     assert proc is not None
     mark = [151652, 151655, 151653]
-    print("| image (noise PNG) | file bytes | grid (t, h, w) | image tokens | expand ms |")
-    print("|---|---|---|---|---|")
+    rows = []
     for w, h in ((56, 56), (448, 448), (1920, 1080)):
         data = noise_png(w, h, 0)
         proc.expand(mark, [data])
@@ -41,7 +41,8 @@ async def main() -> None:
         for _ in range(10):
             v = proc.expand(mark, [data])
         ms = (time.perf_counter() - t0) / 10 * 1e3
-        print(f"| {w}x{h} | {len(data)} | {v.grid_thw[0]} | {v.num_image_tokens} | {ms:.1f} |")
+        rows.append([f"{w}x{h}", len(data), v.grid_thw[0], v.num_image_tokens, f"{ms:.1f}"])
+    print(harness.markdown(["image (noise PNG)", "file bytes", "grid (t, h, w)", "image tokens", "expand ms"], rows))
     tok = AutoTokenizer.from_pretrained(path)
     parts = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Compare."}]
     messages = [{"role": "user", "content": parts}]
@@ -63,10 +64,10 @@ async def main() -> None:
     finally:
         await engine.close()
     print()
-    print("| parity (CPU fp32) | tokens | mean abs diff | max abs diff |")
-    print("|---|---|---|---|")
-    print(f"| CpuEngine vs transformers forward | {len(diffs)} | {sum(diffs) / len(diffs):.2e} | {max(diffs):.2e} |")
+    row = ["CpuEngine vs transformers forward", len(diffs), f"{sum(diffs) / len(diffs):.2e}", f"{max(diffs):.2e}"]
+    print(harness.markdown(["parity (CPU fp32)", "tokens", "mean abs diff", "max abs diff"], [row]))
 
 
 if __name__ == "__main__":
+    harness.parser(__doc__).parse_args()
     asyncio.run(main())

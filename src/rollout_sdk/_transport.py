@@ -207,7 +207,7 @@ class RouterEndpoint:
         while True:
             # The routing id is copied as bytes; only the peer's last frame is taken as a zmq.Frame, the one
             # object that can read its connection's ZAP User-Id (recv_multipart(copy=False) built a Frame
-            # per frame: +12,600 instructions a request on the loop, docs/benchmarks.md section 21).  A
+            # per frame: +12,600 instructions a request on the loop, docs/benchmarks-changelog.md).  A
             # multipart message is delivered whole or not at all, so once its routing id is read, the rest
             # is there.
             try:

@@ -51,7 +51,7 @@ __all__ = [
 #: token ids are turned into Python ints (and freed) this many at a time, yielding in between (~0.1 ms each)
 _IDS_CHUNK = 4096
 #: the decode worker's niceness: it is background work, and on a machine with few cores the OS must not let
-#: it preempt the serving event loop (measured: p99 loop lag 5.7 -> 3.7 ms, docs/benchmarks.md section 11b)
+#: it preempt the serving event loop (measured: p99 loop lag 5.7 -> 3.7 ms, docs/benchmarks-changelog.md)
 _WORKER_NICENESS = 10
 
 

@@ -95,7 +95,7 @@ class Recipe:
     #: supervised steps of the trained stage (batches of every training instance's demonstration) with the
     #: task's own calculator definition only: the model learns to copy the operands there, where every
     #: prompt is the same (with random definitions from the start the copy had not appeared after 1,000
-    #: steps: docs/benchmarks.md section 27).  At most ``own_steps``; fewer once the loss of each of the
+    #: steps: docs/benchmarks.md#the-tool-model).  At most ``own_steps``; fewer once the loss of each of the
     #: last 20 steps is under ``own_loss`` (the copy is learned) ...
     own_steps: int = 800
     own_loss: float = 0.02

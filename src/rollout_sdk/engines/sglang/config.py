@@ -48,11 +48,12 @@ class SglangEngineConfig:
     startup_timeout_s: float = 1200.0
     #: after start, move every object made so far (torch, SGLang, the model) out of the garbage collector's
     #: reach, in this process and in SGLang's scheduler (SGLang's ``freeze_gc``): a full collection over that
-    #: heap stalled the event loop ~0.5 s per pass on an H200 (docs/benchmarks.md section 15)
+    #: heap stalled the event loop ~0.5 s per pass on an H200 (docs/benchmarks-changelog.md)
     freeze_gc: bool = True
     #: replace the radix cache's eviction, which rebuilds a heap of every cached leaf on each call, by an
     #: incremental one (engines/sglang/radix_patch.py): with tens of thousands of cached requests the old one
-    #: made every decode step O(leaves) and long passes several times slower (docs/benchmarks.md section 20)
+    #: made every decode step O(leaves) and long passes several times slower
+    #: (docs/benchmarks.md#sglangs-radix-cache-eviction)
     incremental_eviction: bool = True
     #: how token-id requests reach SGLang: "direct" builds the scheduler's tokenized request itself and reads
     #: its outputs (engines/sglang/direct.py: no per-request tokenizer-manager work on the server's loop);
@@ -62,7 +63,8 @@ class SglangEngineConfig:
     #: the most requests of ours decoding inside SGLang at once; the rest wait in the server, first come
     #: first served, and enter as running ones end.  "graph": the largest batch SGLang captured a CUDA graph
     #: for (``cuda_graph_max_bs``), so every decode step runs inside a graph: a 0.5B engine decoding 1,024
-    #: requests at once ran ~1.6x slower than with 512 (docs/benchmarks.md, "The engine's fast range");
+    #: requests at once ran ~1.6x slower than with 512
+    #: (docs/benchmarks.md#grpo-groups-prefilled-once-and-the-decode-window);
     #: an int: that many; None: SGLang's own running limit alone
     decode_window: int | Literal["graph"] | None = "graph"
     #: GRPO groups (requests sharing a ``group_id``) whose prompt has at least this many tokens are

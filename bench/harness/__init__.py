@@ -1,0 +1,80 @@
+"""The plumbing every benchmark in bench/ shares, so that a new benchmark is a workload, not a copy.
+
+A script in bench/ is a workload: what it starts, what it drives and what it reports.  Everything around
+that lives here, one noun a module:
+
+* :mod:`harness.cli` -- the command line: a parser with the shared flags (``--quick``, ``--json``,
+  ``--reps``, ``--no-uvloop``, ``--wait-quiet``/``--retries``) and mode defaults (``None`` means "full X,
+  quick Y"); :func:`run` runs the workload's coroutine on uvloop with SIGTERM unwinding like Ctrl-C.
+* :mod:`harness.machine` -- machine facts for a result's meta (date, host, CPU model, cores, load, package
+  versions, the command), other people's CPU on a shared machine (:class:`ForeignCpu`), :func:`wait_quiet`.
+* :mod:`harness.procs` -- server processes the benchmark starts and always stops (:class:`ServerProcs`).
+* :mod:`harness.passes` -- repetitions of alternating sides (ABBA order, so drift through a run is not
+  charged to one side), their medians, and a cell measured again when other people's load disturbed it.
+* :mod:`harness.stats` -- percentiles, medians, median [min-max], piecewise-linear step costs.
+* :mod:`harness.table` -- aligned text and Markdown tables.
+* :mod:`harness.results` -- JSON results with the machine facts beside the numbers.
+
+A new benchmark, whole::
+
+    # bench/mybench.py; its module docstring says what it measures and how to run it (that is its --help)
+    import harness
+
+    async def drive(args):
+        sides = {"direct": ..., "gateway": ...}            # async callables of the repetition number
+        runs = await harness.alternate(args.reps, sides)   # ABBA order
+        return {side: harness.medians(rs, ["req_s", "p50_ms"]) for side, rs in runs.items()}
+
+    p = harness.parser(__doc__, quick="one repetition", json="mybench", reps=3)
+    args = harness.by_mode(p.parse_args(), ...)
+    res = harness.run(drive(args))
+    harness.write_json(args.json, {"meta": harness.facts(), "results": res})
+    rows = [[side, f"{m['req_s']:,.0f}", f"{m['p50_ms']:.2f}"] for side, m in res.items()]
+    print(harness.table(["side", "req/s", "p50 ms"], rows))
+
+Scripts run as ``python bench/<name>.py``, so bench/ is on ``sys.path`` and this package imports as
+``harness``.  Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+from harness.cli import add_quiet, by_mode, loop_runner, parser, run
+from harness.machine import QUIET_PCT, CpuMeter, ForeignCpu, cpu_model, facts, foreign_load, log, versions, wait_quiet
+from harness.passes import abba, alternate, medians, until_quiet
+from harness.procs import ServerProcs, fake_server_argv, sigterm_as_interrupt, stop_processes
+from harness.results import save_results, write_json
+from harness.stats import interpolate, median, pct, spread
+from harness.table import markdown, table
+
+__all__ = [
+    "QUIET_PCT",
+    "CpuMeter",
+    "ForeignCpu",
+    "ServerProcs",
+    "abba",
+    "add_quiet",
+    "alternate",
+    "by_mode",
+    "cpu_model",
+    "facts",
+    "fake_server_argv",
+    "foreign_load",
+    "interpolate",
+    "log",
+    "loop_runner",
+    "markdown",
+    "median",
+    "medians",
+    "parser",
+    "pct",
+    "run",
+    "save_results",
+    "sigterm_as_interrupt",
+    "spread",
+    "stop_processes",
+    "table",
+    "until_quiet",
+    "versions",
+    "wait_quiet",
+    "write_json",
+]

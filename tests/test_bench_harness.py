@@ -1,0 +1,156 @@
+"""bench/harness: the plumbing every benchmark script shares (docs/benchmarks.md's numbers come through it).
+
+The scripts themselves are checked by running them (their ``--quick`` modes); these tests pin the shared
+pieces whose mistakes would bias every bench at once: the ABBA order, the quiet-machine retries, the
+statistics, the tables, that every server process a bench starts is stopped, and that an interrupted
+bench exits 130 with its processes stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import harness  # bench/harness/ (a script run as bench/<name>.py has bench/ on sys.path)
+
+
+def test_abba_alternates_the_order_of_the_sides_every_repetition() -> None:
+    order = list(harness.abba(4, ["off", "on"]))
+    assert order == [(0, "off"), (0, "on"), (1, "on"), (1, "off"), (2, "off"), (2, "on"), (3, "on"), (3, "off")]
+    assert list(harness.abba(0, ["a", "b"])) == []
+
+
+async def test_alternate_collects_each_side_in_repetition_order() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def side(name: str):
+        async def run(rep: int) -> dict[str, float]:
+            calls.append((name, rep))
+            return {"x": float(rep)}
+
+        return run
+
+    out = await harness.alternate(3, {"a": side("a"), "b": side("b")})
+    assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]
+    assert [r["x"] for r in out["a"]] == [0.0, 1.0, 2.0]
+    assert harness.medians(out["b"], ["x"]) == {"x": 1.0}
+
+
+async def test_until_quiet_measures_a_cell_again_only_when_others_used_the_cpu() -> None:
+    loads = iter([80.0, 50.0, 5.0])
+
+    async def cell() -> float:
+        return next(loads)
+
+    got, load, attempts = await harness.until_quiet(
+        cell, wait_quiet_s=30.0, retries=2, foreign=lambda x: x, wait_first=False
+    )
+    assert (got, load, attempts) == (5.0, 5.0, 3)
+
+    loads = iter([80.0, 50.0, 5.0])
+    got, load, attempts = await harness.until_quiet(
+        cell, wait_quiet_s=30.0, retries=1, foreign=lambda x: x, wait_first=False
+    )
+    assert (got, attempts) == (50.0, 2), "the last attempt is kept, noisy or not"
+
+    loads = iter([80.0])
+    got, _, attempts = await harness.until_quiet(cell, wait_quiet_s=0.0, retries=5, foreign=lambda x: x)
+    assert (got, attempts) == (80.0, 1), "without --wait-quiet a cell runs once"
+
+
+def test_statistics() -> None:
+    assert harness.pct([5, 1, 4, 2, 3], 0.5) == 3
+    assert harness.pct([1, 2, 3, 4], 0.99) == 4
+    assert math.isnan(harness.pct([], 0.5))
+    assert harness.median([4, 1, 3, 2]) == 2.5
+    assert math.isnan(harness.median([]))
+    assert harness.spread([3.0, 1.0, 2.0]) == (2.0, 1.0, 3.0)
+    step = harness.interpolate({1: 1.0, 3: 3.0})
+    assert (step(0), step(2), step(9)) == (1.0, 2.0, 3.0)
+
+
+def test_by_mode_fills_only_the_flags_left_unset() -> None:
+    args = argparse.Namespace(quick=True, duration=None, reps=7)
+    harness.by_mode(args, duration=(8.0, 3.0), reps=(5, 3))
+    assert (args.duration, args.reps) == (3.0, 7)
+    args = argparse.Namespace(quick=False, duration=None)
+    assert harness.by_mode(args, duration=(8.0, 3.0)).duration == 8.0
+
+
+def test_parser_has_the_shared_flags_asked_for() -> None:
+    p = harness.parser("doc", quick="fast", json="x", reps=3, uvloop=True)
+    harness.add_quiet(p)
+    a = p.parse_args([])
+    assert (a.quick, a.reps, a.no_uvloop, a.wait_quiet, a.retries) == (False, 3, False, 0.0, 2)
+    assert Path(a.json).name == "x.json" and Path(a.json).parent.name == "results"
+    out = harness.parser(json="y", json_flag="--out", json_type=Path).parse_args(["--out", "/tmp/z.json"])
+    assert out.out == Path("/tmp/z.json")
+
+
+def test_table_aligns_columns_and_markdown_marks_numeric_ones() -> None:
+    text = harness.table(["mode", "req/s"], [["sync", "1,234"], ["async", "9"]])
+    lines = text.splitlines()
+    assert lines[0] == "mode   req/s"
+    assert set(lines[1]) == {"-"} and len(lines[1]) == len(lines[0])
+    assert lines[2:] == ["sync   1,234", "async      9"]
+    md = harness.markdown(["a", "b"], [[1, 2]], numeric=[1])
+    assert md.splitlines() == ["| a | b |", "| --- | ---: |", "| 1 | 2 |"]
+
+
+def test_write_json_replaces_the_file_whole(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "r.json"
+    harness.write_json(path, {"a": 1, "p": Path("/x")})
+    harness.write_json(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2}
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
+    meta = harness.save_results(tmp_path / "s.json", [{"x": 1}], {"quick": True})
+    assert json.loads((tmp_path / "s.json").read_text()) == {"meta": meta, "rows": [{"x": 1}]}
+
+
+def test_facts_name_the_machine_and_the_command() -> None:
+    facts = harness.facts()
+    assert {"date", "host", "cpu_model", "cores", "load_average", "versions", "command"} <= set(facts)
+    assert facts["versions"]["python"]
+
+
+_READY = "import sys, time; print('READY tcp://127.0.0.1:1', flush=True); time.sleep(600)"
+
+
+def test_a_session_stops_every_process_it_started_also_on_an_error() -> None:
+    seen: list[tuple[harness.ServerProcs, object]] = []
+
+    def bench() -> None:
+        with harness.ServerProcs.session("harness-test-") as procs:
+            proc, address = procs.spawn("sleeper", [sys.executable, "-c", _READY])
+            assert address == "tcp://127.0.0.1:1"
+            assert proc.poll() is None
+            seen.append((procs, proc))
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        bench()
+    procs, proc = seen[0]
+    assert proc.poll() is not None  # type: ignore[attr-defined]
+    assert procs.procs == []
+
+
+def test_an_interrupted_bench_exits_130_after_its_finally_blocks() -> None:
+    stopped = []
+
+    async def bench() -> None:
+        try:
+            raise KeyboardInterrupt
+        finally:
+            stopped.append(True)
+
+    with pytest.raises(SystemExit) as exc:
+        harness.run(bench(), uvloop=False)
+    assert exc.value.code == 130
+    assert stopped == [True]
