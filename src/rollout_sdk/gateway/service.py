@@ -23,6 +23,7 @@ returned.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import time
 import uuid
@@ -122,6 +123,7 @@ class TurnService:
         self.model = model
         self.limits = limits
         self._parser: ToolCallParser = get_parser(limits.parser)
+        self._parsers: collections.OrderedDict[str, ToolCallParser] = collections.OrderedDict()
         self._reasoning: ReasoningParser = get_reasoning_parser(limits.reasoning_parser)
         self._templates: OrderedDict[str, ChatTemplate] = OrderedDict()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-tokenizer")
@@ -162,6 +164,22 @@ class TurnService:
             if len(ids) == 1:
                 out.append(int(ids[0]))
         return out
+
+    def _parser_for(self, tools: list[dict[str, Any]] | None) -> ToolCallParser:
+        """The tool-call parser for a request's tools: formats whose values are untyped text (qwen3_coder)
+        read each value as its parameter's declared type, as the tool agent's parser does.  Cached per
+        tool set, like the templates."""
+        if not tools:
+            return self._parser
+        key = canonical({"tools": tools})
+        parser = self._parsers.get(key)
+        if parser is None:
+            parser = self._parsers[key] = get_parser(self.limits.parser, tools=tools)
+            while len(self._parsers) > _TEMPLATES:
+                self._parsers.popitem(last=False)
+        else:
+            self._parsers.move_to_end(key)
+        return parser
 
     def _template(self, tools: list[dict[str, Any]] | None) -> ChatTemplate:
         key = canonical({"tools": tools})
@@ -322,7 +340,7 @@ class TurnService:
         session: Session,
         prompt: list[int],
         opts: RequestOptions,
-        parse: bool,
+        parser: ToolCallParser | None,
         turn: int,
         images: list[bytes] | None = None,
         *,
@@ -336,14 +354,14 @@ class TurnService:
         results = await self._generate_n(session, prompt, sampling, opts.n, turn, images)
         elapsed = time.perf_counter() - t0
         decoded = await self._cpu(
-            lambda: [self._decode(r, opts.stop, parse, opts.logprobs, chat) for r, _ in results],
+            lambda: [self._decode(r, opts.stop, parser, opts.logprobs, chat) for r, _ in results],
             4 * sum(len(r.output_ids) for r, _ in results),
         )
         session.check_open()
         return results, decoded, elapsed
 
     def _decode(
-        self, result: GenerateResult, stops: Sequence[str], parse: bool, logprobs: bool, chat: bool
+        self, result: GenerateResult, stops: Sequence[str], parser: ToolCallParser | None, logprobs: bool, chat: bool
     ) -> _Decoded:
         """Runs on the tokenizer thread."""
         tok = self.tokenizer
@@ -364,7 +382,7 @@ class TurnService:
                 content = content[:pos]
         # the reasoning is split off the text the agent sees; the recorded tokens stay the model's, exact
         reasoning, content = self._reasoning.split(content) if chat else (None, content)
-        parsed = self._parser.parse(content) if parse else None
+        parsed = parser.parse(content) if parser is not None else None
         texts = [tok.decode([t], skip_special_tokens=False) for t in ids] if logprobs else None
         return _Decoded(ids, cut, text, content, parsed, texts, reasoning, matched)
 
@@ -415,8 +433,9 @@ class TurnService:
             raise
         prompt = (parent.ids() if parent is not None else []) + context
         depth = 0 if parent is None else parent.depth + 1
+        parser = self._parser_for(tools) if parse else None
         results, decoded, elapsed = await self._run_choices(
-            session, prompt, opts, parse, depth, message_images(messages), chat=True
+            session, prompt, opts, parser, depth, message_images(messages), chat=True
         )
         rid = _response_id(id_prefix)
         choices = []
@@ -515,7 +534,7 @@ class TurnService:
         if not context:
             raise bad_request("prompt", "the prompt adds nothing after the text already served")
         depth = 0 if parent is None else parent.depth + 1
-        results, decoded, elapsed = await self._run_choices(session, prompt, opts, False, depth, chat=False)
+        results, decoded, elapsed = await self._run_choices(session, prompt, opts, None, depth, chat=False)
         prefix_text = prompt_in if isinstance(prompt_in, str) else ""
         rid = _response_id("cmpl-")
         choices = []
