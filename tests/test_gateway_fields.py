@@ -128,3 +128,21 @@ async def test_the_messages_streams_last_usage_carries_the_input_tokens(fake_ser
             final = await st.get_final_message()
         await ac.close()
         assert final.usage.input_tokens == len(client.calls[1][0].input_ids)
+
+
+async def test_gateway_turns_ask_the_engine_to_keep_their_sessions_kv(fake_servers, tok) -> None:
+    """Issue 40: the gateway sees a session's turns; each asks the engine to keep its KV while the agent
+    runs its tools (``GatewayConfig.keep_kv_s``), under the session's id."""
+    script = Script(tok, ["Kept."])
+    async with gateway_on(fake_servers, tok, script, keep_kv_s=45.0) as (gw, client):
+        s = gw.session()
+        oa = openai.AsyncOpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        await oa.chat.completions.create(model=gw.model_name, messages=[{"role": "user", "content": "a"}])
+        await oa.close()
+    [(req, _)] = client.calls
+    assert req.keep_kv_s == 45.0 and req.session_id == s.id
+    from rollout_sdk.errors import ConfigError
+    from rollout_sdk.gateway import GatewayConfig
+
+    with pytest.raises(ConfigError, match="keep_kv_s"):
+        GatewayConfig(keep_kv_s=0)

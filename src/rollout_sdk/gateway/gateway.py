@@ -51,6 +51,7 @@ from ..agents import Trajectory
 from ..agents.parsers import get_reasoning_parser
 from ..auth import is_loopback
 from ..errors import ClientStateError, ConfigError
+from ..protocol import MAX_KEEP_KV_S
 from .errors import GatewayError
 from .records import SessionRecord, session_record
 from .sampling import SessionSampling
@@ -123,6 +124,9 @@ class GatewayConfig:
     reasoning_parser: str = "none"
     #: exported sessions whose records stay readable at GET /v1/sessions/{id}/trajectory (oldest dropped)
     keep_exported: int = 1024
+    #: each call asks the engine to keep its session's KV this long after the reply (the agent runs its
+    #: tools, then calls again: docs/agents.md, "KV kept through tool waits"); None: off
+    keep_kv_s: float | None = 60.0
     #: GET /v1/trajectories/stream consumers at once (429 beyond)
     max_export_streams: int = 16
     #: a record sent on an export stream and not acknowledged (POST /v1/trajectories/ack) for this long goes
@@ -169,6 +173,8 @@ class GatewayConfig:
             raise ConfigError("max_resumes", self.max_resumes, "must be >= 0")
         if self.keep_exported < 0:
             raise ConfigError("keep_exported", self.keep_exported, "must be >= 0")
+        if self.keep_kv_s is not None and not 0 < self.keep_kv_s <= MAX_KEEP_KV_S:
+            raise ConfigError("keep_kv_s", self.keep_kv_s, f"must be in (0, {MAX_KEEP_KV_S:.0f}] seconds, or None")
         get_reasoning_parser(self.reasoning_parser)  # a ConfigError naming it, before anything opens
 
 
@@ -282,6 +288,7 @@ class Gateway(OpenedWith):
             template_strategy=cfg.template_strategy,
             parser=cfg.parser,
             reasoning_parser=cfg.reasoning_parser,
+            keep_kv_s=cfg.keep_kv_s,
         )
         token_chars = await asyncio.to_thread(max_token_chars, tokenizer)
         self._service = TurnService(

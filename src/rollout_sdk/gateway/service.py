@@ -70,6 +70,7 @@ class ServiceLimits:
     template_strategy: str
     parser: str
     reasoning_parser: str = "none"
+    keep_kv_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -294,7 +295,13 @@ class TurnService:
         # choice k of the turn at depth `turn`: the SDK's one seed function, as generate_many / ToolAgent
         if sampling.seed is not None and (k or turn):
             sampling = msgspec.structs.replace(sampling, seed=sample_seed(sampling.seed, member=k, turn=turn))
-        req = GenerateRequest(input_ids=prompt, sampling=sampling, session_id=session.id, images=images or [])
+        req = GenerateRequest(
+            input_ids=prompt,
+            sampling=sampling,
+            session_id=session.id,
+            images=images or [],
+            keep_kv_s=self.limits.keep_kv_s,  # the agent calls again after its tools: keep the session's KV
+        )
         cont = Continuation(req)
         lifecycles: list[Lifecycle] = []
         for _ in range(self.limits.max_resumes + 1):
