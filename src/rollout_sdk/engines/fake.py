@@ -367,7 +367,8 @@ class FakeEngine(Engine):
         if cap is None:
             return
         used = sum(len(e[0]) for e in self._session_kv.values())
-        used += sum(len(r.req.input_ids) + len(r.out) for r in self._running if not r.done)
+        # a running request shares the part it took from the cache (as in a radix cache): only the rest is its own
+        used += sum(len(r.req.input_ids) + len(r.out) - r.cached for r in self._running if not r.done)
         while used > cap and self._session_kv:
             victim = next((k for k, e in self._session_kv.items() if e[1] is None), None)
             if victim is None:  # only pinned ones left: the one expected back latest
