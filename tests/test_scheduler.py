@@ -249,6 +249,31 @@ async def test_without_retries_a_dead_server_fails_its_requests_fast(spawn_serve
         await asyncio.gather(*pending, return_exceptions=True)
 
 
+async def test_the_clients_own_loop_lag_does_not_count_as_server_silence(fake_servers) -> None:
+    """A saturated client loop wakes its heartbeat late: that lag is the client's, not the server's silence
+    (a 500-session test under a CPU burner lost a live server to it); a loop that keeps time still finds
+    the silence after the timeout.  Ticks are driven with a synthetic clock (ServerConnection._on_tick); the
+    real heartbeat never fires (a 1-hour interval)."""
+    (server,) = await fake_servers(1)
+    async with RolloutClient(
+        servers=[server.address], heartbeat_interval_s=3600.0, heartbeat_timeout_s=36_000.0
+    ) as client:
+        conn = client.servers[0]
+        interval, timeout = 1.0, 10.0
+        conn._hb_interval, conn._hb_timeout = interval, timeout
+        t = conn._last_pong = 1_000.0
+        for _ in range(8):  # each tick 1.4 s late (a saturated loop, not one blocked outright): 19.2 s
+            conn._on_tick(t, t + interval + 1.4)  # without a Pong by the wall clock, 8 s of it responsive
+            t += interval + 1.4
+        assert conn.alive  # before: marked dead at the 5th tick (12 s > 10 s)
+        for _ in range(2):  # the loop keeps time again: 10 s of responsive silence, not yet more
+            conn._on_tick(t, t + interval)
+            t += interval
+        assert conn.alive
+        conn._on_tick(t, t + interval)  # 11 s: the server is silent, whatever the client's lag was
+        assert not conn.alive and "no heartbeat" in conn.dead_reason
+
+
 async def test_silent_server_is_marked_dead_by_heartbeat(spawn_server) -> None:
     procs = spawn_server.many(2, "--engine", "fake", "--fake-step-base-s", "0.005")
     async with RolloutClient(

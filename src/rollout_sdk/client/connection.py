@@ -546,17 +546,25 @@ class ServerConnection:
         except ServerUnavailableError:
             pass
 
+    def _on_tick(self, slept: float, now: float) -> None:
+        """One heartbeat tick that slept from ``slept`` to ``now``: the silence counts only the time this
+        event loop kept time.  How late the tick woke is the client's own loop lag (a saturated loop, a
+        trainer's synchronous step): Pongs may sit unread in the socket meanwhile, so that time says nothing
+        about the server and is credited to it.  A dead server is still found after ``heartbeat_timeout_s``
+        of responsive time (at once when the loop keeps time; later only while the client itself lags)."""
+        lag = max(0.0, now - slept - self._hb_interval)
+        self._last_pong = min(now, self._last_pong + lag)
+        if now - slept > 2 * self._hb_interval + 0.5:
+            # blocked outright: start counting afresh
+            self._last_pong = max(self._last_pong, now - self._hb_interval)
+        elif self.alive and now - self._last_pong > self._hb_timeout:
+            self.mark_dead(f"no heartbeat for {self._hb_timeout:.1f}s")
+
     async def _heartbeat(self) -> None:
         while True:
             slept = time.monotonic()
             await asyncio.sleep(self._hb_interval)
-            now = time.monotonic()
-            if now - slept > 2 * self._hb_interval + 0.5:
-                # this event loop was blocked (a trainer's synchronous step, say): Pongs may sit unread in
-                # the socket, so the silence says nothing about the server.  Start counting afresh.
-                self._last_pong = max(self._last_pong, now - self._hb_interval)
-            elif self.alive and now - self._last_pong > self._hb_timeout:
-                self.mark_dead(f"no heartbeat for {self._hb_timeout:.1f}s")
+            self._on_tick(slept, time.monotonic())
             self._ping_seq += 1
             try:
                 self.channel.send(encode(Ping(self._ping_seq)))
