@@ -16,7 +16,8 @@ shape.  The mapping::
 
 Streaming sends the whole turn's events once generated, in the order the ``anthropic`` client's
 accumulator expects: ``message_start``, per block ``content_block_start`` / ``content_block_delta`` /
-``content_block_stop``, ``message_delta`` (stop reason, output tokens), ``message_stop``.
+``content_block_stop``, ``message_delta`` (stop reason, the cumulative usage: input and output tokens),
+``message_stop``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ _FIELDS = {
     "metadata",
     "thinking",
     "service_tier",
+    "cache_control",
+    "output_config",
+    "container",
+    "diagnostics",
+    "inference_geo",
+    "speed",
+    "user_profile_id",
+    "workspace_id",
 }
 
 
@@ -56,6 +65,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for key in body:
         if key not in _FIELDS:
             raise unsupported(key, f"unsupported field {key!r}: this gateway does not implement it")
+    config = body.get("output_config")
+    if config is not None and (not isinstance(config, dict) or config.get("format") is not None):
+        raise unsupported("output_config.format", "output formats (JSON schemas) cannot be enforced on the model")
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
@@ -243,7 +255,7 @@ def message_events(o: Outcome) -> list[tuple[str, dict[str, Any]]]:
         {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": seq},
-            "usage": {"output_tokens": o.completion_tokens},
+            "usage": _usage(o, o.completion_tokens),  # cumulative, as Anthropic's stream ends
         }
     )
     events.append({"type": "message_stop"})

@@ -70,7 +70,12 @@ CHAT_FIELDS = _COMMON | {
     "modalities",
     "prompt_cache_key",
     "prompt_cache_retention",
+    "prompt_cache_options",
     "safety_identifier",
+    # hints to OpenAI's own models: the chat template is rendered without them (docs/gateway.md)
+    "reasoning_effort",
+    "verbosity",
+    "prediction",
 }
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 
