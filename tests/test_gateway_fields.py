@@ -260,3 +260,64 @@ def test_the_docs_state_the_seeds_the_gateway_derives() -> None:
     assert "sample_seed(seed, member=k, turn=t)" in text
     source = (Path(__file__).resolve().parents[1] / "src/rollout_sdk/gateway/service.py").read_text()
     assert "sample_seed(sampling.seed, member=k, turn=turn)" in source
+
+
+# -- any value of any field a client can send: a typed 4xx naming a field, never another exception ----------
+
+
+def test_any_value_of_any_client_field_is_served_or_refused_naming_a_field() -> None:
+    """Bodies keyed by the installed clients' own field names, with arbitrary JSON values, through each
+    API's checks (Messages and Responses translated, then the chat checks): accepted, or a GatewayError
+    with a 4xx status and a named field; anything else would be a 500."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from rollout_sdk.gateway import messages as messages_api
+    from rollout_sdk.gateway import responses as responses_api
+    from rollout_sdk.gateway.errors import GatewayError
+    from rollout_sdk.gateway.sampling import parse_options
+    from rollout_sdk.gateway.sessions import Session
+    from rollout_sdk.gateway.tools import parse_tool_choice, template_messages, template_tools
+
+    fields = sdk_fields()
+    names = sorted(set().union(*fields.values()) | {"top_k", "min_p", "stop_token_ids", "ignore_eos", "x"})
+    leaf = st.one_of(
+        st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=6), st.just("text")
+    )
+    json_ = st.recursive(leaf, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3))
+    session = Session("s", max_turns=8)
+    accepted: list[str] = []
+
+    def chat_checks(chat: dict[str, Any], *, is_chat: bool = True) -> None:
+        parse_options(chat, chat=is_chat, max_n=4, stop_token_ids=lambda stops: [])
+        if is_chat:
+            tools = template_tools(chat.get("tools"))
+            parse_tool_choice(chat.get("tool_choice"), tools)
+            template_messages(chat.get("messages"), max_messages=64)
+
+    @settings(max_examples=400, deadline=None, database=None)
+    @given(st.dictionaries(st.sampled_from(names), json_, max_size=5), st.sampled_from(["chat", "text", "r", "m"]))
+    def prop(extra: dict[str, Any], api: str) -> None:
+        base: dict[str, Any] = {"model": "m", ("max_output_tokens" if api == "r" else "max_tokens"): 8}
+        base |= {"chat": {"messages": [{"role": "user", "content": "hi"}]}, "text": {"prompt": "hi"}}.get(api, {})
+        base |= {"r": {"input": "hi"}, "m": {"messages": [{"role": "user", "content": "hi"}]}}.get(api, {})
+        body = {**base, **extra}
+        refused: GatewayError
+        try:
+            if api == "chat":
+                chat_checks(body)
+            elif api == "text":
+                chat_checks(body, is_chat=False)
+            elif api == "r":
+                chat_checks(responses_api.to_chat(body, session)[0])
+            else:
+                chat_checks(messages_api.to_chat(body))
+        except GatewayError as exc:
+            refused = exc
+        else:
+            accepted.append(api)
+            return
+        assert 400 <= refused.status < 500 and refused.message and refused.param, (body, refused.body())
+
+    prop()
+    assert accepted, "no body was accepted: the property checked refusals only"
