@@ -16,7 +16,8 @@ shape.  The mapping::
 
 Streaming sends the whole turn's events once generated, in the order the ``anthropic`` client's
 accumulator expects: ``message_start``, per block ``content_block_start`` / ``content_block_delta`` /
-``content_block_stop``, ``message_delta`` (stop reason, the whole usage), ``message_stop``.
+``content_block_stop``, ``message_delta`` (stop reason, the cumulative usage: input and output tokens),
+``message_stop``.
 """
 
 from __future__ import annotations
@@ -44,14 +45,19 @@ _FIELDS = {
     "top_k",
     "stop_sequences",
     "stream",
-    # accepted, change nothing the model sees (docs/gateway.md, "Fields accepted and ignored")
+    # accepted, change nothing the model sees
     "metadata",
     "thinking",
     "service_tier",
-    "cache_control",  # prompt caching is automatic here: every turn extends its session's cached prefix
-    "output_config",  # its "effort" only; a "format" (structured output) is refused
+    "cache_control",
+    "output_config",
+    "container",
+    "diagnostics",
+    "inference_geo",
+    "speed",
+    "user_profile_id",
+    "workspace_id",
 }
-_EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
@@ -59,7 +65,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for key in body:
         if key not in _FIELDS:
             raise unsupported(key, f"unsupported field {key!r}: this gateway does not implement it")
-    _check_ignored(body)
+    config = body.get("output_config")
+    if config is not None and (not isinstance(config, dict) or config.get("format") is not None):
+        raise unsupported("output_config.format", "output formats (JSON schemas) cannot be enforced on the model")
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
@@ -200,28 +208,6 @@ def content_blocks(o: Outcome) -> list[dict[str, Any]]:
     return blocks
 
 
-def _check_ignored(body: dict[str, Any]) -> None:
-    """Fields accepted and ignored still have to be well formed; parts that would change the output are
-    refused by name."""
-    cache = body.get("cache_control")
-    if cache is not None and (not isinstance(cache, dict) or cache.get("type") != "ephemeral"):
-        raise bad_request("cache_control", "cache_control must be {'type': 'ephemeral', ...}", "invalid_type")
-    config = body.get("output_config")
-    if config is None:
-        return
-    if not isinstance(config, dict):
-        raise bad_request("output_config", "output_config must be an object", "invalid_type")
-    for key, value in config.items():
-        if key == "effort":
-            if value is not None and value not in _EFFORTS:
-                allowed = ", ".join(_EFFORTS)
-                raise bad_request("output_config.effort", f"effort must be one of {allowed}", "invalid_value")
-        elif key == "format" and value is None:
-            continue
-        else:
-            raise unsupported(f"output_config.{key}", f"output_config.{key} is not supported (structured output)")
-
-
 def _usage(o: Outcome, output_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": o.prompt_tokens,
@@ -269,9 +255,7 @@ def message_events(o: Outcome) -> list[tuple[str, dict[str, Any]]]:
         {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": seq},
-            # cumulative, as Anthropic sends it: clients that read usage from the last event (langchain-
-            # anthropic) would otherwise see 0 input tokens
-            "usage": _usage(o, o.completion_tokens),
+            "usage": _usage(o, o.completion_tokens),  # cumulative, as Anthropic's stream ends
         }
     )
     events.append({"type": "message_stop"})

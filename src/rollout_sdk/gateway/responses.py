@@ -78,7 +78,10 @@ _IGNORED = {
     "stream_options",
     "top_logprobs",
     "background",
+    "background_options",
     "context_management",
+    # a limit on built-in (hosted) tool calls: this gateway has none, so it is always kept
+    "max_tool_calls",
 }
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 

@@ -70,14 +70,13 @@ CHAT_FIELDS = _COMMON | {
     "modalities",
     "prompt_cache_key",
     "prompt_cache_retention",
+    "prompt_cache_options",
     "safety_identifier",
-    # accepted and ignored (docs/gateway.md, "Fields accepted and ignored"): they change nothing the model
-    # sees here (no reasoning-effort control on these models; one verbosity)
+    # hints to OpenAI's own models: the chat template is rendered without them (docs/gateway.md)
     "reasoning_effort",
     "verbosity",
+    "prediction",
 }
-_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-_VERBOSITY = ("low", "medium", "high")
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 
 MAX_STOP = 16
@@ -165,10 +164,6 @@ def parse_options(
             raise unsupported("modalities", "only text output is supported")
         if body.get("parallel_tool_calls") is False:
             raise unsupported("parallel_tool_calls", "parallel_tool_calls=false cannot be enforced on the model")
-        for name, choices in (("reasoning_effort", _EFFORTS), ("verbosity", _VERBOSITY)):
-            given = body.get(name)
-            if given is not None and given not in choices:
-                raise bad_request(name, f"{name} must be one of {', '.join(choices)}, got {given!r}", "invalid_value")
     else:
         if logprobs is not None:
             logprobs = _number(body, "logprobs", (int,))
