@@ -36,7 +36,7 @@ import msgspec
 from .. import Continuation  # the package root re-exports it wherever the rollouts layer keeps it
 from ..agents import ChatTemplate, ParsedTurn, TemplateError, ToolCallParser, ToolCallRecord, Turn, get_parser
 from ..agents.chat import message_images
-from ..agents.parsers import ReasoningParser, get_reasoning_parser
+from ..agents.parsers import ReasoningParser, get_reasoning_parser, split_reasoning
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams
 from ..rollouts.seeds import sample_seed
 from .errors import GatewayError, bad_request, unsupported
@@ -322,7 +322,7 @@ class TurnService:
         session: Session,
         prompt: list[int],
         opts: RequestOptions,
-        parse: bool,
+        parser: ToolCallParser | None,
         turn: int,
         images: list[bytes] | None = None,
         *,
@@ -336,16 +336,16 @@ class TurnService:
         results = await self._generate_n(session, prompt, sampling, opts.n, turn, images)
         elapsed = time.perf_counter() - t0
         decoded = await self._cpu(
-            lambda: [self._decode(r, opts.stop, parse, opts.logprobs, chat) for r, _ in results],
+            lambda: [self._decode(r, opts.stop, parser, opts.logprobs, chat) for r, _ in results],
             4 * sum(len(r.output_ids) for r, _ in results),
         )
         session.check_open()
         return results, decoded, elapsed
 
     def _decode(
-        self, result: GenerateResult, stops: Sequence[str], parse: bool, logprobs: bool, chat: bool
+        self, result: GenerateResult, stops: Sequence[str], parser: ToolCallParser | None, logprobs: bool, chat: bool
     ) -> _Decoded:
-        """Runs on the tokenizer thread."""
+        """Runs on the tokenizer thread.  ``parser``: the request's tool-call parser (None: calls are not parsed)."""
         tok = self.tokenizer
         ids = list(result.output_ids)
         text = tok.decode(ids, skip_special_tokens=False)
@@ -363,8 +363,11 @@ class TurnService:
                 text = tok.decode(ids, skip_special_tokens=False)
                 content = content[:pos]
         # the reasoning is split off the text the agent sees; the recorded tokens stay the model's, exact
-        reasoning, content = self._reasoning.split(content) if chat else (None, content)
-        parsed = self._parser.parse(content) if parse else None
+        # (think tags inside a tool call's arguments are the call's text, never reasoning)
+        reasoning, content = (
+            split_reasoning(self._reasoning, parser or self._parser, content) if chat else (None, content)
+        )
+        parsed = parser.parse(content) if parser is not None else None
         texts = [tok.decode([t], skip_special_tokens=False) for t in ids] if logprobs else None
         return _Decoded(ids, cut, text, content, parsed, texts, reasoning, matched)
 
@@ -388,7 +391,10 @@ class TurnService:
         """One chat call (also what the Responses and Messages adapters translate their calls into)."""
         opts = self._options(session, body, chat=True)
         tools = template_tools(body.get("tools"))
-        parse = parse_tool_choice(body.get("tool_choice"), tools)
+        # the request's tools reach the parser: formats with untyped values (qwen3_coder) type them by schema
+        parser = (
+            get_parser(self.limits.parser, tools=tools) if parse_tool_choice(body.get("tool_choice"), tools) else None
+        )
         messages = template_messages(body.get("messages"), max_messages=self.limits.max_messages)
         session.check_open()
         room = self._prompt_room(opts)
@@ -416,7 +422,7 @@ class TurnService:
         prompt = (parent.ids() if parent is not None else []) + context
         depth = 0 if parent is None else parent.depth + 1
         results, decoded, elapsed = await self._run_choices(
-            session, prompt, opts, parse, depth, message_images(messages), chat=True
+            session, prompt, opts, parser, depth, message_images(messages), chat=True
         )
         rid = _response_id(id_prefix)
         choices = []
@@ -515,7 +521,7 @@ class TurnService:
         if not context:
             raise bad_request("prompt", "the prompt adds nothing after the text already served")
         depth = 0 if parent is None else parent.depth + 1
-        results, decoded, elapsed = await self._run_choices(session, prompt, opts, False, depth, chat=False)
+        results, decoded, elapsed = await self._run_choices(session, prompt, opts, None, depth, chat=False)
         prefix_text = prompt_in if isinstance(prompt_in, str) else ""
         rid = _response_id("cmpl-")
         choices = []

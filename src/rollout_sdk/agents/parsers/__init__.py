@@ -79,6 +79,7 @@ __all__ = [
     "reasoning_parser_names",
     "register_parser",
     "register_reasoning_parser",
+    "split_reasoning",
 ]
 
 
@@ -171,8 +172,19 @@ def get_reasoning_parser(name: str) -> ReasoningParser:
     return factory()
 
 
+def split_reasoning(reasoning: ReasoningParser, parser: ToolCallParser, text: str) -> tuple[str | None, str]:
+    """``reasoning.split(text)``, told where ``parser``'s first tool call could start when both know how
+    (:class:`ThinkReasoningParser` and the built-in formats' ``call_start``): think tags inside a call's
+    arguments then stay the call's text instead of swallowing or cutting the call.  What the agent loop
+    and the gateway call."""
+    locate = getattr(parser, "call_start", None)
+    if isinstance(reasoning, ThinkReasoningParser) and callable(locate):
+        return reasoning.split(text, calls_at=locate(text))
+    return reasoning.split(text)
+
+
 def _scan_work(parser: Any, text: str) -> int:
     """How many characters a built-in parser's searches, skips and decodes covered on ``text``."""
     t = _Text(text)
-    parser._parse(t)
+    parser._parse(t, 0)
     return t.work

@@ -29,9 +29,10 @@ PARSE_ERROR_KINDS = (
 class ToolCall(msgspec.Struct):
     """One tool call the model asked for.
 
-    ``id`` is deterministic within a turn (``call_0``, ``call_1``, ... in text order; Mistral keeps the
-    model's own id) so that replaying the same text yields the same ids; ``raw`` is the text the call was
-    parsed from.
+    ``id`` is deterministic (``call_0``, ``call_1``, ... in text order, counting on from the calls of
+    earlier turns when the caller says how many there were: ``parse(text, calls_before=n)``; formats whose
+    model writes an id keep the model's) so that replaying the same conversation yields the same ids;
+    ``raw`` is the text the call was parsed from.
     """
 
     name: str
@@ -86,14 +87,16 @@ class ToolCallParser(Protocol):
 class _Collector:
     """Prose, calls and errors of one turn, with their text order."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_id: int = 0) -> None:
+        #: calls before this turn in the conversation: ids count on from there, unique per conversation
+        self.first_id = first_id
         self.outside: list[str] = []
         self.calls: list[ToolCall] = []
         self.errors: list[ParseError] = []
         self.order: list[tuple[str, int]] = []
 
     def next_id(self) -> str:
-        return f"call_{len(self.calls)}"
+        return f"call_{self.first_id + len(self.calls)}"
 
     def call(self, call: ToolCall) -> None:
         self.order.append(("call", len(self.calls)))
@@ -211,9 +214,23 @@ class _Parser:
     def __init__(self, *, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         """``tools``: the tool schemas offered to the model (used by formats whose values are untyped)."""
 
-    def parse(self, text: str) -> ParsedTurn:
-        """Split ``text`` into prose, calls (in text order, deterministic ids) and errors."""
-        return self._parse(_Text(text))
+    #: where a call can start (the format's opening markers); see :meth:`call_start`
+    openers: tuple[str, ...] = ()
 
-    def _parse(self, t: _Text) -> ParsedTurn:
+    def parse(self, text: str, *, calls_before: int = 0) -> ParsedTurn:
+        """Split ``text`` into prose, calls (in text order, deterministic ids) and errors.
+
+        ``calls_before``: how many calls earlier turns of the conversation made; generated ids count on
+        from there (``call_{calls_before}``, ...), so they are unique in the conversation and the same
+        when the conversation is replayed.
+        """
+        return self._parse(_Text(text), calls_before)
+
+    def call_start(self, text: str) -> int:
+        """Where the first tool call of ``text`` could start (-1: nowhere): a reasoning block is only
+        recognised before it, never inside a call's arguments.  Linear in ``text``."""
+        hits = [i for i in (text.find(tag) for tag in self.openers) if i != -1]
+        return min(hits, default=-1)
+
+    def _parse(self, t: _Text, first_id: int = 0) -> ParsedTurn:
         raise NotImplementedError

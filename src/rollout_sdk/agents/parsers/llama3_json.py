@@ -21,11 +21,16 @@ class Llama3JsonParser(_Parser):
     """
 
     tag = "<|python_tag|>"
+    openers = (tag,)
     separator = ";"
     call_format = f"<|python_tag|>{_shape('parameters')}"
 
-    def _parse(self, t: _Text) -> ParsedTurn:
-        out = _Collector()
+    def call_start(self, text: str) -> int:
+        lead = len(text) - len(text.lstrip())
+        return lead if text.startswith("{", lead) else super().call_start(text)
+
+    def _parse(self, t: _Text, first_id: int = 0) -> ParsedTurn:
+        out = _Collector(first_id)
         lead = t.skip_ws(0)
         start = lead if t.at("{", lead) else t.find(self.tag, 0)
         if start == -1:

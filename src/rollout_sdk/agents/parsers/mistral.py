@@ -18,18 +18,20 @@ class MistralParser(_Parser):
     The first (Mistral 7B v0.3, Mixtral, Nemo, Small 3.1) is a JSON array of calls (one object is
     accepted as a list of one); an ``"id"`` string becomes the call's id.  The compact forms (newer
     tokenizers: Small 3.2, Magistral, Devstral) take one call per ``[TOOL_CALLS]``.  Without a model id, a
-    call's id is ``call`` and five digits (``call00000``): Mistral's templates require ids of nine
+    call's id is ``call`` and five digits counting the conversation's calls (``call00000``, ``call00001``,
+    ... with ``parse(text, calls_before=n)``): Mistral's templates require ids of nine
     letters or digits.  Anything after a call's JSON value other than the next ``[TOOL_CALLS]`` makes that
     whole ``[TOOL_CALLS]`` section an error.
     """
 
     marker = "[TOOL_CALLS]"
+    openers = (marker,)
     args_marker = "[ARGS]"
     id_marker = "[CALL_ID]"
     call_format = '[TOOL_CALLS] [{"name": <tool name>, "arguments": {<argument name>: <value>, ...}}]'
 
-    def _parse(self, t: _Text) -> ParsedTurn:
-        out = _Collector()
+    def _parse(self, t: _Text, first_id: int = 0) -> ParsedTurn:
+        out = _Collector(first_id)
         pos = t.find(self.marker, 0)
         if pos == -1:
             out.outside.append(t.s)
@@ -97,4 +99,8 @@ class MistralParser(_Parser):
 
     def _id(self, out: _Collector, item: Any) -> str:
         given = item.get("id") if isinstance(item, dict) else None
-        return given if isinstance(given, str) and given.strip() else f"call{len(out.calls):05d}"
+        return (
+            given
+            if isinstance(given, str) and given.strip()
+            else f"call{(out.first_id + len(out.calls)) % 100_000:05d}"
+        )

@@ -11,12 +11,13 @@ class _TaggedBlocks(_Parser):
 
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
+    openers = (open_tag,)
     #: tags whose region is prose even when it holds the open tag (Hermes: ``<think>``)
     think_open = ""
     think_close = ""
 
-    def _parse(self, t: _Text) -> ParsedTurn:
-        out = _Collector()
+    def _parse(self, t: _Text, first_id: int = 0) -> ParsedTurn:
+        out = _Collector(first_id)
         pos = self._start(t, out)
         tags = [self.open_tag, self.close_tag, *([self.think_open] if self.think_open else [])]
         while pos < t.n:
