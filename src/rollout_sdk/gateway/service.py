@@ -23,6 +23,7 @@ returned.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import time
 import uuid
@@ -122,6 +123,7 @@ class TurnService:
         self.model = model
         self.limits = limits
         self._parser: ToolCallParser = get_parser(limits.parser)
+        self._parsers: collections.OrderedDict[str, ToolCallParser] = collections.OrderedDict()
         self._reasoning: ReasoningParser = get_reasoning_parser(limits.reasoning_parser)
         self._templates: OrderedDict[str, ChatTemplate] = OrderedDict()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-tokenizer")
@@ -162,6 +164,22 @@ class TurnService:
             if len(ids) == 1:
                 out.append(int(ids[0]))
         return out
+
+    def _parser_for(self, tools: list[dict[str, Any]] | None) -> ToolCallParser:
+        """The tool-call parser for a request's tools: formats whose values are untyped text (qwen3_coder)
+        read each value as its parameter's declared type, as the tool agent's parser does.  Cached per
+        tool set, like the templates."""
+        if not tools:
+            return self._parser
+        key = canonical({"tools": tools})
+        parser = self._parsers.get(key)
+        if parser is None:
+            parser = self._parsers[key] = get_parser(self.limits.parser, tools=tools)
+            while len(self._parsers) > _TEMPLATES:
+                self._parsers.popitem(last=False)
+        else:
+            self._parsers.move_to_end(key)
+        return parser
 
     def _template(self, tools: list[dict[str, Any]] | None) -> ChatTemplate:
         key = canonical({"tools": tools})
@@ -345,7 +363,7 @@ class TurnService:
     def _decode(
         self, result: GenerateResult, stops: Sequence[str], parser: ToolCallParser | None, logprobs: bool, chat: bool
     ) -> _Decoded:
-        """Runs on the tokenizer thread.  ``parser``: the request's tool-call parser (None: calls are not parsed)."""
+        """Runs on the tokenizer thread."""
         tok = self.tokenizer
         ids = list(result.output_ids)
         text = tok.decode(ids, skip_special_tokens=False)
@@ -391,10 +409,7 @@ class TurnService:
         """One chat call (also what the Responses and Messages adapters translate their calls into)."""
         opts = self._options(session, body, chat=True)
         tools = template_tools(body.get("tools"))
-        # the request's tools reach the parser: formats with untyped values (qwen3_coder) type them by schema
-        parser = (
-            get_parser(self.limits.parser, tools=tools) if parse_tool_choice(body.get("tool_choice"), tools) else None
-        )
+        parse = parse_tool_choice(body.get("tool_choice"), tools)
         messages = template_messages(body.get("messages"), max_messages=self.limits.max_messages)
         session.check_open()
         room = self._prompt_room(opts)
@@ -421,6 +436,7 @@ class TurnService:
             raise
         prompt = (parent.ids() if parent is not None else []) + context
         depth = 0 if parent is None else parent.depth + 1
+        parser = self._parser_for(tools) if parse else None
         results, decoded, elapsed = await self._run_choices(
             session, prompt, opts, parser, depth, message_images(messages), chat=True
         )
