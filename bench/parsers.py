@@ -10,8 +10,8 @@ For each built-in format (``rollout_sdk.agents.get_parser``), the best of ``--re
 * ``opens x N``: ``N`` blocks that open and never close, then one close at the end (the shape that made the
   first Hermes parser rescan the rest of the text for every block).
 
-``--baseline FILE`` also times another ``parsers.py`` (e.g. main's:
-``git show main:src/rollout_sdk/agents/parsers.py > /tmp/old_parsers.py``) on the Hermes inputs.  Times
+``--baseline FILE`` also times another single-file ``parsers.py`` (e.g. the last one before the package
+split: ``git show ce0da4a:src/rollout_sdk/agents/parsers.py > /tmp/old_parsers.py``) on the Hermes inputs.  Times
 are for this machine only; the ratio between sizes is what shows linear (x4 size, ~x4 time) against
 quadratic (~x16).  The tests check linearity by counted work, not by these times.
 
@@ -78,7 +78,7 @@ def main() -> None:
     ap = harness.parser(__doc__)
     ap.add_argument("--sizes", type=int, nargs="+", default=[2000, 8000, 32000])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--baseline", help="another parsers.py to time on the Hermes inputs")
+    ap.add_argument("--baseline", help="another single-file parsers.py to time on the Hermes inputs")
     args = ap.parse_args()
     rows: list[tuple[str, str, int, float]] = []
     for fmt in ("hermes", "qwen3_coder", "llama3_json", "mistral"):

@@ -437,3 +437,21 @@ async def test_every_turn_asks_the_engine_to_keep_the_session_and_the_end_releas
 
     with pytest.raises(ConfigError, match="keep_kv_s"):
         AgentConfig(keep_kv_s=0.0)
+
+
+async def test_think_tags_in_arguments_run_whole_and_ids_are_unique_per_trajectory(fake_servers, tok) -> None:
+    """Issue 42: with the default ``think`` reasoning parser a call whose argument holds ``</think>`` or
+    ``<think>`` runs with its argument whole; call ids do not repeat from one turn to the next."""
+    content = "a </think> b <think> c"
+    script = Script(tok, [call("write_file", path="x", content=content), call("add", a=1, b=2), "Done."])
+    client, _ = await _client(fake_servers, script)
+    written: list[dict] = []
+    async with client:
+        traj = await ToolAgent(tok, recording_registry(written), AgentConfig(drift_check=True)).run(
+            RolloutContext(client), USER
+        )
+    assert written == [{"path": "x", "content": content}]
+    assert traj.drift is None
+    ids = [c["id"] for m in traj.messages for c in m.get("tool_calls", [])]
+    assert ids == ["call_0", "call_1"]
+    assert [m["tool_call_id"] for m in traj.messages if m["role"] == "tool"] == ids

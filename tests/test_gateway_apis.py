@@ -558,3 +558,47 @@ def test_any_json_body_is_translated_or_refused_with_a_gateway_error() -> None:
             assert refused is None or (400 <= refused.status < 500 and refused.message)
 
     prop()
+
+
+# -- issue 42: the request's tools reach the parser; think tags inside arguments; unknown tools ------------
+
+
+async def test_qwen3_coder_arguments_are_typed_by_the_requests_tools(fake_servers, tok) -> None:
+    params = "<parameter=a>\n3\n</parameter>\n<parameter=ok>\nTrue\n</parameter>\n"
+    xml = f"<tool_call>\n<function=add>\n{params}</function>\n</tool_call>"
+    unknown = "<tool_call>\n<function=nope>\n<parameter=a>\n3\n</parameter>\n</function>\n</tool_call>"
+    props = {"a": {"type": "integer"}, "ok": {"type": "boolean"}}
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": props}}}]
+    async with gateway_on(fake_servers, tok, Script(tok, [xml + "\n" + unknown]), parser="qwen3_coder") as (gw, _):
+        oa = openai.AsyncOpenAI(base_url=gw.session().base_url, api_key="x", max_retries=0)
+        chat = await oa.chat.completions.create(
+            model=gw.model_name,
+            messages=[{"role": "user", "content": "a"}],
+            tools=tools,  # type: ignore[arg-type]
+        )
+        await oa.close()
+    calls = chat.choices[0].message.tool_calls or []
+    # typed as the request's schema says (3, true), not strings; a tool the request did not offer is still
+    # returned to the client (the client decides), its values untyped text since no schema names them
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [  # type: ignore[union-attr]
+        ("add", {"a": 3, "ok": True}),
+        ("nope", {"a": "3"}),
+    ]
+
+
+async def test_think_tags_inside_a_calls_arguments_are_the_arguments(fake_servers, tok) -> None:
+    args = {"path": "a.md", "content": "x </think> y <think> z"}
+    text = "<tool_call>\n" + json.dumps({"name": "write_file", "arguments": args}) + "\n</tool_call>"
+    tools = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object"}}}]
+    async with gateway_on(fake_servers, tok, Script(tok, [text]), reasoning_parser="think") as (gw, _):
+        oa = openai.AsyncOpenAI(base_url=gw.session().base_url, api_key="x", max_retries=0)
+        chat = await oa.chat.completions.create(
+            model=gw.model_name,
+            messages=[{"role": "user", "content": "a"}],
+            tools=tools,  # type: ignore[arg-type]
+        )
+        await oa.close()
+    msg = chat.choices[0].message
+    [c] = msg.tool_calls or []
+    assert json.loads(c.function.arguments) == args  # type: ignore[union-attr]
+    assert (msg.model_extra or {}).get("reasoning_content") is None

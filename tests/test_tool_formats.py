@@ -30,6 +30,7 @@ from rollout_sdk.agents.parsers import (
     parser_names,
     reasoning_parser_names,
     register_reasoning_parser,
+    split_reasoning,
 )
 from rollout_sdk.errors import ConfigError
 
@@ -478,3 +479,43 @@ def test_think_round_trips(reasoning: str, content: str) -> None:
     if "<think>" in reasoning + content or "</think>" in reasoning + content:
         return
     assert ThinkReasoningParser().split(f"<think>{reasoning}</think>{content}") == (reasoning.strip(), content.strip())
+
+
+# -- issue 42: think tags inside arguments, ids unique per conversation, unknown tools ---------------
+
+
+@pytest.mark.parametrize("inside", ["</think>", "<think>", "<think>a</think>", "</think><think>"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_think_tags_inside_a_calls_arguments_are_the_arguments(fmt: str, inside: str) -> None:
+    args = {"content": f"before {inside} after"}
+    text = render(fmt, [("write_file", args)])
+    parser = get_parser(fmt)
+    for reasoning in ("think", "none"):
+        _, visible = split_reasoning(get_reasoning_parser(reasoning), parser, text)
+        assert names_and_args(parser.parse(visible).calls) == [("write_file", args)], (reasoning, visible)
+    # a block the model opens before its call is still reasoning, and a call drafted in it never runs
+    thought = "<think>I could " + render(fmt, [("draft", {})]) + "</think>\n"
+    reasoning_text, visible = split_reasoning(get_reasoning_parser("think"), parser, thought + text)
+    assert reasoning_text is not None and "draft" in reasoning_text
+    assert names_and_args(parser.parse(visible).calls) == [("write_file", args)]
+    # a prompt-opened block (bare </think> before the call) too
+    reasoning_text, visible = split_reasoning(get_reasoning_parser("think"), parser, "plan</think>" + text)
+    assert reasoning_text == "plan" and names_and_args(parser.parse(visible).calls) == [("write_file", args)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ids_count_on_from_the_calls_of_earlier_turns(fmt: str) -> None:
+    text = render(fmt, [("f", {}), ("g", {})])
+    first, second = get_parser(fmt).parse(text), get_parser(fmt).parse(text, calls_before=2)
+    ids = [c.id for c in first.calls + second.calls]
+    assert len(set(ids)) == 4  # unique in the conversation, the same on a replay
+    assert get_parser(fmt).parse(text, calls_before=2) == second
+    if fmt == "mistral":
+        assert ids == ["call00000", "call00001", "call00002", "call00003"]
+        assert all(len(i) == 9 and i.isalnum() for i in ids)  # what Mistral's templates require
+
+
+def test_a_call_to_a_tool_not_offered_is_parsed_with_untyped_values() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": {"type": "integer"}}}}}]
+    turn = get_parser("qwen3_coder", tools=tools).parse(qwen3_coder("f", {"n": 1}) + qwen3_coder("g", {"n": 1}))
+    assert names_and_args(turn.calls) == [("f", {"n": 1}), ("g", {"n": "1"})]

@@ -13,6 +13,7 @@ Write your own loop by subclassing :class:`Agent` and using :class:`~.trajectory
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from .parsers import (
     format_tool_error,
     get_parser,
     get_reasoning_parser,
+    split_reasoning,
 )
 from .tools import ToolRegistry, ToolResult
 
@@ -124,6 +126,8 @@ class ToolAgent(Agent):
         schemas = self.tools.schemas()
         self.parser = parser or get_parser(self.config.parser, tools=schemas)
         self.reasoning_parser = reasoning_parser or get_reasoning_parser(self.config.reasoning_parser)
+        #: whether the parser counts ids on from earlier turns (the built-in ones do): ids unique per trajectory
+        self._counts_ids = _takes_keyword(self.parser.parse, "calls_before")
         self.chat = ChatTemplate(tokenizer, tools=schemas or None, strategy=self.config.template_strategy)
 
     async def run(self, ctx: RolloutContext, sample: Sample) -> Trajectory:
@@ -145,6 +149,7 @@ class ToolAgent(Agent):
         limit = cfg.max_context_tokens or _engine_context(ctx)
         rewrites = False
         finish = "max_turns"
+        calls_made = 0
         for index in range(cfg.max_turns):
             room = min(cfg.max_new_tokens, cfg.max_response_tokens - builder.response_len, limit - builder.num_ids)
             if room < 1:
@@ -171,8 +176,13 @@ class ToolAgent(Agent):
             builder.add_model(result)
             text = self.tokenizer.decode(result.output_ids, skip_special_tokens=False)
             body = _strip_end(text, self.chat.assistant_suffix)
-            reasoning, visible = self.reasoning_parser.split(body)  # calls drafted while thinking never run
-            parsed = self.parser.parse(visible)
+            # calls drafted while thinking never run; think tags inside a call's arguments are its text
+            reasoning, visible = split_reasoning(self.reasoning_parser, self.parser, body)
+            if self._counts_ids:
+                parsed = self.parser.parse(visible, calls_before=calls_made)  # type: ignore[call-arg]
+            else:
+                parsed = self.parser.parse(visible)
+            calls_made += len(parsed.calls)
             cut = result.finish_reason in ("abort", "length")
             messages.append(_assistant_message(parsed, body, visible if reasoning is not None else body, cut=cut))
             turn.parse_errors = [e.message for e in parsed.errors]
@@ -223,6 +233,14 @@ class ToolAgent(Agent):
             drift=drift,
             template_rewrites=rewrites,
         )
+
+
+def _takes_keyword(fn: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params
 
 
 def _engine_context(ctx: RolloutContext) -> int:

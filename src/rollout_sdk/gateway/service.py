@@ -37,7 +37,7 @@ import msgspec
 from .. import Continuation  # the package root re-exports it wherever the rollouts layer keeps it
 from ..agents import ChatTemplate, ParsedTurn, TemplateError, ToolCallParser, ToolCallRecord, Turn, get_parser
 from ..agents.chat import message_images
-from ..agents.parsers import ReasoningParser, get_reasoning_parser
+from ..agents.parsers import ReasoningParser, get_reasoning_parser, split_reasoning
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams
 from ..rollouts.seeds import sample_seed
 from .errors import GatewayError, bad_request, unsupported
@@ -388,7 +388,10 @@ class TurnService:
                 text = tok.decode(ids, skip_special_tokens=False)
                 content = content[:pos]
         # the reasoning is split off the text the agent sees; the recorded tokens stay the model's, exact
-        reasoning, content = self._reasoning.split(content) if chat else (None, content)
+        # (think tags inside a tool call's arguments are the call's text, never reasoning)
+        reasoning, content = (
+            split_reasoning(self._reasoning, parser or self._parser, content) if chat else (None, content)
+        )
         parsed = parser.parse(content) if parser is not None else None
         texts = [tok.decode([t], skip_special_tokens=False) for t in ids] if logprobs else None
         return _Decoded(ids, cut, text, content, parsed, texts, reasoning, matched)
