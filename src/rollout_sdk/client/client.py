@@ -36,7 +36,6 @@ import msgspec
 from .._aio import Lifecycle, OpenedWith, await_unless, cancel_and_wait, ended_with
 from ..auth import Credentials
 from ..discovery import Discovery, EmbeddedServers, StaticServers
-from ..engines.cpu import CpuEngineConfig
 from ..errors import (
     ClientStateError,
     ConfigError,
@@ -60,6 +59,7 @@ from ..protocol import (
     expect_sampling,
 )
 from ..protocol.checks import expect, expect_ids
+from ..protocol.engine_config import CpuEngineConfig
 from ..rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, as_request
 from ..rollouts.group import Agent, RewardFn, resolve_group_size
 from ..rollouts.results import ResultStream

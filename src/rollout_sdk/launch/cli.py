@@ -33,9 +33,9 @@ from ..client import ClientConfig
 from ..client.scheduler import SchedulerConfig
 from ..demos.generate import DemoConfig, run_demo
 from ..demos.grpo import GrpoConfig, run_grpo
-from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
 from ..errors import ConfigError, RolloutError
+from ..protocol.engine_config import CpuEngineConfig
 from ..server import ServerConfig
 from .args import (
     LOG_LEVELS,

@@ -18,8 +18,8 @@ import signal
 import sys
 
 from ..client import ClientConfig
-from ..engines.cpu import CpuEngineConfig
 from ..gateway.gateway import GatewayConfig
+from ..protocol.engine_config import CpuEngineConfig
 from .args import add_config_args, config_from_args, server_address, writable_file
 
 __all__ = ["add_parser", "check", "run"]

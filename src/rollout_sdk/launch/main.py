@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..engines.cpu import CpuEngineConfig
 from ..engines.fake import FakeEngineConfig
 from ..engines.registry import EngineConfigs
 from ..errors import ConfigError
+from ..protocol.engine_config import CpuEngineConfig
 from .args import (
     LOG_LEVELS,
     OneLineErrors,
