@@ -57,3 +57,17 @@ def test_engine_side_names_load_when_named_and_are_the_engines_own() -> None:
 def test_an_unknown_root_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="NoSuchThing"):
         _ = rollout_sdk.NoSuchThing  # type: ignore[attr-defined]
+
+
+def test_every_error_class_of_the_package_is_in_the_tree_and_a_rollout_error() -> None:
+    """errors.py draws the whole tree (issue 38): the classes that live beside their layer are in it too."""
+    from rollout_sdk import errors
+    from rollout_sdk.agents.chat import TemplateError
+    from rollout_sdk.agents.tools.definition import ToolArgumentError
+    from rollout_sdk.export import ExportError
+    from rollout_sdk.gateway.errors import GatewayError
+
+    for cls in (ExportError, TemplateError, ToolArgumentError, GatewayError):
+        assert issubclass(cls, errors.RolloutError), cls
+        assert f"── {cls.__name__}" in (errors.__doc__ or ""), cls
+    assert issubclass(ExportError, ValueError)
