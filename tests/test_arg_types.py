@@ -36,6 +36,7 @@ ANY = st.one_of(
     st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
 
+
 def _refused(make: Any, error: Any) -> Any:
     """The ``error`` that ``make()`` raised, or None; any other exception escapes (and fails the test)."""
     try:

@@ -178,9 +178,10 @@ async def test_a_request_without_a_session_is_told_how_to_open_one(fake_servers)
     from rollout_sdk.models import load_tokenizer
 
     servers = await fake_servers(1, FakeEngineConfig(eos_token_ids=(151645,)))
-    async with RolloutClient(servers=[s.address for s in servers]) as client, Gateway(
-        client, tokenizer=load_tokenizer()
-    ) as gw:
+    async with (
+        RolloutClient(servers=[s.address for s in servers]) as client,
+        Gateway(client, tokenizer=load_tokenizer()) as gw,
+    ):
         body = {"model": gw.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{gw.url}/chat/completions", json=body) as r:  # a plain curl

@@ -133,6 +133,7 @@ async def test_a_torchrun_ranks_store_calls_run_off_the_loop(blocking_on_loop, m
 
     master = await asyncio.to_thread(lambda: dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False))
     address = f"127.0.0.1:{master.port}"
+
     def connect(addr: str, *args: Any, **kwargs: Any) -> Watched:  # the rank's own store connections
         client = dist.TCPStore("127.0.0.1", master.port, is_master=False, wait_for_workers=False)
         return Watched(client, blocking_on_loop)

@@ -35,6 +35,11 @@ REVIEWED: dict[tuple[str, str, str], str] = {
         "dtype = getattr(torch, self.config.dtype)",
     ): "CpuEngineConfig.dtype, set by the operator who starts the server (never by a message)",
     (
+        "__init__.py",
+        "dynamic import",
+        "value = getattr(importlib.import_module(module), name)",
+    ): "the root's lazy engine-side names: constant module paths in _ENGINE_SIDE, keyed by a Python attribute name",
+    (
         "metrics.py",
         "dynamic import",
         "return getattr(importlib.import_module(_MOVED[name]), name)",

@@ -53,10 +53,11 @@ def _public_members(module: object) -> set[str]:
     """Every public name a module holds that is not a submodule (httpx's test_exported_members)."""
     import types
 
+    # dir(), not vars(): the root names its engine-side classes lazily (PEP 562 __getattr__ and __dir__)
     return {
         name
-        for name, value in vars(module).items()
-        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+        for name in dir(module)
+        if not name.startswith("_") and not isinstance(getattr(module, name), types.ModuleType)
     } | {n for n in getattr(module, "__all__", ()) if n.startswith("__")}
 
 

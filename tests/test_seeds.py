@@ -74,9 +74,7 @@ async def test_agent_turns_and_resumed_segments_follow_the_scheme(fake_servers) 
     ]
     async with RolloutClient(servers=[s.address for s in servers]) as client:
         seen = record_seeds(client)
-        async with client.rollouts(
-            prompts, group_size=2, batch_groups=1, mode="partial", over_provision=6.0
-        ) as stream:
+        async with client.rollouts(prompts, group_size=2, batch_groups=1, mode="partial", over_provision=6.0) as stream:
             async for _ in stream:
                 await client.set_weight_version(client.weight_version + 1)
     allowed = {

@@ -42,8 +42,6 @@ MARK = [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
 
 
-
-
 def reference_logprobs(model: object, result: GenerateResult, images: list[bytes], model_dir: Path) -> list[float]:
     """What a trainer computes: one transformers forward of the same model over the result's ids and the
     images' pixels (the SDK's processor: ImageProcessor.model_inputs), fp32, transformers' multimodal path."""

@@ -32,8 +32,15 @@
     ├── DiscoveryError                    servers not found in time; ``.missing`` names the ranks
     ├── AuthenticationError               the CURVE handshake with a server failed (wrong or missing keys)
     ├── PermissionDeniedError             the credential's role may not send this message (generate-only)
-    └── RemoteError                       the server hit an unexpected error; its message is kept
+    ├── RemoteError                       the server hit an unexpected error; its message is kept
+    ├── ExportError (ValueError)          a trajectory that cannot be exported faithfully, or a JSONL line
+    │                                     that is not one (``rollout_sdk.export``)
+    ├── TemplateError                     the chat template cannot extend the conversation (``agents.chat``)
+    ├── ToolArgumentError (ValueError)    a tool call's arguments do not fit its schema (``agents.tools``)
+    └── GatewayError                      an HTTP request the gateway refuses, with its status
+                                          (``gateway.errors``)
 
+The last four live beside their layer (each module's ``__all__`` names it); the others are here.
 Errors cross the wire as :class:`rollout_sdk.protocol.ErrorReply` with a ``code``; :func:`error_from_reply`
 and :func:`error_code` are the one place where codes and classes meet.  Lower-level errors (ZMQ, msgspec,
 SGLang) are mapped to this tree at the boundary that sees them (``_transport``, ``server``, the engines),

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import msgspec
 
+from .errors import RolloutError
 from .protocol import GenerateResult
 from .protocol.segments import result_segments
 from .rollouts.trajectory import Trajectory
@@ -34,7 +35,7 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Trajectory)
 
 
-class ExportError(ValueError):
+class ExportError(RolloutError, ValueError):
     """A trajectory that cannot be written faithfully, or a line that is not a trajectory."""
 
 

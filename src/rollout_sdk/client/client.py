@@ -37,7 +37,6 @@ import msgspec
 from .._aio import Lifecycle, OpenedWith, await_unless, cancel_and_wait, ended_with
 from ..auth import Credentials
 from ..discovery import Discovery, EmbeddedServers, StaticServers
-from ..engines.cpu import CpuEngineConfig
 from ..errors import (
     ClientStateError,
     ConfigError,
@@ -65,6 +64,7 @@ from ..protocol import (
     expect_sampling,
 )
 from ..protocol.checks import expect, expect_ids
+from ..protocol.engine_config import CpuEngineConfig
 from ..rollouts.generator import USE_CLIENT_DEFAULT, Prompt, UseClientDefault, as_request
 from ..rollouts.group import Agent, RewardFn, resolve_group_size
 from ..rollouts.results import ResultStream
@@ -88,7 +88,6 @@ WeightMethod = Literal["distributed", "ipc"]
 _DEFAULT_SAMPLING = SamplingParams()  # frozen: shared by every request that names no sampling
 
 
-
 def _check_call_args(
     *,
     sampling: Any,
@@ -107,6 +106,7 @@ def _check_call_args(
         expect("retries", retries, int)
         if retries < 0:
             raise InvalidRequestError("retries", retries, "must be >= 0")
+
 
 class RolloutClient(OpenedWith):
     """The rollout client.

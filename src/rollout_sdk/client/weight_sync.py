@@ -89,7 +89,7 @@ class WeightSync:
         device: Any = None,
         timeout_s: float = 300.0,
     ) -> WeightSync:
-        from ..weights.group import Rendezvous, init_weight_group, master_store
+        from ..weights.group import Rendezvous, init_weight_group, master_store  # engine-side
 
         if not servers:
             raise ConfigError("servers", [], "no live server to sync weights with")
@@ -129,7 +129,7 @@ class WeightSync:
         """Broadcast ``named`` in flattened buckets; every server loads them and takes ``version``."""
         import time
 
-        from ..weights.buckets import plan_buckets, send_buckets
+        from ..weights.buckets import plan_buckets, send_buckets  # engine-side
 
         t0 = time.perf_counter()
         buckets = plan_buckets(named, bucket_bytes)
@@ -165,7 +165,7 @@ class WeightSync:
         }
 
     async def close(self) -> None:
-        from ..weights.group import destroy_weight_group
+        from ..weights.group import destroy_weight_group  # engine-side
 
         live = [s for s in self.servers if s.alive]
         try:
@@ -191,10 +191,10 @@ async def update_weights_ipc(
     """
     import time
 
-    import torch
+    import torch  # engine-side
 
-    from ..weights.buckets import plan_buckets
-    from ..weights.ipc import export_cuda_ipc
+    from ..weights.buckets import plan_buckets  # engine-side
+    from ..weights.ipc import export_cuda_ipc  # engine-side
 
     t0 = time.perf_counter()
     buckets = plan_buckets(named, bucket_bytes)

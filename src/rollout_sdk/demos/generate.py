@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client import ClientConfig, RolloutClient
-from ..engines.cpu import CpuEngineConfig
 from ..errors import ConfigError
 from ..protocol.checks import check_config_types
+from ..protocol.engine_config import CpuEngineConfig
 from ..rollouts.group import Agent, deprecated_group_field
 from .progress import rollout_progress
 

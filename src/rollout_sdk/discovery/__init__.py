@@ -16,15 +16,14 @@ import importlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._aio import cancel_and_wait
+from ..auth import Credentials, JobSecret
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..auth import Credentials, JobSecret
-    from ..engines.cpu import CpuEngineConfig
-    from ..server import EngineServer
+    from ..protocol.engine_config import CpuEngineConfig
 
 __all__ = ["Discovery", "EmbeddedServers", "StaticServers"]
 
@@ -96,15 +95,13 @@ class EmbeddedServers:
             raise ConfigError("num_servers", num_servers, "must be >= 1")
         self.engine = engine
         self.num_servers = num_servers
-        self.servers: list[EngineServer] = []
+        #: the running ``EngineServer`` objects (engine-side, so named here only by what discovery uses)
+        self.servers: list[Any] = []
         self._secret = secret
         #: control credentials for these servers (set by ``open``)
         self.credentials: Credentials | None = None
 
     async def open(self, timeout: float) -> list[str]:
-        from ..auth import JobSecret
-        from ..server import EngineServer, ServerConfig
-
         secret = self._secret or JobSecret.generate()
         auth = secret.server_auth()
         self.credentials = secret.credentials("control")
@@ -112,13 +109,14 @@ class EmbeddedServers:
         ticker = asyncio.get_running_loop().create_task(_say_still_starting(), name="embedded-start-ticker")
         try:
             async with asyncio.timeout(timeout):
-                # the engine side imports torch (seconds; more on a busy machine): off the event loop, so
-                # the ticker can say that the start goes on
+                # the seam to the engine side, by module name (the trainer's door imports none of it): it
+                # imports torch (seconds; more on a busy machine), off the event loop, so the ticker can
+                # say that the start goes on
+                server_mod = await asyncio.to_thread(importlib.import_module, "rollout_sdk.server")
                 engines = await asyncio.to_thread(importlib.import_module, "rollout_sdk.engines.cpu")
-                CpuEngine = engines.CpuEngine
                 for i in range(self.num_servers):
-                    config = ServerConfig(server_id=f"embedded-{i}", dp_rank=i, auth=auth)
-                    server = EngineServer(CpuEngine(self.engine), config)
+                    config = server_mod.ServerConfig(server_id=f"embedded-{i}", dp_rank=i, auth=auth)
+                    server = server_mod.EngineServer(engines.CpuEngine(self.engine), config)
                     await server.__aenter__()
                     self.servers.append(server)
         except BaseException:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..protocol.engine_config import CpuEngineConfig
 from .base import Engine
-from .cpu.config import CpuEngineConfig
 from .fake import FakeEngineConfig
 
 __all__ = ["ENGINE_KINDS", "EngineConfigs", "make_engine"]

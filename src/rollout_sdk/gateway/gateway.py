@@ -678,7 +678,7 @@ def _host(host: str) -> str:
 
 
 def _load_tokenizer(path: str | None, model_path: str) -> Any:
-    from ..models import load_tokenizer
+    from ..models import load_tokenizer  # engine-side
 
     if path is None and model_path and os.path.isdir(model_path):
         path = model_path

@@ -18,8 +18,8 @@ import signal
 import sys
 
 from ..client import ClientConfig
-from ..engines.cpu import CpuEngineConfig
 from ..gateway.gateway import GatewayConfig
+from ..protocol.engine_config import CpuEngineConfig
 from .args import add_config_args, config_from_args, server_address, writable_file
 
 __all__ = ["add_parser", "check", "run"]
@@ -34,7 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "of every session.  Prints READY http://host:port/v1 once listening.",
     )
     g.add_argument(
-        "--servers", nargs="*", type=server_address, default=None,
+        "--servers",
+        nargs="*",
+        type=server_address,
+        default=None,
         help="engine servers, tcp://host:port each (default: an embedded CPU engine)",
     )
     g.add_argument("--address-file", type=writable_file, default=None, help="write the base URL here once listening")

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from ..errors import InvalidRequestError
 from ..protocol import TensorMeta
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["DTYPE_NAMES", "Bucket", "plan_buckets", "receive_buckets", "send_buckets", "torch_dtype", "unflatten"]
 
@@ -42,7 +41,6 @@ DTYPE_NAMES = (
 
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype named ``name`` (one of :data:`DTYPE_NAMES`); InvalidRequestError otherwise."""
-    import torch
 
     table = {
         "float32": torch.float32,
@@ -81,8 +79,6 @@ class Bucket:
         return sum(t.numel() * t.element_size() for _, t in self.tensors)
 
     def flatten(self) -> torch.Tensor:
-        import torch
-
         return torch.cat([t.detach().contiguous().flatten().view(torch.uint8) for _, t in self.tensors])
 
 
@@ -104,8 +100,6 @@ def plan_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 
 
 
 def _nbytes(meta: TensorMeta) -> int:
-    import torch
-
     dtype = torch_dtype(meta.dtype)
     numel = 1
     for d in meta.shape:
@@ -138,7 +132,6 @@ def send_buckets(group: Any, buckets: Sequence[Bucket], device: Any = None) -> N
 
 def receive_buckets(group: Any, buckets: Sequence[Sequence[TensorMeta]], device: Any = None) -> list[tuple[str, Any]]:
     """Receive what :func:`send_buckets` sends (blocking: call from a thread)."""
-    import torch
 
     out: list[tuple[str, Any]] = []
     for metas in buckets:

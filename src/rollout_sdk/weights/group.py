@@ -18,6 +18,10 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
 from ..protocol import InitWeightGroup
 
 __all__ = ["Rendezvous", "WeightGroup", "destroy_weight_group", "init_weight_group", "master_store"]
@@ -34,8 +38,6 @@ class WeightGroup:
 
     def broadcast(self, tensor: Any, src: int = 0) -> None:
         """Blocking broadcast of ``tensor`` from ``src`` (call from a thread, never the event loop)."""
-        import torch
-        import torch.distributed as dist
 
         opts = dist.BroadcastOptions()
         opts.rootRank = src
@@ -53,7 +55,6 @@ class WeightGroup:
 
 def master_store(host: str, world_size: int, timeout_s: float = 300.0) -> Any:
     """The rendezvous store rank 0 hosts, on a free port (read it from ``.port``)."""
-    import torch.distributed as dist
 
     return dist.TCPStore(  # type: ignore[attr-defined]
         host, 0, world_size, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
@@ -85,7 +86,6 @@ class Rendezvous:
 def init_weight_group(rendezvous: Rendezvous, *, rank: int, store: Any = None) -> WeightGroup:
     """Join the group as ``rank`` (blocking until every rank joined).  Rank 0 passes the store it made with
     :func:`master_store`; the other ranks connect to ``master_address:master_port``."""
-    import torch.distributed as dist
 
     master_address, master_port, world_size = rendezvous.master_address, rendezvous.master_port, rendezvous.world_size
     group_name, backend = rendezvous.group_name, rendezvous.backend
@@ -106,8 +106,6 @@ def init_weight_group(rendezvous: Rendezvous, *, rank: int, store: Any = None) -
         opts._timeout = timeout
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)  # type: ignore[attr-defined]
     else:
-        from ..errors import ConfigError
-
         raise ConfigError("backend", backend, "must be 'gloo' or 'nccl'")
     return WeightGroup(pg, rank, world_size, backend)
 

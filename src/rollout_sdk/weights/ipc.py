@@ -15,16 +15,15 @@ message cannot make the server (or SGLang's unpickler, which receives what we bu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
+import torch
+from torch.multiprocessing import reductions
 
 from ..errors import InvalidRequestError
 from ..protocol import TensorMeta
 from .buckets import torch_dtype
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["STORAGE_CLASSES", "CudaIpcHandle", "export_cuda_ipc", "sglang_bucket_payload", "storage_class"]
 
@@ -34,7 +33,6 @@ STORAGE_CLASSES = ("torch.storage.TypedStorage", "torch.storage.UntypedStorage")
 
 def storage_class(name: str) -> Any:
     """The storage class named ``name`` (one of :data:`STORAGE_CLASSES`); InvalidRequestError otherwise."""
-    import torch
 
     table = {
         "torch.storage.TypedStorage": torch.storage.TypedStorage,
@@ -64,8 +62,6 @@ class CudaIpcHandle(msgspec.Struct, frozen=True, array_like=True):
 
 def export_cuda_ipc(t: torch.Tensor) -> bytes:
     """The IPC handle of a CUDA tensor, encoded (trainer side)."""
-    import torch
-    from torch.multiprocessing import reductions
 
     reduce = getattr(reductions, "_reduce_tensor_original", reductions.reduce_tensor)
     _, args = reduce(t)
@@ -98,15 +94,11 @@ class _Rebuild:
         self.args = args
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        from torch.multiprocessing import reductions
-
         return (reductions.rebuild_cuda_tensor, self.args)
 
 
 def sglang_bucket_payload(handle: bytes, metas: Sequence[TensorMeta]) -> bytes:
     """SGLang's serialized flattened-bucket payload for a bucket shared by IPC (server side)."""
-    import torch
-
     try:
         h = msgspec.msgpack.decode(handle, type=CudaIpcHandle)
     except msgspec.MsgspecError as exc:
@@ -114,8 +106,8 @@ def sglang_bucket_payload(handle: bytes, metas: Sequence[TensorMeta]) -> bytes:
     storage_cls = storage_class(h.storage_cls)  # checked before anything else is imported or built
     tensor_dtype = torch_dtype(h.dtype)
     dtypes = [torch_dtype(m.dtype) for m in metas]
-    from sglang.srt.utils import MultiprocessingSerializer
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+    from sglang.srt.utils import MultiprocessingSerializer  # optional
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata  # optional
 
     args = (
         torch.Tensor,

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
 from ..protocol import TensorMeta
 
 __all__ = ["check_metas", "hf_parameter_shapes", "parameter_shapes"]
@@ -31,9 +34,6 @@ def parameter_shapes(model: Any) -> dict[str, tuple[int, ...]]:
 def hf_parameter_shapes(model_path: str, *, trust_remote_code: bool = False) -> dict[str, tuple[int, ...]]:
     """The manifest of the HF model at ``model_path``, built from its config on the meta device (no memory,
     no weights read): the names and full (unsharded) shapes a trainer sends."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)  # type: ignore[no-untyped-call]

@@ -6,7 +6,7 @@ properties), :mod:`.batch` (running rows and KV-cache surgery), :mod:`.model_run
 sampling, weights).
 """
 
-from .config import CpuEngineConfig
+from ...protocol.engine_config import CpuEngineConfig
 from .engine import CpuEngine
 
 __all__ = ["CpuEngine", "CpuEngineConfig"]

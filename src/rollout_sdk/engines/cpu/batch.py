@@ -15,12 +15,11 @@ Touched only by the worker thread.
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from .sequence import Sequence
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["Batch"]
 
@@ -63,7 +62,6 @@ class Batch:
 
     def decode_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(input_ids [B, 1], attention mask [B, T + 1], positions [B, 1])`` of this step's decode."""
-        import torch
 
         assert self.mask is not None and self.next_pos is not None and self.last_tok is not None
         mask = torch.cat([self.mask, torch.ones(len(self.rows), 1, dtype=self.mask.dtype)], dim=1)
@@ -85,7 +83,6 @@ class Batch:
         if not keep:
             self.clear()
             return
-        import torch
 
         idx = torch.tensor(keep, dtype=torch.long)
         self.rows = [self.rows[i] for i in keep]
@@ -106,7 +103,6 @@ class Batch:
         self, rows: Seq[Sequence], cache: Any, mask: torch.Tensor, next_pos: torch.Tensor, last: torch.Tensor
     ) -> None:
         """Concatenate prefilled ``rows`` (with their own cache, mask, next positions, sampled tokens) in."""
-        import torch
 
         if not self.rows:
             self.rows, self.cache, self.mask, self.next_pos, self.last_tok = list(rows), cache, mask, next_pos, last
@@ -124,7 +120,6 @@ class Batch:
 
 def prefill_inputs(rows: Seq[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(input_ids, attention mask, positions)`` of ``rows`` left-padded to the longest."""
-    import torch
 
     ctxs = [s.token_ids for s in rows]
     width = max(len(c) for c in ctxs)
@@ -143,7 +138,6 @@ def _layers(cache: Any) -> list[Any]:
 
 def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
     """Left-pad a [B, H, T, D] tensor with zeros to T = width."""
-    import torch
 
     pad = width - t.shape[2]
     if pad == 0:
@@ -152,8 +146,6 @@ def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _left_pad_2d(t: torch.Tensor, width: int) -> torch.Tensor:
-    import torch
-
     pad = width - t.shape[1]
     if pad == 0:
         return t

@@ -62,8 +62,11 @@ from ...protocol import (
     PauseMode,
     UpdateWeightsDistributed,
 )
+from ...protocol.engine_config import CpuEngineConfig
+from ...weights import Rendezvous, init_weight_group, receive_buckets
+from ...weights.group import destroy_weight_group
+from ...weights.manifest import check_metas, parameter_shapes
 from ..base import Engine, EngineLoad, Gate, NamedTensors, prompt_score_result
-from .config import CpuEngineConfig
 from .model_runner import ModelRunner, StepOutput
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -356,8 +359,6 @@ class CpuEngine(Engine):
             self._weight_version = version
 
     async def init_weight_group(self, msg: InitWeightGroup) -> None:
-        from ...weights import Rendezvous, init_weight_group
-
         if msg.group_name in self._groups:
             raise WeightUpdateError(f"weight group {msg.group_name!r} already exists", applied=False)
         # Blocking rendezvous: runs in the default thread pool, not on the loop nor the model worker.
@@ -365,9 +366,6 @@ class CpuEngine(Engine):
         self._groups[msg.group_name] = group
 
     async def update_weights_distributed(self, msg: UpdateWeightsDistributed) -> None:
-        from ...weights import receive_buckets
-        from ...weights.manifest import check_metas, parameter_shapes
-
         group = self._groups.get(msg.group_name)
         if group is None:
             raise WeightUpdateError(f"no weight group {msg.group_name!r}: call init_weight_group first", applied=False)
@@ -387,8 +385,6 @@ class CpuEngine(Engine):
 
 
 def _destroy_group(group: Any) -> None:
-    from ...weights.group import destroy_weight_group
-
     try:
         destroy_weight_group(group)
     except Exception:  # pragma: no cover - best effort at teardown

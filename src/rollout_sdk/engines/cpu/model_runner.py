@@ -21,16 +21,23 @@ import tempfile
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig
 
 from ...errors import WeightUpdateError
+from ...models import quiet_weight_loading
+from ...models.tiny import ensure_tiny_model
+from ...models.vision import load_image_processor
 from ...protocol import PENALTY_RANGE, EngineLimits
+from ...protocol.engine_config import CpuEngineConfig
+from ...weights import Bucket
+from ...weights.manifest import check_metas, parameter_shapes
+from .._sampling import RowSampling, sample
 from .batch import Batch, prefill_inputs
-from .config import CpuEngineConfig
 from .sequence import Sequence
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["ModelRunner", "StepOutput"]
 
@@ -70,26 +77,19 @@ class ModelRunner:
     # -- loading -----------------------------------------------------------------------------------
 
     def load(self) -> EngineLimits:
-        import torch
-        from transformers import AutoModelForCausalLM, GenerationConfig
-
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
         path = self.config.model_path
         if path is None:
-            from ...models.tiny import ensure_tiny_model
-
             path = str(ensure_tiny_model(self.config.home))
         if not Path(path, "config.json").exists():
             raise FileNotFoundError(f"{path!r} is not a model directory (no config.json)")
         dtype = getattr(torch, self.config.dtype)
-        from ...models import quiet_weight_loading
-        from ...models.vision import load_image_processor
 
         self.vision = load_image_processor(path)
         auto: Any = AutoModelForCausalLM
         if self.vision is not None:
-            from transformers import AutoModelForImageTextToText
+            from transformers import AutoModelForImageTextToText  # optional
 
             auto = AutoModelForImageTextToText
         with quiet_weight_loading():  # no "Loading weights" bar in servers, ranks and examples
@@ -143,7 +143,6 @@ class ModelRunner:
         if need be.  A row that fails on its own fails; the engine is broken (this raises) only when a
         one-token canary forward fails too.
         """
-        import torch
 
         version = self.version
         b = self.batch
@@ -193,8 +192,6 @@ class ModelRunner:
 
     def _canary(self) -> None:
         """A one-token forward on a fresh cache: if this fails, no request is to blame."""
-        import torch
-        from transformers import DynamicCache
 
         one = torch.zeros(1, 1, dtype=torch.long)
         self._forward_last(one, torch.ones_like(one), one, DynamicCache(config=self.model.config))
@@ -206,8 +203,6 @@ class ModelRunner:
         return rows
 
     def _prefill(self, admit: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, dict[Sequence, BaseException]]:
-        from transformers import DynamicCache
-
         ids, mask, pos = prefill_inputs(admit)
         cache = DynamicCache(config=self.model.config)
         x = ids
@@ -226,7 +221,6 @@ class ModelRunner:
         """Qwen2.5-VL's multimodal RoPE positions ``[3, B, T]`` of left-padded ``ids``: transformers'
         ``get_rope_index`` for each row with images (its image spans as the token types), the plain
         positions on all three axes for the others."""
-        import torch
 
         pos3 = pos[None].expand(3, -1, -1).clone()
         width = ids.shape[1]
@@ -246,7 +240,6 @@ class ModelRunner:
 
     def _embed(self, ids: torch.Tensor, rows: Seq[Sequence] | None) -> torch.Tensor:
         """Token embeddings of left-padded ``ids``, each image's span replaced by its vision-tower features."""
-        import torch
 
         embeds: torch.Tensor = self._body.embed_tokens(ids)
         width = ids.shape[1]
@@ -281,9 +274,6 @@ class ModelRunner:
         """Logits and tokens for ``hidden`` ([n, H], last position of each row), in cache-sized chunks:
         a [rows, 150k] float32 block stays in cache at 32 rows and spills to memory at 128.  A row whose
         penalties or sampling raise is returned in the dict (its token is a placeholder, never used)."""
-        import torch
-
-        from .._sampling import RowSampling, sample
 
         toks, lps = [], []
         bad: dict[Sequence, BaseException] = {}
@@ -323,7 +313,6 @@ class ModelRunner:
         """Logprob of each prompt token given the ones before it (one forward, no KV cache kept), and the
         weight version it ran on.  The head runs ``_HEAD_CHUNK`` positions at a time: never [n, vocab].
         ``seq``: a request with images (its expanded prompt is ``input_ids``)."""
-        import torch
 
         ids = torch.tensor([input_ids], dtype=torch.long)
         with torch.inference_mode():
@@ -349,10 +338,6 @@ class ModelRunner:
 
     def apply_weights(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> None:
         """Load named tensors, all or nothing (checked against the model's manifest first)."""
-        import torch
-
-        from ...weights import Bucket
-        from ...weights.manifest import check_metas, parameter_shapes
 
         problems = check_metas(parameter_shapes(self.model), [Bucket(named).metas])
         if problems:
@@ -377,8 +362,6 @@ class ModelRunner:
 
     def release(self, tags: list[str]) -> None:
         """Free the KV cache and/or offload the weights to a temporary safetensors file."""
-        import torch
-        from safetensors.torch import save_file
 
         if "kv_cache" in tags:
             self.batch.clear()
@@ -390,8 +373,6 @@ class ModelRunner:
                 p.data = torch.empty(0, dtype=p.dtype)
 
     def restore(self, tags: list[str]) -> None:
-        from safetensors.torch import load_file
-
         if "weights" in tags and self._offload_dir is not None:
             state = load_file(os.path.join(self._offload_dir.name, "weights.safetensors"))
             for name, p in _unique_params(self.model).items():
@@ -416,8 +397,6 @@ def _as_list(x: Any) -> list[int]:
 
 
 def _apply_penalties(row: torch.Tensor, s: Sequence, vocab: int) -> None:
-    import torch
-
     sp = s.sampling
     if sp.repetition_penalty != 1.0:
         lo, hi = PENALTY_RANGE

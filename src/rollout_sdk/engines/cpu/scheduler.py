@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import collections
 
+from ...protocol.engine_config import CpuEngineConfig
 from ..base import EngineLoad
-from .config import CpuEngineConfig
 from .sequence import Sequence
 
 __all__ = ["Scheduler"]

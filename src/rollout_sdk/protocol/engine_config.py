@@ -1,11 +1,16 @@
-"""The CPU engine's configuration."""
+"""The embedded CPU engine's configuration, :class:`CpuEngineConfig`.
+
+It sits here, below both sides, because both name it: the trainer tells the engine it starts what to run
+(``RolloutClient(engine=...)``, the demos, the commands) and the engine side (``rollout_sdk.engines.cpu``)
+runs it.  Keeping it out of the engine package keeps a trainer's ``import rollout_sdk`` free of torch.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import ConfigError
-from ...protocol.checks import check_config_types
+from ..errors import ConfigError
+from .checks import check_config_types
 
 __all__ = ["CpuEngineConfig"]
 
