@@ -52,6 +52,8 @@ from rollout_sdk.protocol import (
     ReleaseMemory,
     ResumeGeneration,
     ResumeMemory,
+    SessionHint,
+    SessionHints,
     SetWeightVersion,
     TensorMeta,
     UpdateWeightsDistributed,
@@ -81,8 +83,12 @@ EVERY_MESSAGE: list[msgspec.Struct] = [
     UpdateWeightsDistributed(call_id="c-dist", group_name="rollout_weights", buckets=_META, version=7),
     UpdateWeightsFromIpc(call_id="c-ipc", handles=[b"\x00" * 8], buckets=_META, version=7),
     DestroyWeightGroup("c-destroy"),
+    SessionHints("c-hints", [SessionHint(session_id="victim-session", ended=True)]),
 ]
-CONTROL_MESSAGES = [m for m in EVERY_MESSAGE if not isinstance(m, GenerateRequest | Abort | Ping | GetInfo)]
+#: what the generate role may send: requests, its aborts, pings, info, and its sessions' (advisory) hints
+CONTROL_MESSAGES = [
+    m for m in EVERY_MESSAGE if not isinstance(m, GenerateRequest | Abort | Ping | GetInfo | SessionHints)
+]
 
 
 def test_every_message_type_is_covered() -> None:

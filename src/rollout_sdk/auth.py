@@ -11,7 +11,7 @@ inherit, never the unauthenticated c10d store), and everything else is derived f
 A 32-byte HMAC output is a Curve25519 secret key (libsodium clamps it); its public half comes from
 ``zmq.curve_public``.  Roles (enforced by the server on every message, from the ZAP User-Id)::
 
-    generate ... Generate, Abort (its own requests only), Ping, GetInfo
+    generate ... Generate, Abort (its own requests only), Ping, GetInfo, SessionHints (advisory)
     control .... all of the above, plus every control message (weights, pause/resume, release/resume
                  memory, weight versions, flush, weight groups)
 

@@ -136,7 +136,9 @@ _PEEK_SHARE = 0.1
 _PEEK_BURST_S = 0.025
 
 #: what a generate-only credential may send; everything else needs the control role
-_GENERATE_ROLE_MESSAGES = (GenerateRequest, Abort, Ping, GetInfo)
+#: SessionHints: an agent worker's own sessions' KV (advisory: a hint about another client's session costs
+#: cache hits, never a result)
+_GENERATE_ROLE_MESSAGES = (GenerateRequest, Abort, Ping, GetInfo, SessionHints)
 
 
 def raise_gc_threshold(threshold0: int | None) -> tuple[int, int, int] | None:
