@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from grpo_step import grpo_step
 
+from grpo_step import grpo_step
 from rollout_sdk import CpuEngineConfig, RolloutClient, SamplingParams
 from rollout_sdk.agents import ChatTemplate, rollout_group
 from rollout_sdk.errors import ConfigError
@@ -98,8 +98,8 @@ async def test_reasoning_gym_rollouts_and_a_grpo_step(env: tuple[RolloutClient, 
     async with client.generate_many(task.prompts(tok), group_size=2, sampling=SamplingParams(max_new_tokens=8)) as s:
         async for grp in s:
             e = ds[grp.index]
-            assert grp.request.input_ids == tok.apply_chat_template(
-                [{"role": "user", "content": e["question"]}], tokenize=True, add_generation_prompt=True
+            assert list(grp.request.input_ids) == ChatTemplate(tok).prompt_ids(
+                [{"role": "user", "content": e["question"]}]
             )
             for r in grp.results:
                 text = tok.decode(r.output_ids, skip_special_tokens=True)
@@ -195,7 +195,7 @@ async def test_a_text_env_that_breaks_the_interface_is_refused_by_field(
         def step(self, action: str) -> Any:
             return {"observations": [], "reward": float("nan"), "done": True}
 
-    cfg = TextEnvConfig(max_turns=2, max_new_tokens=4)
+    cfg = TextEnvConfig(max_turns=2, max_new_tokens=48, sampling=SamplingParams(temperature=0.0))
     sample = calc.samples(1, split="test")[0]
     with pytest.raises(ConfigError, match=r"step\.observations\[0\]"):
         await rollout_group(client, TextEnvAgent(tok, lambda s: Bad(), cfg), sample, group_size=1)

@@ -83,7 +83,6 @@ WeightMethod = Literal["distributed", "ipc"]
 _DEFAULT_SAMPLING = SamplingParams()  # frozen: shared by every request that names no sampling
 
 
-
 def _check_call_args(
     *,
     sampling: Any,
@@ -102,6 +101,7 @@ def _check_call_args(
         expect("retries", retries, int)
         if retries < 0:
             raise InvalidRequestError("retries", retries, "must be >= 0")
+
 
 class RolloutClient(OpenedWith):
     """The rollout client.

@@ -298,8 +298,13 @@ def add_sglang_args(parser: argparse.ArgumentParser) -> None:
         if f.name not in field_help(SglangEngineConfig)
     }
     add_config_args(
-        parser, SglangEngineConfig, prefix="sglang-", title="sglang engine (--engine sglang)", skip=("model_path",),
-        only_given=True, extra_help=sglang_own,
+        parser,
+        SglangEngineConfig,
+        prefix="sglang-",
+        title="sglang engine (--engine sglang)",
+        skip=("model_path",),
+        only_given=True,
+        extra_help=sglang_own,
     )
     parser.add_argument(
         "--sglang", default="{}", metavar="JSON", help="more SglangEngineConfig fields as a JSON object"

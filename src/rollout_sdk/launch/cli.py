@@ -195,15 +195,16 @@ def _parser() -> argparse.ArgumentParser:
         "--rl-group-size the GRPO group).",
     )
     d.add_argument(
-        "--servers", nargs="*", type=server_address, default=None,
+        "--servers",
+        nargs="*",
+        type=server_address,
+        default=None,
         help="engine servers, tcp://host:port each (default: an embedded CPU engine)",
     )
     d.add_argument("--json", type=writable_file, default=None, help="also write the numbers to this file")
     d.add_argument("--rl", action="store_true", help="run GRPO on the under-trained tool model instead")
     add_config_args(d, DemoConfig, title="demo (without --rl)")
-    add_config_args(
-        d, GrpoConfig, prefix="rl-", title="demo --rl (GRPO)", description="apply only with --rl"
-    )
+    add_config_args(d, GrpoConfig, prefix="rl-", title="demo --rl (GRPO)", description="apply only with --rl")
     add_config_args(d, ClientConfig, prefix="client-", title="client")
     add_config_args(d, SchedulerConfig, prefix="client-", title="client scheduler")
     add_config_args(d, CpuEngineConfig, prefix="engine-", title="embedded CPU engine (without --servers)")
@@ -216,16 +217,21 @@ def _parser() -> argparse.ArgumentParser:
         "model is loaded and the socket is bound (nothing if stopped before that).",
     )
     s.add_argument(
-        "--engine", choices=["cpu", "sglang", "fake"], default="cpu",
+        "--engine",
+        choices=["cpu", "sglang", "fake"],
+        default="cpu",
         help="cpu: HF transformers on CPU; sglang: SGLang on GPUs (needs --model); fake: a deterministic "
         "stand-in for tests (its --fake-* options are not listed)",
     )
     s.add_argument(
-        "--model", default=None,
+        "--model",
+        default=None,
         help="model directory (sglang: or a hub name); default for cpu: the embedded tiny model",
     )
     s.add_argument(
-        "--address-file", type=writable_file, default=None,
+        "--address-file",
+        type=writable_file,
+        default=None,
         help="write the bound address (tcp://host:port) here once serving",
     )
     s.add_argument(
@@ -276,7 +282,9 @@ def _add_key_commands(sub: Any) -> None:
     k.add_argument("--out", required=True, type=writable_file, help="the file to create (it must not exist)")
     c = sub.add_parser("credentials", help="write one role's client keys, derived from the job secret")
     c.add_argument(
-        "--role", choices=["generate", "control"], required=True,
+        "--role",
+        choices=["generate", "control"],
+        required=True,
         help="generate: may only generate; control: may also update weights, pause, stop",
     )
     c.add_argument("--out", required=True, type=writable_file, help="the file to write the keys to")
@@ -344,8 +352,10 @@ def _check(args: argparse.Namespace) -> str | None:
             existing_dir(args.model)
         except argparse.ArgumentTypeError as exc:
             return f"--model: {exc}"
-    if args.engine == "sglang" and args.model.startswith(("/", ".", "~")) and not os.path.isdir(
-        os.path.expanduser(args.model)
+    if (
+        args.engine == "sglang"
+        and args.model.startswith(("/", ".", "~"))
+        and not os.path.isdir(os.path.expanduser(args.model))
     ):
         return f"--model: {args.model!r} is not a directory"
     try:  # every config, built (and so checked) now rather than after the model loaded

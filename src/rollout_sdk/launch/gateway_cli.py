@@ -34,7 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "of every session.  Prints READY http://host:port/v1 once listening.",
     )
     g.add_argument(
-        "--servers", nargs="*", type=server_address, default=None,
+        "--servers",
+        nargs="*",
+        type=server_address,
+        default=None,
         help="engine servers, tcp://host:port each (default: an embedded CPU engine)",
     )
     g.add_argument("--address-file", type=writable_file, default=None, help="write the base URL here once listening")

@@ -362,6 +362,7 @@ class _RankJob:
             return ""
         host = f"[{advertise}]" if ":" in advertise else advertise
         return f"http://{host}:{self.metrics_endpoint.port}/metrics"
+
     async def _keep_engine(self) -> None:
         """Rebuild this rank's engine in place when it dies, at most ``max_engine_restarts`` times."""
         while True:

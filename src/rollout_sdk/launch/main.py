@@ -36,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--driver", default=None, help="module:function of an async main() to run on rank 0")
     p.add_argument(
-        "--log-level", type=log_level, default=os.environ.get("ROLLOUT_SDK_LOG_LEVEL", "INFO"),
+        "--log-level",
+        type=log_level,
+        default=os.environ.get("ROLLOUT_SDK_LOG_LEVEL", "INFO"),
         help=f"one of {', '.join(LOG_LEVELS)} (default: $ROLLOUT_SDK_LOG_LEVEL or INFO)",
     )
     add_config_args(p, LaunchConfig, title="launch")

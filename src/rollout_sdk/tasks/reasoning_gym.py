@@ -122,10 +122,10 @@ class ReasoningGymTask:
 
     def prompts(self, tokenizer: Any, n: int | None = None, *, start: int = 0) -> list[list[int]]:
         """Token ids of each entry's chat prompt (generation prompt added), for ``generate_many``."""
-        return [
-            list(tokenizer.apply_chat_template(s["messages"], tokenize=True, add_generation_prompt=True))
-            for s in self.samples(n, start=start)
-        ]
+        from ..agents.chat import ChatTemplate
+
+        chat = ChatTemplate(tokenizer)
+        return [chat.prompt_ids(s["messages"]) for s in self.samples(n, start=start)]
 
     def score_text(self, answer: str | None, entry: Mapping[str, Any]) -> float:
         """reasoning-gym's own ``score_answer`` (a float in [0, 1]; a non-finite score is refused)."""

@@ -141,7 +141,6 @@ class Sequence:
         return f"<Sequence {self.rid} prompt={n} out={m} done={self.done}>"
 
 
-
 def vision_fields(vision: Any) -> dict[str, Any]:
     """The result fields of a request with images (none for a text-only one)."""
     return {} if vision is None else dict(vision.result_fields())
