@@ -19,6 +19,7 @@ the largest gap to the engine's logprobs of the same tokens: ~1e-6, the same wei
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Callable
@@ -51,6 +52,11 @@ class GrpoConfig:
     seed: int = 0
     #: deprecated: the old name of ``group_size``
     group: int | None = None
+    #: what the policy trains on: "calculator" (the tool task), or "reasoning_gym:<dataset>" (a
+    #: reasoning-gym dataset, scored by its own score_answer; the calculator tool stays available)
+    task: str = "calculator"
+    #: reasoning-gym only: the dataset's config fields as JSON (e.g. '{"min_digits": 2, "max_digits": 2}')
+    task_config: str = "{}"
 
     def __post_init__(self) -> None:
         check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
@@ -61,6 +67,14 @@ class GrpoConfig:
                 raise ConfigError(name, getattr(self, name), f"must be >= {least}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError("lr", self.lr, "must be finite and > 0")
+        if self.task != "calculator" and not self.task.startswith("reasoning_gym:"):
+            raise ConfigError("task", self.task, "must be 'calculator' or 'reasoning_gym:<dataset>'")
+        try:
+            parsed = json.loads(self.task_config)
+        except ValueError as exc:
+            raise ConfigError("task_config", self.task_config, f"must be a JSON object ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise ConfigError("task_config", self.task_config, "must be a JSON object")
 
 
 async def run_grpo(
@@ -79,6 +93,7 @@ async def run_grpo(
     from ..tasks import calculator as task
     from ..tasks.tool_model import TaskHead, ensure_tool_model_async, shared_prefix_hidden
 
+    source = _task_source(config)  # reasoning-gym's generator (or the calculator's): before any engine starts
     model_dir = await ensure_tool_model_async(stage="undertrained")
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(model_dir))
     with quiet_weight_loading():
@@ -96,7 +111,7 @@ async def run_grpo(
         await client.init_weight_sync(backend="gloo")
         say(f"GRPO on the tool model (under-trained start): {model_dir}")
         if config.eval_instances:
-            before = await _greedy(client, tokenizer, config.eval_instances)
+            before = await _greedy(client, tokenizer, config.eval_instances, source)
             say(f"greedy success on {config.eval_instances} held-back instances before: {before:.0%}")
         say(
             f"{'step':>4} {'success':>8} {'reward':>7} {'tool calls':>10} {'lp gap':>8} {'loss':>8}"
@@ -105,10 +120,19 @@ async def run_grpo(
         for step in range(config.steps):
             t0 = time.perf_counter()
             agent = task.make_agent(tokenizer, temperature=1.0, seed=config.seed * 1_000_003 + 7919 * step)
-            instances = task.samples(config.prompts, seed=config.seed * 1000 + step, split="train")
             total = config.prompts * config.group_size
             async with rollout_progress(client, total, progress, desc=f"step {step} rollouts", leave=False):
-                groups = await task.run_groups(client, agent, instances, group_size=config.group_size)
+                if source is None:
+                    instances = task.samples(config.prompts, seed=config.seed * 1000 + step, split="train")
+                    groups = await task.run_groups(client, agent, instances, group_size=config.group_size)
+                else:
+                    groups = await _run_source(
+                        client,
+                        agent,
+                        source.samples(config.prompts, start=step * config.prompts),
+                        source,
+                        config.group_size,
+                    )
             t1 = time.perf_counter()
             trajs = [t for g in groups for t in g]
             rewards = [t.reward or 0.0 for t in trajs]
@@ -140,15 +164,43 @@ async def run_grpo(
                 f" {row['sync_s']:>5.2f}s"
             )
         if config.eval_instances:
-            after = await _greedy(client, tokenizer, config.eval_instances)
+            after = await _greedy(client, tokenizer, config.eval_instances, source)
             say(f"greedy success on {config.eval_instances} held-back instances after: {after:.0%}")
     return rows
 
 
-async def _greedy(client: RolloutClient, tokenizer: Any, n: int) -> float:
+def _task_source(config: GrpoConfig) -> Any:
+    """None for the calculator task, else the reasoning-gym task: training entries first, then
+    ``eval_instances`` entries never trained on."""
+    if config.task == "calculator":
+        return None
+    from ..tasks.reasoning_gym import ReasoningGymTask
+
+    size = config.steps * config.prompts + max(config.eval_instances, 1)
+    return ReasoningGymTask.from_name(config.task, size=size, seed=config.seed, config=json.loads(config.task_config))
+
+
+async def _run_source(client: RolloutClient, agent: Any, samples: list[Any], source: Any, group_size: int) -> list[Any]:
+    from ..rollouts.group import rollout_group
+
+    return list(
+        await asyncio.gather(
+            *(
+                rollout_group(client, agent, s, group_size=group_size, reward=source.reward, sample_index=i)
+                for i, s in enumerate(samples)
+            )
+        )
+    )
+
+
+async def _greedy(client: RolloutClient, tokenizer: Any, n: int, source: Any = None) -> float:
     from ..tasks import calculator as task
 
-    groups = await task.run_groups(client, task.make_agent(tokenizer), task.samples(n, split="test"))
+    if source is None:
+        groups = await task.run_groups(client, task.make_agent(tokenizer), task.samples(n, split="test"))
+    else:
+        held = source.samples(n, start=source.size - n)
+        groups = await _run_source(client, task.make_agent(tokenizer), held, source, 1)
     return sum(t.reward or 0.0 for g in groups for t in g) / n
 
 
