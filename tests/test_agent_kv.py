@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
-from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -22,16 +20,9 @@ from rollout_sdk.engines.fake import FakeEngineConfig
 from rollout_sdk.engines.sessions import SessionBook
 from rollout_sdk.errors import ConfigError, InvalidRequestError, ProtocolError
 from rollout_sdk.protocol import MAX_KEEP_KV_S, SessionHint, SessionHints, decode_client_message, encode
+from test_group_prefill import until  # a condition polled to a deadline, never a sleep-then-assert
 
 HANG_GUARD_S = 120.0
-
-
-async def until(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.005)
 
 
 # -- the wire --------------------------------------------------------------------------------------------
