@@ -407,3 +407,43 @@ async def test_a_kept_sessions_turns_carry_their_pin_and_admission_holds_new_ses
         e.session_hints([SessionHint(session_id="s1", ended=True)])
         assert (await asyncio.wait_for(second, 60)).output_ids == plain.output_ids
         assert e.sessions.holds("s2") and not e.sessions.holds("s1")
+
+
+async def test_the_prefix_cache_is_keyed_by_weight_version_and_keep_continues_on_its_kv(model: str) -> None:
+    """Issue 41 on SGLang's request path.  A later request never reuses KV cached under older weights, with
+    no flush; a request held across an update goes on under its old key (``keep``: it takes all of its
+    sequence but the last token from the cache, nothing re-prefilled) or under the new one (``reprefill``:
+    all of it computed again); the tokens and their version and KV-version runs are exact either way."""
+    prompt = [50 + (7 * j) % 91 for j in range(120)]
+    vocab = _vocab(model)
+    async with engine(model, step_s=0.001) as e:
+        v0 = e.weight_version
+        a = await e.generate(req("ns-a", prompt, 4))
+        b = await e.generate(req("ns-b", prompt, 4))
+        assert (a.cached_tokens, b.cached_tokens) == (0, len(prompt) - 1)
+        await e.set_weight_version(v0 + 1)  # no flush: the cached prompt is v0's
+        c = await e.generate(req("ns-c", prompt, 4))
+        d = await e.generate(req("ns-d", prompt, 4))
+        assert (c.cached_tokens, d.cached_tokens) == (0, len(prompt) - 1)
+
+        for inflight in ("keep", "reprefill"):
+            v = e.weight_version
+            p = [3, 1, 4, 1, 5, 9, 2, 6] + [len(inflight)]
+            task = asyncio.create_task(e.generate(req(f"held-{inflight}", p, 3000)))
+            await _until(lambda rid=f"held-{inflight}": started(e, rid))
+            before = e.reprefilled_tokens
+            async with e._control._quiesced():  # the update's own path, minus SGLang's weight RPC
+                await e._control._finish_update(v + 1, False, inflight)  # type: ignore[arg-type]
+            out = await task
+            assert out.output_ids == expected(p, 3000, vocab)
+            (v_a, n_a), (v_b, n_b) = out.version_segments
+            assert (v_a, v_b, n_a + n_b) == (v, v + 1, 3000)
+            if inflight == "keep":
+                assert out.kv_version_segments == [(v, 3000)] and out.mixed_kv_tokens == n_b
+                assert e.reprefilled_tokens == before
+            else:
+                assert out.kv_version_segments == [] and out.mixed_kv_tokens == 0
+                assert e.reprefilled_tokens == before + len(p) + n_a - 1
+        # new requests after either update: nothing from older weights
+        late = await e.generate(req("ns-late", prompt, 4))
+        assert late.cached_tokens == 0

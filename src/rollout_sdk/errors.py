@@ -6,7 +6,8 @@
     ├── ConfigError (ValueError)          a config field has a bad value (client, server, engine, launch)
     ├── InvalidRequestError (ValueError)  a request field has a bad value; ``.field`` and ``.value`` name it
     │   ├── DuplicateRequestError         a request with this rid is already in flight (the first one is kept)
-    │   └── MessageTooLargeError          the encoded message exceeds the server's size limit for its kind
+    │   ├── MessageTooLargeError          the encoded message exceeds the server's size limit for its kind
+    │   └── WeightVersionError            ``min_weight_version`` is newer than the weights a server holds
     ├── LifecycleError (RuntimeError)     a server, gateway or bridge is used outside its lifecycle (names the state)
     │   └── ClientStateError              the client is used outside its lifecycle (not open, closed, reopened)
     │       └── StreamClosedError         a closed stream (generate_many, rollouts) is iterated or entered again
@@ -81,6 +82,7 @@ __all__ = [
     "TransportError",
     "UnsupportedOperationError",
     "WeightUpdateError",
+    "WeightVersionError",
     "error_code",
     "error_from_reply",
 ]
@@ -120,6 +122,11 @@ class InvalidRequestError(_BadValue):
 class DuplicateRequestError(InvalidRequestError):
     """A second request used the rid of one still in flight.  The second is refused; the first keeps running
     and gets its own result."""
+
+
+class WeightVersionError(InvalidRequestError):
+    """A request's ``min_weight_version`` is newer than the weights of the server it reached, or of every
+    server the client knows (``value`` is the version asked for; the message names the versions held)."""
 
 
 class MessageTooLargeError(InvalidRequestError):
@@ -262,6 +269,7 @@ _CODES: dict[str, type[RolloutError]] = {
     "invalid_request": InvalidRequestError,
     "duplicate_rid": DuplicateRequestError,
     "too_large": MessageTooLargeError,
+    "weight_version": WeightVersionError,
     "busy": ServerBusyError,
     "poison_request": PoisonRequestError,
     "protocol": ProtocolError,

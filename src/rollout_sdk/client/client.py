@@ -51,6 +51,7 @@ from ..protocol import (
     FlushCache,
     GenerateRequest,
     GenerateResult,
+    InflightMode,
     PauseGeneration,
     ReleaseMemory,
     ResumeGeneration,
@@ -60,6 +61,7 @@ from ..protocol import (
     SessionHint,
     SessionHints,
     SetWeightVersion,
+    check_inflight,
     encode,
     expect_sampling,
 )
@@ -666,7 +668,8 @@ class RolloutClient(OpenedWith):
         method: WeightMethod = "distributed",
         bucket_bytes: int = 512 << 20,
         pause: PauseMode | None = None,
-        flush_cache: bool = True,
+        flush_cache: bool | None = None,
+        inflight: InflightMode = "reprefill",
     ) -> dict[str, float]:
         """Push new weights (HF parameter names) into every engine and tag later results with ``version``.
 
@@ -674,9 +677,18 @@ class RolloutClient(OpenedWith):
         ``ipc``: colocated engines on this GPU map CUDA buckets by IPC handle (no copy through the host).
         ``pause``: pause with this mode around the update (``hold`` keeps in-flight requests and continues
         them on the new weights; ``abort`` returns them now); None updates between decode steps.
+        ``inflight``: what requests in flight do (docs/trainer.md, "In-flight updates"): ``reprefill``
+        (exact: each goes on as ``prompt + tokens so far`` on the new weights, its KV recomputed) or ``keep``
+        (each goes on with the KV it has, computed under older weights: nothing recomputed; each result's
+        ``kv_version_segments`` says which tokens were sampled from older KV).  Either way no later request
+        reuses KV computed under older weights (the prefix cache is keyed by weight version).
+        ``flush_cache``: also drop the old KV at once (default: yes for ``reprefill``, no for ``keep``,
+        where it would drop what the requests go on with).
         A refused update (unknown name, wrong shape) leaves every engine on its old weights and raises
         WeightUpdateError; an engine left half-updated is marked dead.  Returns timings and bytes.
         """
+        check_inflight(inflight, bool(flush_cache))
+        flush = inflight == "reprefill" if flush_cache is None else flush_cache
         t0 = time.perf_counter()
         ok = False
         if pause is not None:
@@ -684,10 +696,18 @@ class RolloutClient(OpenedWith):
         try:
             if method == "distributed":
                 sync = await self._weight_sync_for_members()
-                stats = await sync.update(named, version=version, bucket_bytes=bucket_bytes, flush_cache=flush_cache)
+                stats = await sync.update(
+                    named, version=version, bucket_bytes=bucket_bytes, flush_cache=flush, inflight=inflight
+                )
             elif method == "ipc":
                 stats = await update_weights_ipc(
-                    self._live(), named, version=version, bucket_bytes=bucket_bytes, flush_cache=flush_cache
+                    self._live(),
+                    named,
+                    version=version,
+                    bucket_bytes=bucket_bytes,
+                    flush_cache=flush,
+                    inflight=inflight,
+                    hold=pause is None,  # a caller's pause already holds them
                 )
             else:
                 raise ConfigError("method", method, "must be 'distributed' or 'ipc'")

@@ -108,6 +108,7 @@ from ..errors import (
     ServerBusyError,
     ServerShuttingDownError,
     ServerUnavailableError,
+    WeightVersionError,
 )
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams, encode
 from ..protocol.checks import check_config_types
@@ -170,6 +171,15 @@ class SchedulerConfig:
         if self.max_in_flight_per_server is None:
             return base
         return dataclasses.replace(base, ceiling=self.max_in_flight_per_server)
+
+
+def _new_enough(live: list[ServerConnection], want: int) -> list[ServerConnection]:
+    """The live servers whose weights are at least version ``want``; none: the request is refused now."""
+    ok = [s for s in live if s.reported_version >= want]
+    if not ok:
+        held = sorted({s.reported_version for s in live})
+        raise WeightVersionError("min_weight_version", want, f"no live server holds it (they hold versions {held})")
+    return ok
 
 
 def _remember(lru: collections.OrderedDict[str, ServerConnection], key: str, conn: ServerConnection, most: int) -> None:
@@ -302,6 +312,8 @@ class Scheduler:
         live = [s for s in self.servers if s.accepting]
         if not live:
             raise NoServersError(self._no_servers_message())
+        if req.min_weight_version is not None:
+            live = _new_enough(live, req.min_weight_version)
         free = [s for s in live if s.in_flight < s.window.limit and not s.held]
         if suspect is not None:
             held = [s for s in free if s in self._probation]

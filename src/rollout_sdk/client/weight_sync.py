@@ -32,6 +32,9 @@ from ..protocol import (
     ControlReply,
     ControlRequest,
     DestroyWeightGroup,
+    InflightMode,
+    PauseGeneration,
+    ResumeGeneration,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
 )
@@ -125,6 +128,7 @@ class WeightSync:
         version: int | None,
         bucket_bytes: int,
         flush_cache: bool = True,
+        inflight: InflightMode = "reprefill",
     ) -> dict[str, float]:
         """Broadcast ``named`` in flattened buckets; every server loads them and takes ``version``."""
         import time
@@ -153,6 +157,7 @@ class WeightSync:
                     buckets=metas,
                     version=version,
                     flush_cache=flush_cache,
+                    inflight=inflight,
                 ),
                 timeout=self.timeout_s,
             )
@@ -183,6 +188,8 @@ async def update_weights_ipc(
     version: int | None,
     bucket_bytes: int,
     flush_cache: bool = True,
+    inflight: InflightMode = "reprefill",
+    hold: bool = True,
 ) -> dict[str, float]:
     """Colocated: share CUDA buckets by IPC handle with engines on this GPU (no copy through the host).
 
@@ -191,15 +198,37 @@ async def update_weights_ipc(
     """
     import time
 
-    import torch  # engine-side
-
     from ..weights.buckets import plan_buckets  # engine-side
-    from ..weights.ipc import export_cuda_ipc  # engine-side
 
     t0 = time.perf_counter()
     buckets = plan_buckets(named, bucket_bytes)
     if not buckets:
         raise WeightUpdateError("no tensors to send", applied=False)
+    # one bucket per message: in between, nothing may decode on weights half old, half new (its tokens
+    # would carry the old version): the engines hold their requests from the first bucket to the last
+    held = hold and len(buckets) > 1
+    if held:
+        await broadcast_control(servers, lambda s: PauseGeneration(s.next_call_id(), "in_place"))
+    try:
+        await _send_ipc_buckets(servers, buckets, version=version, flush_cache=flush_cache, inflight=inflight)
+    finally:
+        if held:
+            await broadcast_control(servers, lambda s: ResumeGeneration(s.next_call_id()))
+    return {"seconds": time.perf_counter() - t0, "bytes": float(sum(b.nbytes for b in buckets))}
+
+
+async def _send_ipc_buckets(
+    servers: Sequence[ServerConnection],
+    buckets: list[Any],
+    *,
+    version: int | None,
+    flush_cache: bool,
+    inflight: InflightMode,
+) -> None:
+    import torch  # engine-side
+
+    from ..weights.ipc import export_cuda_ipc  # engine-side
+
     for i, bucket in enumerate(buckets):
         flat = bucket.flatten()
         if not flat.is_cuda:
@@ -215,8 +244,8 @@ async def update_weights_ipc(
                 buckets=[b.metas],
                 version=version if last else None,
                 flush_cache=flush_cache and last,
+                inflight=inflight if last else "keep",  # the version (and the re-keying) comes with the last
             )
 
         await broadcast_control(servers, message)
         del flat  # the engines copied it into their weights
-    return {"seconds": time.perf_counter() - t0, "bytes": float(sum(b.nbytes for b in buckets))}

@@ -29,6 +29,7 @@ from ..protocol import (
     EngineLimits,
     GenerateRequest,
     GenerateResult,
+    InflightMode,
     InitWeightGroup,
     PauseMode,
     SessionHint,
@@ -260,8 +261,11 @@ class Engine(abc.ABC):
         about ``wait_s``.  Engines that keep no session KV ignore them."""
         return None
 
-    async def update_weights(self, named: NamedTensors, *, version: int | None = None) -> None:
-        """Load tensors already in this process (all-or-nothing)."""
+    async def update_weights(
+        self, named: NamedTensors, *, version: int | None = None, inflight: InflightMode = "reprefill"
+    ) -> None:
+        """Load tensors already in this process (all-or-nothing).  ``inflight``: what happens to requests in
+        flight (protocol.InflightMode): re-prefilled on the new weights, or kept on their KV."""
         raise self._unsupported("update_weights")
 
     async def init_weight_group(self, msg: InitWeightGroup) -> None:

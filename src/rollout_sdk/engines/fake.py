@@ -56,10 +56,13 @@ from ..protocol import (
     EngineLimits,
     GenerateRequest,
     GenerateResult,
+    InflightMode,
     InitWeightGroup,
     PauseMode,
     SessionHint,
     Timings,
+    check_inflight,
+    check_weight_version,
 )
 from ..protocol.segments import append_segments
 from .base import Engine, EngineLoad, Gate, NamedTensors
@@ -123,6 +126,8 @@ class _Req:
         "cached",
         "done",
         "future",
+        "kv",
+        "kv_version",
         "logprobs",
         "out",
         "prefill_only",
@@ -149,6 +154,9 @@ class _Req:
         self.out: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[tuple[int, int]] = []
+        #: the weight version of its (modelled) KV: set at its prefill, and at a re-prefill after an update
+        self.kv_version: int | None = None
+        self.kv: list[tuple[int, int]] = []
         self.future = future
         self.t0 = time.perf_counter()
         self.started_at = 0.0
@@ -190,6 +198,8 @@ class FakeEngine(Engine):
         self._prefilled: collections.OrderedDict[int, None] = collections.OrderedDict()  # the modelled cache
         #: prompt tokens computed (not taken from the modelled prefix cache), prefill-only passes included
         self.prefill_tokens = 0
+        #: tokens in-flight requests recomputed because of a ``reprefill`` weight update (modelled)
+        self.reprefilled_tokens = 0
         #: the modelled session cache (module docstring): session -> [sequence, pin rank or None], LRU order
         self._session_kv: collections.OrderedDict[str, list[Any]] = collections.OrderedDict()
         self.session_evictions = 0
@@ -259,6 +269,7 @@ class FakeEngine(Engine):
             raise EngineDeadError(str(self._dead))
         if req.rid in self._reqs:
             raise InvalidRequestError("rid", req.rid, "a request with this rid is already in flight")
+        check_weight_version(req, self._weight_version)
         self.requests_seen.append(req)
         if self.config.request_cost_s > 0.0:
             _burn(self.config.request_cost_s)
@@ -409,6 +420,9 @@ class FakeEngine(Engine):
         r.out.append(tok)
         r.logprobs.append(-0.1 * (1 + len(r.out) % 7))
         append_segments(r.versions, ((self._weight_version, 1),))
+        if r.kv_version is None:
+            r.kv_version = self._weight_version
+        append_segments(r.kv, ((r.kv_version, 1),))
         if tok in r.stops and len(r.out) >= sp.min_new_tokens:
             self._finish(r, "stop", matched=tok)
             return True
@@ -436,6 +450,7 @@ class FakeEngine(Engine):
                     logprobs=list(r.logprobs) if r.req.return_logprobs else None,
                     matched_stop=matched,
                     version_segments=list(r.versions),
+                    kv_version_segments=list(r.kv) if r.kv != r.versions else [],
                     timings=Timings(
                         queue_s=(r.started_at or now) - r.t0,
                         ttft_s=(r.started_at or now) - r.t0,
@@ -532,7 +547,12 @@ class FakeEngine(Engine):
         logging.getLogger("rollout_sdk.engine").warning("fake: init_weight_group blocks a worker thread for good")
         await asyncio.to_thread(threading.Event().wait)  # never set: the thread cannot be joined
 
-    async def update_weights(self, named: NamedTensors, *, version: int | None = None) -> None:
+    async def update_weights(
+        self, named: NamedTensors, *, version: int | None = None, inflight: InflightMode = "reprefill"
+    ) -> None:
+        """Between two steps.  ``reprefill``: every started request's KV is modelled as recomputed on the new
+        weights (``reprefilled_tokens`` counts it); ``keep``: it keeps the version it had."""
+        check_inflight(inflight, False)
         staged: dict[str, list[float]] = {}
         for name, tensor in named:
             if name not in self.config.weight_shapes:
@@ -546,3 +566,8 @@ class FakeEngine(Engine):
         self.weights.update(staged)
         if version is not None:
             self._weight_version = version
+        if inflight == "reprefill":
+            for r in self._reqs.values():
+                if r.kv_version is not None and not r.done:
+                    r.kv_version = self._weight_version
+                    self.reprefilled_tokens += len(r.req.input_ids) + len(r.out) - 1

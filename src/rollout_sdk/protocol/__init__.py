@@ -27,13 +27,14 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from ..errors import InvalidRequestError, ProtocolError, RolloutError, error_code
+from ..errors import InvalidRequestError, ProtocolError, RolloutError, WeightVersionError, error_code
 from .checks import expect, expect_ids
 
 __all__ = [
     "DEFAULT_MAX_CONTROL_BYTES",
     "DEFAULT_MAX_GENERATE_BYTES",
     "GREEDY_TEMPERATURE",
+    "INFLIGHT_MODES",
     "MAX_GROUP_ID",
     "MAX_IMAGES",
     "MAX_IMAGE_BYTES",
@@ -43,6 +44,7 @@ __all__ = [
     "MAX_STOP_TOKEN_IDS",
     "MAX_TENSORS",
     "MAX_TIMEOUT_S",
+    "MAX_WEIGHT_VERSION",
     "PENALTY_RANGE",
     "Abort",
     "ClientMessage",
@@ -56,6 +58,7 @@ __all__ = [
     "GenerateRequest",
     "GenerateResult",
     "GetInfo",
+    "InflightMode",
     "InitWeightGroup",
     "Lifecycle",
     "PauseGeneration",
@@ -78,7 +81,9 @@ __all__ = [
     "UpdateWeightsDistributed",
     "UpdateWeightsFromIpc",
     "check_against_limits",
+    "check_inflight",
     "check_timeout",
+    "check_weight_version",
     "decode_client_message",
     "decode_server_message",
     "encode",
@@ -89,6 +94,11 @@ __all__ = [
 
 FinishReason = Literal["stop", "length", "abort"]
 PauseMode = Literal["abort", "retract", "in_place"]
+#: what a weight update does to the requests in flight: ``reprefill`` (exact: each continues as ``prompt +
+#: tokens so far``, its KV recomputed on the new weights) or ``keep`` (each continues on the KV it has, computed
+#: under older weights: nothing is recomputed; ``GenerateResult.kv_version_segments`` says which tokens)
+InflightMode = Literal["reprefill", "keep"]
+INFLIGHT_MODES: tuple[InflightMode, ...] = ("reprefill", "keep")
 MemoryTag = Literal["weights", "kv_cache"]
 _Tags = Annotated[list[MemoryTag], msgspec.Meta(max_length=8)]
 
@@ -118,6 +128,8 @@ MAX_STOP_TOKEN_IDS = 4096
 MAX_GROUP_ID = 256
 #: the longest lease a request may ask for its session's KV (``keep_kv_s``), and for a tool wait hint
 MAX_KEEP_KV_S = 3600.0
+#: the largest weight version a request may ask for (``min_weight_version``)
+MAX_WEIGHT_VERSION = 2**62
 #: session hints in one SessionHints message
 MAX_SESSION_HINTS = 4096
 #: the most tensors (and buckets, and IPC handles) one weight update may describe
@@ -151,6 +163,20 @@ def check_timeout(field: str, value: float | None, *, allow_none: bool = False) 
         raise _bad(field, value, f"must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}]")
     if not 0.0 < value <= MAX_TIMEOUT_S:  # also rejects NaN
         raise _bad(field, value, f"must be in (0, {MAX_TIMEOUT_S:.0f}] seconds")
+
+
+def check_inflight(inflight: Any, flush_cache: bool) -> None:
+    """A weight update's ``inflight`` mode, and the one combination that contradicts itself."""
+    if inflight not in INFLIGHT_MODES:
+        raise _bad("inflight", inflight, f"must be one of {', '.join(INFLIGHT_MODES)}")
+    if inflight == "keep" and flush_cache:
+        raise _bad("flush_cache", flush_cache, "inflight='keep' goes on with the cached KV a flush would drop")
+
+
+def _expand(runs: list[tuple[int, int]]) -> Any:
+    for v, n in runs:
+        for _ in range(n):
+            yield v
 
 
 def _bad(field: str, value: Any, reason: str) -> InvalidRequestError:
@@ -283,8 +309,17 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
     #: ``session_id``.  The next turn, :class:`SessionHints` (ended, or the tool wait) or the lease's end
     #: releases it; memory pressure demotes kept KV before anything running waits (docs/agents.md).
     keep_kv_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_KEEP_KV_S)] | None = None
+    #: run only on weights of at least this version: the client sends it only to a server that reports them,
+    #: the server refuses it (``WeightVersionError``) when its engine's weights are older; no server that
+    #: holds them: refused at once with the versions the fleet has (docs/trainer.md, "In-flight updates")
+    min_weight_version: Annotated[int, msgspec.Meta(ge=0, le=MAX_WEIGHT_VERSION)] | None = None
 
     def __post_init__(self) -> None:
+        mwv = self.min_weight_version
+        if mwv is not None and (
+            isinstance(mwv, bool) or not isinstance(mwv, int) or not 0 <= mwv <= MAX_WEIGHT_VERSION
+        ):
+            raise _bad("min_weight_version", mwv, f"must be an integer in [0, {MAX_WEIGHT_VERSION}]")
         if self.keep_kv_s is not None:
             if not isinstance(self.keep_kv_s, int | float) or not 0 < self.keep_kv_s <= MAX_KEEP_KV_S:
                 raise _bad("keep_kv_s", self.keep_kv_s, f"must be in (0, {MAX_KEEP_KV_S:.0f}] seconds")
@@ -405,7 +440,10 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     ``finish_reason`` is ``stop`` (EOS or a stop token, named in ``matched_stop``), ``length``
     (``max_new_tokens`` reached) or ``abort`` (aborted; ``output_ids`` holds the tokens made so far).
     ``version_segments`` lists ``(weight_version, num_tokens)`` runs over ``output_ids`` in order: one run
-    unless the weights changed while the request was held in flight.
+    unless the weights changed while the request was held in flight.  ``kv_version_segments`` lists, in the
+    same way, the *oldest* weight version of the KV each token was sampled from: empty when that is the
+    version that sampled it, for every token (always, unless a ``keep`` update let the request go on with its
+    KV computed under older weights; see :attr:`kv_weight_version`).
     """
 
     rid: str
@@ -431,6 +469,10 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     cached_tokens: int = 0
     #: the server process that ran it (a restarted server has a new one; see ServerInfo.incarnation)
     incarnation: str = ""
+    #: ``(kv_weight_version, num_tokens)`` runs over ``output_ids``: the oldest weights the KV each token was
+    #: sampled from was computed under (prompt and earlier tokens included); empty: the same as
+    #: ``version_segments`` (every token sampled from KV of the weights that sampled it)
+    kv_version_segments: list[tuple[int, int]] = []
     #: requests with ``images``: the prompt as the model saw it, every image mark expanded into the image's
     #: ``<|image_pad|>`` tokens (``prompt_tokens`` counts these); None for a text-only request
     input_ids: list[int] | None = None
@@ -443,6 +485,25 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_ids)
+
+    @property
+    def kv_weight_version(self) -> int:
+        """The oldest weight version any KV this request was sampled from was computed under."""
+        runs = self.kv_version_segments or self.version_segments
+        return min((v for v, _ in runs), default=self.weight_version)
+
+    @property
+    def mixed_kv_tokens(self) -> int:
+        """Output tokens sampled by weights newer than (part of) the KV they attended to: what a ``keep``
+        update leaves for a trainer to filter or correct (0 under ``reprefill``)."""
+        if not self.kv_version_segments:
+            return 0
+        mixed = 0
+        sampled = iter(_expand(self.version_segments))
+        for kv in _expand(self.kv_version_segments):
+            if next(sampled, kv) != kv:
+                mixed += 1
+        return mixed
 
 
 class Abort(msgspec.Struct, tag="abort", frozen=True):
@@ -641,6 +702,11 @@ class UpdateWeightsDistributed(msgspec.Struct, tag="update_weights_dist", frozen
     buckets: _Buckets
     version: int | None = None
     flush_cache: bool = True
+    #: the requests in flight: re-prefilled on the new weights, or kept on their KV (``InflightMode``)
+    inflight: InflightMode = "reprefill"
+
+    def __post_init__(self) -> None:
+        check_inflight(self.inflight, self.flush_cache)
 
 
 class UpdateWeightsFromIpc(msgspec.Struct, tag="update_weights_ipc", frozen=True, kw_only=True):
@@ -651,6 +717,10 @@ class UpdateWeightsFromIpc(msgspec.Struct, tag="update_weights_ipc", frozen=True
     buckets: _Buckets
     version: int | None = None
     flush_cache: bool = True
+    inflight: InflightMode = "reprefill"
+
+    def __post_init__(self) -> None:
+        check_inflight(self.inflight, self.flush_cache)
 
 
 class DestroyWeightGroup(msgspec.Struct, tag="destroy_weight_group", frozen=True):
@@ -811,6 +881,13 @@ def _clip(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str | bytes | list | dict):
         return value
     return repr(value)
+
+
+def check_weight_version(req: GenerateRequest, held: int, where: str = "the engine") -> None:
+    """Refuse ``req`` when it needs newer weights than ``held`` (its ``min_weight_version``)."""
+    want = req.min_weight_version
+    if want is not None and held < want:
+        raise WeightVersionError("min_weight_version", want, f"{where} holds weight version {held}")
 
 
 def check_against_limits(req: GenerateRequest, limits: EngineLimits) -> None:

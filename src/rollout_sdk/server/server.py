@@ -109,6 +109,7 @@ from ..protocol import (
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
     check_against_limits,
+    check_weight_version,
     decode_client_message,
     encode,
     error_reply,
@@ -622,6 +623,7 @@ class EngineServer:
 
     def _check_supported(self, req: GenerateRequest) -> None:
         engine = self.engine
+        check_weight_version(req, engine.weight_version, f"server {self.server_id}")
         if req.score_only and not engine.supports_score:
             raise UnsupportedOperationError(
                 f"score_only=True: the {engine.backend!r} engine of server {self.server_id} cannot score prompts"

@@ -58,9 +58,12 @@ from ...protocol import (
     FinishReason,
     GenerateRequest,
     GenerateResult,
+    InflightMode,
     InitWeightGroup,
     PauseMode,
     UpdateWeightsDistributed,
+    check_inflight,
+    check_weight_version,
 )
 from ...protocol.engine_config import CpuEngineConfig
 from ...weights import Rendezvous, init_weight_group, receive_buckets
@@ -151,6 +154,7 @@ class CpuEngine(Engine):
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
+        check_weight_version(req, self._weight_version)
         if req.score_only:
             return await self._score(req)
         if req.rid in self._scheduler.seqs:
@@ -351,10 +355,29 @@ class CpuEngine(Engine):
         await self._in_worker(self._runner.set_version, version)
         self._weight_version = version
 
-    async def update_weights(self, named: NamedTensors, *, version: int | None = None) -> None:
+    async def update_weights(
+        self, named: NamedTensors, *, version: int | None = None, inflight: InflightMode = "reprefill"
+    ) -> None:
+        check_inflight(inflight, False)
         if "weights" in self._released:
             raise WeightUpdateError("weights are released; resume_memory(['weights']) first", applied=False)
-        await self._in_worker(self._runner.apply_weights, list(named), version)
+        await self._apply(list(named), version, inflight)
+
+    async def _apply(self, named: list[Any], version: int | None, inflight: InflightMode) -> None:
+        """Load weights between two steps.  ``keep``: running rows go on with their KV; ``reprefill``: they
+        are re-prefilled on the new weights (``prompt + tokens so far``) in the next step: the step loop is
+        held until they are queued again, so none is left out of both the batch and the queue."""
+        if inflight == "keep":
+            await self._in_worker(self._runner.apply_weights, named, version, "keep")
+        else:
+            self._gate.hold("update")
+            try:
+                await self._step_idle.wait()
+                retracted = await self._in_worker(self._runner.apply_weights, named, version, "reprefill")
+                self._scheduler.requeue_front(retracted)
+            finally:
+                if self._gate.release("update"):
+                    self._wake.set()
         if version is not None:
             self._weight_version = version
 
@@ -374,9 +397,7 @@ class CpuEngine(Engine):
         named = await asyncio.to_thread(receive_buckets, group, msg.buckets)
         if problems:
             raise WeightUpdateError("; ".join(problems), applied=False)
-        await self._in_worker(self._runner.apply_weights, named, msg.version)
-        if msg.version is not None:
-            self._weight_version = msg.version
+        await self._apply(named, msg.version, msg.inflight)
 
     async def destroy_weight_group(self, group_name: str) -> None:
         group = self._groups.pop(group_name, None)

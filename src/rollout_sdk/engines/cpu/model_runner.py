@@ -31,7 +31,7 @@ from ...errors import WeightUpdateError
 from ...models import quiet_weight_loading
 from ...models.tiny import ensure_tiny_model
 from ...models.vision import load_image_processor
-from ...protocol import PENALTY_RANGE, EngineLimits
+from ...protocol import PENALTY_RANGE, EngineLimits, InflightMode
 from ...protocol.engine_config import CpuEngineConfig
 from ...weights import Bucket
 from ...weights.manifest import check_metas, parameter_shapes
@@ -215,6 +215,8 @@ class ModelRunner:
         # with images that is the text index plus the row's rope delta, carried on in every decode step)
         nxt = (pos[0] if pos.dim() == 3 else pos)[:, -1] + 1
         self.batch.admit(admit, cache, mask, nxt, toks)
+        for s in admit:  # their KV is all of this version now (a re-prefill recomputed it)
+            s.kv_version = self.version
         return toks, lps, bad
 
     def _mrope_positions(self, ids: torch.Tensor, pos: torch.Tensor, rows: Seq[Sequence]) -> torch.Tensor:
@@ -336,8 +338,12 @@ class ModelRunner:
                 out.extend(lp.gather(1, targets[lo : lo + _HEAD_CHUNK, None])[:, 0].tolist())
         return out, self.version
 
-    def apply_weights(self, named: list[tuple[str, torch.Tensor]], version: int | None) -> None:
-        """Load named tensors, all or nothing (checked against the model's manifest first)."""
+    def apply_weights(
+        self, named: list[tuple[str, torch.Tensor]], version: int | None, inflight: InflightMode = "keep"
+    ) -> list[Sequence]:
+        """Load named tensors, all or nothing (checked against the model's manifest first).  ``reprefill``:
+        the running rows' KV is dropped and they are returned, to be prefilled again (``prompt + tokens so
+        far``) on the new weights; ``keep``: they go on with their KV (its version stays on each row)."""
 
         problems = check_metas(parameter_shapes(self.model), [Bucket(named).metas])
         if problems:
@@ -351,11 +357,13 @@ class ModelRunner:
                     f"parameter {name!r}: dtype {tensor.dtype} is not floating point", applied=False
                 )
             staged.append((params[aliases.get(name, name)], tensor))
+        retracted = self.retract() if inflight == "reprefill" else []
         with torch.no_grad():
             for p, tensor in staged:
                 p.copy_(tensor)
         if version is not None:
             self.version = version
+        return retracted
 
     def set_version(self, version: int) -> None:
         self.version = version

@@ -25,6 +25,8 @@ class Sequence:
     __slots__ = (
         "done",
         "future",
+        "kv_segments",
+        "kv_version",
         "logprobs",
         "max_context",
         "out",
@@ -55,6 +57,9 @@ class Sequence:
         self.out: list[int] = []
         self.logprobs: list[float] = []
         self.segments: list[tuple[int, int]] = []  # (weight_version, num_tokens) runs over ``out``
+        #: the weight version of its KV's oldest part: set by the worker at each (re-)prefill of the row
+        self.kv_version = 0
+        self.kv_segments: list[tuple[int, int]] = []  # (kv_version, num_tokens) runs over ``out``
         self.rng = rng  # drawn from by the worker only
         stops = set(sp.stop_token_ids)
         if not sp.ignore_eos:
@@ -112,6 +117,7 @@ class Sequence:
         self.out.append(token)
         self.logprobs.append(logprob)
         append_segments(self.segments, ((version, 1),))
+        append_segments(self.kv_segments, ((self.kv_version, 1),))
         sp = self.req.sampling
         n = len(self.out)
         if token in self.stop_ids and n >= sp.min_new_tokens:
@@ -132,6 +138,7 @@ class Sequence:
             logprobs=list(self.logprobs) if self.req.return_logprobs else None,
             matched_stop=matched,
             version_segments=list(self.segments),
+            kv_version_segments=list(self.kv_segments) if self.kv_segments != self.segments else [],
             timings=Timings(queue_s=first - self.t0, ttft_s=first - self.t0, total_s=now - self.t0),
             **vision_fields(self.vision),
         )

@@ -33,7 +33,14 @@ from typing import Any, Protocol, TypeVar
 
 from ..._aio import await_unless
 from ...errors import EngineBusyError, EngineDeadError, UnsupportedOperationError, WeightUpdateError
-from ...protocol import InitWeightGroup, PauseMode, TensorMeta, UpdateWeightsDistributed, UpdateWeightsFromIpc
+from ...protocol import (
+    InflightMode,
+    InitWeightGroup,
+    PauseMode,
+    TensorMeta,
+    UpdateWeightsDistributed,
+    UpdateWeightsFromIpc,
+)
 from .config import SglangEngineConfig
 
 __all__ = ["Control", "Flight"]
@@ -45,10 +52,13 @@ T = TypeVar("T")
 class Flight:
     """One request of ours: possibly several SGLang requests (parts), one per weight version."""
 
-    __slots__ = ("held", "sid", "slot", "task", "user_aborted", "wake")
+    __slots__ = ("held", "kv_epoch", "kv_key", "sid", "slot", "task", "user_aborted", "wake")
 
     def __init__(self) -> None:
         self.sid = ""
+        #: the weight version its KV is cached under (its parts' ``extra_key``), and the reprefill epoch then
+        self.kv_key: int | None = None
+        self.kv_epoch = 0
         self.slot = False  # holds a place in the engine's decode window (engine.py)
         self.task: asyncio.Future[Any] | None = None
         self.held = False  # checkpointed: its abort result means "continue after the gate opens"
@@ -92,6 +102,8 @@ class Control:
         self.groups: set[str] = set()
         self.manifest: dict[str, tuple[int, ...]] | None = None  # built at the first update
         self._manifest_tried = False
+        #: bumped by every update with ``inflight="reprefill"``: a flight whose KV predates it re-keys
+        self.reprefill_epoch = 0
 
     @property
     def _tm(self) -> Any:
@@ -139,6 +151,18 @@ class Control:
             yield
         finally:
             self._open("update")
+
+    # -- the prefix cache's namespaces -------------------------------------------------------------
+
+    def kv_namespace(self, flight: Flight, version: int) -> int | None:
+        """Key ``flight``'s next part (``flight.kv_key``): the current weight version, except for a
+        continuation whose KV a ``keep`` update left in place, which goes on under the version its KV was
+        cached under (returned; None otherwise).  New requests never share a key with older weights, so
+        no request reuses KV computed under them, flushed or not."""
+        if flight.kv_key is not None and flight.kv_epoch == self.reprefill_epoch and flight.kv_key != version:
+            return flight.kv_key
+        flight.kv_key, flight.kv_epoch = version, self.reprefill_epoch
+        return None
 
     # -- calls into SGLang -------------------------------------------------------------------------
 
@@ -258,7 +282,7 @@ class Control:
             raise WeightUpdateError("; ".join(problems), applied=False)
         async with self._quiesced():
             await self._receive_distributed(msg.group_name, msg.buckets)
-            await self._finish_update(msg.version, msg.flush_cache)
+            await self._finish_update(msg.version, msg.flush_cache, msg.inflight)
 
     async def _receive_distributed(self, group_name: str, buckets: list[list[TensorMeta]]) -> None:
         from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
@@ -316,10 +340,16 @@ class Control:
                     )
                 )
                 _check_bucket(ok, text, i, len(msg.buckets))
-            await self._finish_update(msg.version, msg.flush_cache)
+            await self._finish_update(msg.version, msg.flush_cache, msg.inflight)
 
-    async def _finish_update(self, version: int | None, flush_cache: bool) -> None:
-        if flush_cache:  # quiesced: nothing runs, so SGLang can drop KV computed with the old weights
+    async def _finish_update(self, version: int | None, flush_cache: bool, inflight: InflightMode) -> None:
+        """The weights changed (quiesced: nothing runs inside SGLang).  ``reprefill``: every held request
+        continues under the new version's key, so it re-prefills on the new weights; ``keep``: it continues
+        under its old key and takes its KV from the cache (kv_namespace).  Either way new requests use the
+        new key: nothing needs flushing for correctness, ``flush_cache`` only frees the old KV early."""
+        if inflight == "reprefill":
+            self.reprefill_epoch += 1
+        if flush_cache:
             await self.flush_cache()
         if version is not None:
             await self._host.set_weight_version(version)

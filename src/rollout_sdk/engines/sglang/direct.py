@@ -128,9 +128,11 @@ class SchedulerPath:
         return_logprob: bool,
         return_routed_experts: bool = False,
         logprob_start_len: int = -1,
+        extra_key: str | None = None,
     ) -> asyncio.Future[Done]:
         """Queue one request for the scheduler (sent at the end of this loop iteration, with every other
-        request submitted in it).  Raises ValueError where SGLang's tokenizer manager would."""
+        request submitted in it).  ``extra_key``: its prefix-cache namespace (the weight version, control.py).
+        Raises ValueError where SGLang's tokenizer manager would."""
         tm = self._tm
         n = len(input_ids)
         context = int(tm.context_len)
@@ -166,6 +168,7 @@ class SchedulerPath:
             token_ids_logprob=None,
             stream=False,
             return_routed_experts=return_routed_experts,
+            extra_key=extra_key,
         )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Done] = loop.create_future()

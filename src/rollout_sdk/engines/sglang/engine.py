@@ -48,6 +48,7 @@ from ...protocol import (
     SessionHint,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
+    check_weight_version,
 )
 from ..base import Engine, EngineLoad
 from ..prefill import PrefillOnce
@@ -121,6 +122,8 @@ class SglangEngine(Engine):
         self._prefill_n = 0
         #: prompt tokens computed by group prefills (their members' results count only their own part)
         self.prefill_once_tokens = 0
+        #: prompt tokens continuations (after a checkpoint) computed instead of taking them from the cache
+        self.reprefilled_tokens = 0
         self._warned_seed = False
         self.startup_s = 0.0
         #: agent sessions whose KV is kept (engines/sessions.py), and the batched pin changes for SGLang's
@@ -471,6 +474,7 @@ class SglangEngine(Engine):
             raise EngineDeadError(str(self._dead))
         if req.rid in self._flights:
             raise InvalidRequestError("rid", req.rid, "already in flight")
+        check_weight_version(req, self._weight_version)
         if req.score_only:
             return await self._score(req)
         base = sampling_params(req.sampling, self.config)
@@ -513,10 +517,15 @@ class SglangEngine(Engine):
                 # no await between the gate and the submit: a checkpoint sees every running part
                 flight.sid = self._next_sid()
                 version = self._weight_version
+                kept = self._control.kv_namespace(flight, version)  # keep: the version its KV is cached under
                 inputs = prompt_inputs(req, parts, vision)  # input_ids (+ image_data: images)
                 seq_len = len(inputs["input_ids"])
-                done = await self._run_part(flight, inputs, sp, req, field="sampling", value=req.sampling)
-                kind = parts.add(done, version)
+                done = await self._run_part(
+                    flight, inputs, sp, req, field="sampling", value=req.sampling, extra_key=f"w{flight.kv_key}"
+                )
+                kv = kept if kept is not None and done.cached_tokens > 0 else None  # a miss recomputed it
+                kind = parts.add(done, version, kv, seq_len if parts.count else 0)
+                self.reprefilled_tokens += max(0, seq_len - 1 - done.cached_tokens) if parts.count > 1 else 0
                 if req.return_routed_experts:
                     parts.add_routed(done.routed, seq_len + len(done.ids), self._top_k)
                 if kind == "abort" and flight.held and not flight.user_aborted:
@@ -619,12 +628,14 @@ class SglangEngine(Engine):
         field: str,
         value: Any,
         what: str = "request",
+        extra_key: str | None = None,
     ) -> Done:
         """Submit one part of ``flight`` to SGLang and await its end.  The caller's cancellation aborts the
         part inside SGLang and stays a cancellation (dead engine or not); a cancellation by the engine's
         death is EngineDeadError; SGLang's own errors are mapped by :func:`.translate.request_error`."""
         try:
-            flight.task = self._submit(flight.sid, inputs, sp, req, logprob_start_len=logprob_start_len)
+            key = extra_key if extra_key is not None else f"w{self._weight_version}"
+            flight.task = self._submit(flight.sid, inputs, sp, req, logprob_start_len=logprob_start_len, extra_key=key)
             return await asyncio.shield(flight.task)
         except asyncio.CancelledError:
             me = asyncio.current_task()
@@ -639,7 +650,14 @@ class SglangEngine(Engine):
             raise request_error(exc, field, value, what) from exc
 
     def _submit(
-        self, sid: str, inputs: dict[str, Any], sp: dict[str, Any], req: GenerateRequest, *, logprob_start_len: int = -1
+        self,
+        sid: str,
+        inputs: dict[str, Any],
+        sp: dict[str, Any],
+        req: GenerateRequest,
+        *,
+        logprob_start_len: int = -1,
+        extra_key: str | None = None,
     ) -> asyncio.Future[Done]:
         """Hand one part to SGLang: the direct path (direct.py) for token ids, the tokenizer manager for
         images (SGLang's multimodal processing lives there) or where the direct path is off.  Raises
@@ -653,6 +671,7 @@ class SglangEngine(Engine):
                 return_logprob=logprobs,
                 return_routed_experts=req.return_routed_experts,
                 logprob_start_len=logprob_start_len,
+                extra_key=extra_key,
             )
         from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -663,6 +682,7 @@ class SglangEngine(Engine):
             return_logprob=logprobs,
             logprob_start_len=logprob_start_len,
             return_routed_experts=req.return_routed_experts,
+            extra_key=extra_key,
         )
         return asyncio.ensure_future(self._one(obj, logprobs))
 

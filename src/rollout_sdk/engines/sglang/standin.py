@@ -10,7 +10,9 @@ SGLang's output streamer does for non-streaming requests with ``skip_tokenizer_i
 waiting queue that are aborted are echoed back as ``AbortReq`` (as SGLang's scheduler does).  Its prefix
 cache is a model of SGLang's under a burst: a prompt counts as cached once the step that admitted it has
 run, so requests admitted in the same step all compute it, and a later request with the same prompt
-reports all of it but the last token in ``cached_tokens`` (a flush empties it).
+reports all of it but the last token in ``cached_tokens`` (a flush empties it).  Like SGLang's radix cache
+it is namespaced by the request's ``extra_key`` and keeps what a request computed when it ends (finished or
+aborted): a continuation ``prompt + tokens so far`` under the same key finds all of it but its last token.
 
 Tokens are a deterministic function of the whole sequence as received (its ids, and for images SGLang's
 offsets and the pixels: :func:`standin_seed`), so the same request gives the same tokens on either path
@@ -96,6 +98,7 @@ class _Req:
         "cached",
         "digest",
         "ids",
+        "key",
         "max_new",
         "n_prompt",
         "out",
@@ -113,6 +116,7 @@ class _Req:
         self.n_prompt = len(ids)
         self.state = standin_seed(ids, _mm_digest(r))
         self.digest = self.state
+        self.key: str | None = getattr(r, "extra_key", None)  # SGLang's radix-cache namespace
         self.cached = 0
         self.ids = ids
         sp = r.sampling_params
@@ -137,11 +141,13 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
     interval = int(os.environ.get("SGLANG_FORCE_STREAM_INTERVAL", "50"))
     waiting: deque[_Req] = deque()
     running: dict[str, _Req] = {}
-    prefilled: set[int] = set()  # the modelled prefix cache (module docstring)
+    prefilled: set[tuple[str | None, int]] = set()  # the modelled prefix cache (module docstring)
     ready.set()
 
     def finish(req: _Req, reason: dict[str, Any]) -> tuple[_Req, dict[str, Any]]:
         running.pop(req.rid, None)
+        if req.out:  # what it computed stays cached under its key (SGLang's cache_finished_req)
+            prefilled.add((req.key, req.state))
         return req, reason
 
     while True:
@@ -182,9 +188,9 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
             running[w.rid] = w
             admitted.append(w)
         for w in admitted:
-            w.cached = w.n_prompt - 1 if w.digest in prefilled else 0
+            w.cached = w.n_prompt - 1 if (w.key, w.digest) in prefilled else 0
         for w in admitted:  # cached only after this step: requests admitted together all compute it
-            prefilled.add(w.digest)
+            prefilled.add((w.key, w.digest))
         if len(prefilled) > 100_000:
             prefilled.clear()
         if not running:

@@ -140,6 +140,11 @@ class Parts:
         self.ids: list[int] = []
         self.logprobs: list[float] | None = [] if logprobs else None
         self.segments: list[tuple[int, int]] = []
+        #: (oldest KV version, tokens) runs: differs from ``segments`` only after a ``keep`` update
+        self.kv_segments: list[tuple[int, int]] = []
+        #: prompt tokens later parts (continuations after a checkpoint) computed instead of taking them from
+        #: the prefix cache: what an update made this request re-prefill
+        self.reprefilled = 0
         self.queue_s: float | None = None
         self.e2e_s = 0.0
         self.count = 0
@@ -165,16 +170,23 @@ class Parts:
         arr = flat.reshape(tokens, flat.size // (tokens * top_k), top_k)
         self.routed = arr if self.routed is None else np.concatenate([self.routed, arr[len(self.routed) :]])
 
-    def add(self, done: Done, version: int) -> str:
+    def add(self, done: Done, version: int, kv_version: int | None = None, seq_len: int = 0) -> str:
+        """One part's end: its tokens sampled by weights ``version`` from KV as old as ``kv_version`` (a
+        continuation under ``keep`` that took its KV from the cache; None: ``version``); ``seq_len``: the
+        tokens it was fed."""
         ids = done.ids
         self.ids += ids
         if self.logprobs is not None:
             self.logprobs += [float(lp) if lp is not None else 0.0 for lp in (done.logprobs or ())][: len(ids)]
         append_segments(self.segments, ((version, len(ids)),))  # no run for a part without tokens
+        append_segments(self.kv_segments, ((version if kv_version is None else kv_version, len(ids)),))
         if self.queue_s is None:
             self.queue_s = done.queue_s or 0.0
         if self.count == 0:
             self.cached_tokens = done.cached_tokens
+        elif seq_len:
+            # a continuation: all but its last token were computed before (its last one never was)
+            self.reprefilled += max(0, seq_len - 1 - done.cached_tokens)
         self.e2e_s = done.e2e_s or 0.0
         self.count += 1
         fr = done.finish or {}
@@ -193,6 +205,7 @@ class Parts:
             logprobs=self.logprobs,
             matched_stop=self.matched,
             version_segments=self.segments,
+            kv_version_segments=self.kv_segments if self.kv_segments != self.segments else [],
             routed_experts=_routed(self.routed),
             cached_tokens=self.cached_tokens,
             timings=Timings(
