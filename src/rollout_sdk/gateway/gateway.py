@@ -51,7 +51,7 @@ from ..agents import Trajectory
 from ..errors import ClientStateError, ConfigError
 from .config import GatewayConfig
 from .errors import GatewayError
-from .records import SessionRecord, session_record
+from .records import ExportLease, SessionRecord, session_record
 from .sampling import SessionSampling
 from .service import Outcome, TurnService, max_token_chars
 from .sessions import Session, SessionStore
@@ -314,7 +314,7 @@ class Gateway(OpenedWith):
         Ends once the gateway is closed and everything finished before has been yielded.
         """
         self._check_consumable()
-        async for session in self._finished():
+        async for session in self.finished_sessions():
             if session is not None:
                 for traj in self._export(session).trajectories:
                     yield traj
@@ -323,7 +323,7 @@ class Gateway(OpenedWith):
         if self.config.trajectories_jsonl:
             raise ClientStateError("this gateway writes its trajectories to trajectories_jsonl; read that file")
 
-    async def _finished(
+    async def finished_sessions(
         self, heartbeat_s: float | None = None, *, http: bool = False, room: asyncio.Event | None = None
     ) -> AsyncGenerator[Session | None, None]:
         """Finished sessions as they come (each to one consumer); ``None`` after ``heartbeat_s`` without
@@ -379,6 +379,19 @@ class Gateway(OpenedWith):
             self.redelivered_sessions += 1
             self.store.requeue(session)
 
+    def sent(self, session: Session, record: SessionRecord | None, lease: ExportLease | None) -> None:
+        """``session``'s record was written to a consumer: leased until acknowledged (``lease``), or, with
+        none (at-most-once consumers), exported now."""
+        if lease is not None:
+            self._lease(session, lease, record)
+        else:
+            self._export(session, record)
+
+    def release(self, lease: ExportLease) -> None:
+        """The consumer holding ``lease`` went away: what it did not acknowledge goes back to the queue now."""
+        for sid in list(lease.records):
+            self._expire(sid)
+
     def ack(self, ids: list[str]) -> dict[str, list[str]]:
         """Acknowledge delivered records by session id: they leave the store (exported).  Idempotent: an id
         already exported is reported as such; an id never finished, or unknown, is not acknowledged."""
@@ -403,7 +416,7 @@ class Gateway(OpenedWith):
     async def _write_jsonl(self, path: str) -> None:
         """Each finished session's trajectories appended to ``path``; the session leaves the store only once
         written (a failed write is logged and the session stays queued: nothing is lost)."""
-        async for session in self._finished():
+        async for session in self.finished_sessions():
             if session is None:
                 continue
             record = session_record(session, state="exported")
@@ -461,29 +474,6 @@ class Gateway(OpenedWith):
             "in_flight": self._in_flight,
             "served_turns": self.served_turns,
         }
-
-
-class ExportLease:
-    """The records one export stream sent that wait for their acknowledgement; the stream takes a new
-    session only while fewer than ``window`` wait (``room`` set): a consumer that reads but never
-    acknowledges holds at most ``window`` sessions."""
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        self.records: dict[str, SessionRecord | None] = {}
-        self.room = asyncio.Event()
-        self.room.set()
-
-    def add(self, sid: str, record: SessionRecord | None) -> None:
-        self.records[sid] = record
-        if len(self.records) >= self.window:
-            self.room.clear()
-
-    def remove(self, sid: str) -> SessionRecord | None:
-        record = self.records.pop(sid, None)
-        if len(self.records) < self.window:
-            self.room.set()
-        return record
 
 
 class _GatewayCollector:
