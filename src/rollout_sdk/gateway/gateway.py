@@ -46,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from .._aio import Lifecycle, OpenedWith, await_unless, cancel_and_wait
+from .._aio import LifecycleGuard, OpenedWith, await_unless, cancel_and_wait
 from ..agents import Trajectory
 from ..errors import ClientStateError, ConfigError
 from .config import GatewayConfig
@@ -107,7 +107,7 @@ class Gateway(OpenedWith):
         self._servers = servers
         self._client_options = dict(client_options or {})
         self._tokenizer = tokenizer
-        self._life = Lifecycle("Gateway", error=ClientStateError)
+        self._life = LifecycleGuard("Gateway", error=ClientStateError)
         cfg = self.config
         auto = cfg.max_auto_sessions
         self.store = SessionStore(
