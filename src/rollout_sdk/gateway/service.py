@@ -34,11 +34,11 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .. import Continuation  # the package root re-exports it wherever the rollouts layer keeps it
 from ..agents import ChatTemplate, ParsedTurn, TemplateError, ToolCallParser, ToolCallRecord, Turn, get_parser
 from ..agents.chat import message_images
 from ..agents.parsers import ReasoningParser, get_reasoning_parser, split_reasoning
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams
+from ..rollouts.continuation import Continuation
 from ..rollouts.seeds import sample_seed
 from .config import GatewayConfig
 from .errors import GatewayError, bad_request, unsupported
