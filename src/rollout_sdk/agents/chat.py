@@ -112,6 +112,14 @@ class ChatTemplate:
 
     # -- glue --------------------------------------------------------------------------------------
 
+    def strip_turn_end(self, model_text: str) -> str:
+        """The model's text without the end-of-turn marker it generated (e.g. a trailing ``<|im_end|>``)."""
+        suffix = self.assistant_suffix
+        for k in range(len(suffix), 0, -1):
+            if suffix[:k].strip() and model_text.endswith(suffix[:k]):
+                return model_text[:-k]
+        return model_text
+
     def turn_end(self, model_text: str) -> str:
         """The part of the assistant suffix the model did not generate itself.
 
