@@ -166,8 +166,7 @@ class ToolAgent(Agent):
                 finish = "stale"
                 break
             turn = builder.add_turn(result, index=index, generate_s=time.perf_counter() - t0)
-            text = self.tokenizer.decode(result.output_ids, skip_special_tokens=False)
-            body = self.chat.strip_turn_end(text)
+            text, body = self.chat.decode_reply(result.output_ids)
             # calls drafted while thinking never run; think tags inside a call's arguments are its text
             reasoning, visible = split_reasoning(self.reasoning_parser, self.parser, body)
             if self._counts_ids:

@@ -141,8 +141,7 @@ class TextEnvAgent(Agent):
                 finish = "stale"
                 break
             turn = builder.add_turn(result, index=index, generate_s=time.perf_counter() - t0)
-            text = self.tokenizer.decode(result.output_ids, skip_special_tokens=False)
-            body = self.chat.strip_turn_end(text)
+            text, body = self.chat.decode_reply(result.output_ids)
             messages.append({"role": "assistant", "content": body})
             if result.finish_reason in ("abort", "length"):
                 finish = result.finish_reason
