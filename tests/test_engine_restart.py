@@ -9,7 +9,7 @@ import collections
 import pytest
 
 from rollout_sdk import RolloutClient, SamplingParams
-from rollout_sdk.launch import StoreDiscovery
+from rollout_sdk.discovery.store import StoreDiscovery
 from test_launch import _env, _start_service, tag  # noqa: F401  (tag is a fixture)
 
 pytestmark = pytest.mark.slow

@@ -457,7 +457,7 @@ async def test_a_record_whose_write_fails_goes_back_for_the_next_consumer(fake_s
         await oa.close()
         gw.finish(s.id)
         with pytest.raises(ConnectionResetError):
-            await _Routes(gw)._send_records(GoneTrainer(), gw._finished(http=True), "ndjson", False, None)  # type: ignore[arg-type]
+            await _Routes(gw)._send_records(GoneTrainer(), gw.finished_sessions(http=True), "ndjson", False, None)  # type: ignore[arg-type]
         assert gw.exported_sessions == 0 and gw.store.finished.qsize() == 1  # not lost, not exported
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{root(gw)}/v1/trajectories/stream?limit=1") as r:

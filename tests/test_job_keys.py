@@ -17,8 +17,7 @@ import pytest
 from rollout_sdk import DiscoveryError, RolloutClient, SamplingParams
 from rollout_sdk.auth import JobSecret
 from rollout_sdk.discovery import keyfiles
-from rollout_sdk.discovery.store import ServerRecord, StoreKeys, register_server, seal
-from rollout_sdk.launch import StoreDiscovery
+from rollout_sdk.discovery.store import ServerRecord, StoreDiscovery, StoreKeys, register_server, seal
 from test_faults import until
 from test_launch import _client_env, _env, _start_service, _tagged, _wait_gone, tag  # noqa: F401 (tag: fixture)
 

@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 
 from rollout_sdk import DiscoveryError, RolloutClient, SamplingParams
+from rollout_sdk.discovery.store import StoreDiscovery
 from rollout_sdk.errors import ConfigError
-from rollout_sdk.launch import Layout, StoreDiscovery
+from rollout_sdk.launch import Layout
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

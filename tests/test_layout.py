@@ -17,18 +17,21 @@ def test_the_package_root_holds_at_most_eight_modules() -> None:
     assert len(modules) <= 8, modules
 
 
-def test_old_public_import_paths_still_work() -> None:
+def test_each_public_name_has_one_import_path() -> None:
+    from rollout_sdk.client.metrics import ClientMetrics
     from rollout_sdk.discovery import Discovery, EmbeddedServers, StaticServers
+    from rollout_sdk.discovery.store import ServerRecord, StoreDiscovery
     from rollout_sdk.export import iter_jsonl, write_jsonl
-    from rollout_sdk.launch import ServerRecord, StoreDiscovery
-    from rollout_sdk.metrics import ClientMetrics, ServerMetrics, render_metrics, serve_metrics
+    from rollout_sdk.metrics import render_metrics, serve_metrics
+    from rollout_sdk.server.metrics import ServerMetrics
 
     assert {Discovery, EmbeddedServers, StaticServers, iter_jsonl, write_jsonl, ServerRecord, StoreDiscovery}
-    assert ClientMetrics.__module__ == "rollout_sdk.client.metrics"
-    assert ServerMetrics.__module__ == "rollout_sdk.server.metrics"
-    assert callable(render_metrics) and callable(serve_metrics)
-    with pytest.raises(AttributeError):
-        _ = rollout_sdk.metrics.NoSuchMetric  # type: ignore[attr-defined]
+    assert callable(render_metrics) and callable(serve_metrics) and ClientMetrics and ServerMetrics
+    # no compatibility shims for paths of a package never released
+    import rollout_sdk.launch
+
+    assert not hasattr(rollout_sdk.metrics, "ClientMetrics") and not hasattr(rollout_sdk.metrics, "ServerMetrics")
+    assert not hasattr(rollout_sdk.launch, "StoreDiscovery") and not hasattr(rollout_sdk.launch, "ServerRecord")
 
 
 def test_client_keywords_replace_config_fields_in_one_place() -> None:

@@ -7,12 +7,12 @@ import pickle
 import pytest
 
 from rollout_sdk import ClientState, ClientStateError, EngineServer, LifecycleError, RolloutClient, ServerConfig
-from rollout_sdk._aio import Lifecycle, LifecycleState
+from rollout_sdk._aio import LifecycleGuard, LifecycleState
 from rollout_sdk.engines.fake import FakeEngine
 
 
 def test_transitions_and_misuse() -> None:
-    life = Lifecycle("Thing")
+    life = LifecycleGuard("Thing")
     assert life.state is LifecycleState.UNOPENED
     with pytest.raises(LifecycleError, match="Thing is unopened: open it") as info:
         life.check_open("open it")
@@ -36,7 +36,7 @@ def test_transitions_and_misuse() -> None:
 
 
 async def test_a_failed_open_tears_down_and_closes() -> None:
-    life = Lifecycle("Thing", error=ClientStateError)
+    life = LifecycleGuard("Thing", error=ClientStateError)
     seen: list[LifecycleState] = []
 
     async def start() -> None:

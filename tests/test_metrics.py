@@ -18,8 +18,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_sdk import EngineServer, RolloutClient, SamplingParams, ServerConfig
+from rollout_sdk.client.metrics import ClientMetrics
 from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
-from rollout_sdk.metrics import ClientMetrics, ServerMetrics, render_metrics, serve_metrics
+from rollout_sdk.metrics import render_metrics, serve_metrics
+from rollout_sdk.server.metrics import ServerMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -91,7 +91,8 @@ async def _until(cond, what: str, timeout: float = 120.0) -> None:
 async def test_a_server_reports_an_engine_that_slows_down_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
     """A fake engine decoding 32 long requests is slowed 50x mid-run: stats, metrics and one log line say
     so; sped up again, the stall is over.  The requests all finish."""
-    from rollout_sdk.metrics import ServerMetrics, render_metrics
+    from rollout_sdk.metrics import render_metrics
+    from rollout_sdk.server.metrics import ServerMetrics
 
     caplog.set_level(logging.INFO, logger="rollout_sdk.server")
     config = FakeEngineConfig(step_base_s=0.004, max_batch=64)

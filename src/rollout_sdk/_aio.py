@@ -1,5 +1,5 @@
 """Small asyncio helpers shared by the streaming modules, the engines, the server and the client, and the
-one :class:`Lifecycle` that the client, the server, the gateway and the bridge keep their phase in."""
+one :class:`LifecycleGuard` that the client, the server, the gateway and the bridge keep their phase in."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Self, TypeVar, overload
 from .errors import LifecycleError
 
 __all__ = [
-    "Lifecycle",
+    "LifecycleGuard",
     "LifecycleState",
     "OpenedWith",
     "await_unless",
@@ -152,12 +152,13 @@ class LifecycleState(enum.Enum):
     CLOSED = "closed"
 
 
-class Lifecycle:
+class LifecycleGuard:
     """One component's phase, ``unopened -> opening -> open -> closing -> closed``, and its misuse errors.
 
     Each transition is one call; a misuse (opening twice, using it when it is not open) raises ``error``
     (a :class:`~rollout_sdk.errors.LifecycleError`) naming the component and its state.  Closing is
-    idempotent: :meth:`closing` says whether this call is the one that closes.
+    idempotent: :meth:`closing` says whether this call is the one that closes.  (Not ``Lifecycle``: that
+    public name is one request's timeline, :class:`rollout_sdk.protocol.Lifecycle`.)
     """
 
     __slots__ = ("_error", "owner", "state")

@@ -176,19 +176,3 @@ async def serve_metrics(
         yield endpoint
     finally:
         await endpoint.aclose()
-
-
-def __getattr__(name: str) -> object:
-    """The old import paths ``rollout_sdk.metrics.ClientMetrics`` and ``.ServerMetrics``, kept for users.
-
-    Each side's collector lives with its side (``rollout_sdk.client.metrics``, ``rollout_sdk.server.metrics``);
-    this module is the shared base both import, so it names them only lazily, by module path.
-    """
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_MOVED = {"ClientMetrics": "rollout_sdk.client.metrics", "ServerMetrics": "rollout_sdk.server.metrics"}

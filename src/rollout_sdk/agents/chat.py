@@ -112,6 +112,20 @@ class ChatTemplate:
 
     # -- glue --------------------------------------------------------------------------------------
 
+    def decode_reply(self, output_ids: Sequence[int]) -> tuple[str, str]:
+        """A model turn's text as generated (special tokens kept: :meth:`glue_ids` continues after it) and
+        its content, the same text without the end-of-turn marker (:meth:`strip_turn_end`)."""
+        text = self.tokenizer.decode(list(output_ids), skip_special_tokens=False)
+        return text, self.strip_turn_end(text)
+
+    def strip_turn_end(self, model_text: str) -> str:
+        """The model's text without the end-of-turn marker it generated (e.g. a trailing ``<|im_end|>``)."""
+        suffix = self.assistant_suffix
+        for k in range(len(suffix), 0, -1):
+            if suffix[:k].strip() and model_text.endswith(suffix[:k]):
+                return model_text[:-k]
+        return model_text
+
     def turn_end(self, model_text: str) -> str:
         """The part of the assistant suffix the model did not generate itself.
 

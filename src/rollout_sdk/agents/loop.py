@@ -27,7 +27,7 @@ from ..protocol import MAX_KEEP_KV_S, SamplingParams, expect_sampling
 from ..protocol.checks import check_config_types
 from ..rollouts.context import RolloutContext
 from ..rollouts.group import Agent, Sample
-from ..rollouts.trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder, Turn
+from ..rollouts.trajectory import ToolCallRecord, Trajectory, TrajectoryBuilder
 from .chat import ChatTemplate, message_images
 from .parsers import (
     ParsedTurn,
@@ -165,17 +165,8 @@ class ToolAgent(Agent):
             except StalenessError:
                 finish = "stale"
                 break
-            turn = Turn(
-                index=index,
-                model_tokens=len(result.output_ids),
-                finish_reason=result.finish_reason,
-                weight_version=result.weight_version,
-                generate_s=time.perf_counter() - t0,
-            )
-            builder.turns.append(turn)
-            builder.add_model(result)
-            text = self.tokenizer.decode(result.output_ids, skip_special_tokens=False)
-            body = _strip_end(text, self.chat.assistant_suffix)
+            turn = builder.add_turn(result, index=index, generate_s=time.perf_counter() - t0)
+            text, body = self.chat.decode_reply(result.output_ids)
             # calls drafted while thinking never run; think tags inside a call's arguments are its text
             reasoning, visible = split_reasoning(self.reasoning_parser, self.parser, body)
             if self._counts_ids:
@@ -246,14 +237,6 @@ def _takes_keyword(fn: Any, name: str) -> bool:
 def _engine_context(ctx: RolloutContext) -> int:
     infos = ctx.client.server_info()
     return min((i.limits.max_context for i in infos), default=1 << 30)
-
-
-def _strip_end(text: str, suffix: str) -> str:
-    """The model's text without the end-of-turn marker it generated (e.g. a trailing ``<|im_end|>``)."""
-    for k in range(len(suffix), 0, -1):
-        if suffix[:k].strip() and text.endswith(suffix[:k]):
-            return text[:-k]
-    return text
 
 
 def _tool_messages(parsed: ParsedTurn, outcomes: Sequence[ToolResult], call_format: str | None) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
-from .._aio import Lifecycle, OpenedWith, await_unless, cancel_and_wait, ended_with
+from .._aio import LifecycleGuard, OpenedWith, await_unless, cancel_and_wait, ended_with
 from ..auth import Credentials
 from ..discovery import Discovery, EmbeddedServers, StaticServers
 from ..errors import (
@@ -159,7 +159,7 @@ class RolloutClient(OpenedWith):
             raise ConfigError("engine", engine, "only configures the embedded default (no servers/discovery)")
         self._discovery = discovery
         self._credentials = credentials
-        self._life = Lifecycle("RolloutClient", error=ClientStateError)
+        self._life = LifecycleGuard("RolloutClient", error=ClientStateError)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that opened it: its tasks live there
         self._scheduler = Scheduler(self.config.scheduler)
         self._supervisor: asyncio.Task[None] | None = None

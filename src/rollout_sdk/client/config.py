@@ -64,9 +64,6 @@ class ClientConfig:
         if self.num_embedded_servers < 1:
             raise ConfigError("num_embedded_servers", self.num_embedded_servers, "must be >= 1")
 
-    def scheduler_config(self) -> SchedulerConfig:
-        return self.scheduler
-
     def with_options(self, **options: Any) -> ClientConfig:
         """This config with ``options`` replaced, the one place ``RolloutClient(**options)`` lands: any field
         of ClientConfig, or of :class:`SchedulerConfig` (those go into ``scheduler``); an option given as
@@ -82,7 +79,3 @@ class ClientConfig:
         if sched:
             own["scheduler"] = dataclasses.replace(self.scheduler, **sched)
         return dataclasses.replace(self, **own) if own else self
-
-    @property
-    def max_in_flight_per_server(self) -> int | None:
-        return self.scheduler.max_in_flight_per_server

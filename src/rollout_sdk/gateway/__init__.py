@@ -4,8 +4,9 @@ See docs/gateway.md.  Importing this package imports no HTTP stack and starts no
 extra (aiohttp) is needed once a :class:`Gateway` opens.
 """
 
+from .config import GatewayConfig
 from .errors import GatewayError
-from .gateway import Gateway, GatewayConfig, SessionHandle, read_trajectories
+from .gateway import Gateway, SessionHandle, read_trajectories
 from .records import SessionRecord, TurnSlice, discounted_returns
 from .sampling import SessionSampling
 from .sessions import Session

@@ -46,16 +46,14 @@ from typing import Any
 
 import msgspec
 
-from .._aio import Lifecycle, OpenedWith, await_unless, cancel_and_wait
+from .._aio import LifecycleGuard, OpenedWith, await_unless, cancel_and_wait
 from ..agents import Trajectory
-from ..agents.parsers import get_reasoning_parser
-from ..auth import is_loopback
 from ..errors import ClientStateError, ConfigError
-from ..protocol import MAX_KEEP_KV_S
+from .config import GatewayConfig
 from .errors import GatewayError
-from .records import SessionRecord, session_record
+from .records import ExportLease, SessionRecord, session_record
 from .sampling import SessionSampling
-from .service import Outcome, ServiceLimits, TurnService, max_token_chars
+from .service import Outcome, TurnService, max_token_chars
 from .sessions import Session, SessionStore
 
 __all__ = ["Gateway", "GatewayConfig", "SessionHandle", "read_trajectories"]
@@ -65,117 +63,6 @@ log = logging.getLogger("rollout_sdk.gateway")
 #: after answering a request whose body was not read whole (a 413, a 408, an early 401), aiohttp reads and
 #: drops the rest for at most this long (so the client sees the answer, not a reset), then closes
 LINGER_S = 2.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class GatewayConfig:
-    """Everything a :class:`Gateway` can be told (also the ``rollout-sdk gateway`` options)."""
-
-    #: where to listen: loopback and a free port by default
-    host: str = "127.0.0.1"
-    port: int = 0
-    #: the listening socket's accept queue: a burst of agents connecting at once beyond it is dropped
-    #: and retried by the kernel (the OS caps it at net.core.somaxconn)
-    backlog: int = 1024
-    #: open connections at once: one more is answered 503 (too_many_connections) and closed at accept
-    max_connections: int = 4096
-    #: a connection that has not sent a whole request head this long after it opened or after its last
-    #: answer (idle keep-alive included) is closed
-    header_timeout_s: float = 30.0
-    #: a request body not fully received this long after its handler began reading it: 408, connection closed
-    body_timeout_s: float = 60.0
-    #: the model name clients must send (default: the served model directory's name)
-    model_name: str | None = None
-    #: the tokenizer / chat template (a local HF directory); default: the served model's, or the embedded one
-    tokenizer: str | None = None
-    #: open sessions plus finished ones whose trajectories are not yet taken (429 beyond)
-    max_sessions: int = 10_000
-    #: served turns per session (each choice of each call is one)
-    max_turns_per_session: int = 1024
-    #: largest ``n``
-    max_n: int = 16
-    max_messages: int = 4096
-    #: request bodies above this get a 413
-    max_body_bytes: int = 16 * 1024 * 1024
-    #: model calls in flight at once (429 beyond)
-    max_in_flight: int = 8192
-    #: max_tokens when a request gives none (fitted to the context)
-    default_max_tokens: int = 1024
-    #: bound on one model call (None: no bound)
-    request_timeout_s: float | None = 600.0
-    #: a session with no call for this long is finished (None: never)
-    session_idle_timeout_s: float | None = 3600.0
-    #: a request with an unknown session key opens that session (else 404: create sessions first)
-    auto_sessions: bool = True
-    #: of max_sessions, how many sessions opened that way may hold at once (429 beyond); the rest is kept
-    #: for sessions the trainer opens (POST /v1/sessions, Gateway.session()).  None: 90% of max_sessions
-    max_auto_sessions: int | None = None
-    #: if set, the session endpoints (create, reward, finish, info) need ``Authorization: Bearer <admin_key>``;
-    #: required to listen beyond loopback (the same rule as ``rollout-sdk serve``)
-    admin_key: str | None = None
-    #: append finished trajectories to this file (then the gateway consumes them, not trajectories())
-    trajectories_jsonl: str | None = None
-    #: "auto" or "strict": what to do with templates that rewrite earlier turns (see ChatTemplate)
-    template_strategy: str = "auto"
-    #: the tool-call parser (rollout_sdk.agents.get_parser)
-    parser: str = "hermes"
-    #: the reasoning parser ("none", "think": a leading <think>...</think> is returned as reasoning:
-    #: chat ``reasoning_content``, a Responses reasoning item, a Messages thinking block; tokens stay exact)
-    reasoning_parser: str = "none"
-    #: exported sessions whose records stay readable at GET /v1/sessions/{id}/trajectory (oldest dropped)
-    keep_exported: int = 1024
-    #: each call asks the engine to keep its session's KV this long after the reply (the agent runs its
-    #: tools, then calls again: docs/agents.md, "KV kept through tool waits"); None: off
-    keep_kv_s: float | None = 60.0
-    #: GET /v1/trajectories/stream consumers at once (429 beyond)
-    max_export_streams: int = 16
-    #: a record sent on an export stream and not acknowledged (POST /v1/trajectories/ack) for this long goes
-    #: back to the queue for the next consumer (at-least-once delivery: docs/gateway.md)
-    export_ack_timeout_s: float = 60.0
-    #: times an aborted generation (a trainer's pause) is continued from its tokens
-    max_resumes: int = 8
-
-    def __post_init__(self) -> None:
-        if self.admin_key is None and not is_loopback(self.host):
-            raise ConfigError(
-                "host", self.host, "listening beyond loopback needs an admin key: pass --admin-key (admin_key=...)"
-            )
-        if self.admin_key is not None and not self.admin_key.strip():
-            raise ConfigError("admin_key", "<empty>", "must not be empty")
-        for name in (
-            "max_sessions",
-            "max_turns_per_session",
-            "max_n",
-            "max_messages",
-            "max_body_bytes",
-            "max_in_flight",
-            "default_max_tokens",
-            "backlog",
-            "max_export_streams",
-            "max_connections",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, getattr(self, name), "must be >= 1")
-        if not 0 <= self.port < 65536:
-            raise ConfigError("port", self.port, "must be in [0, 65535]")
-        for name in ("export_ack_timeout_s", "header_timeout_s", "body_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(name, getattr(self, name), "must be > 0")
-        for name in ("request_timeout_s", "session_idle_timeout_s"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise ConfigError(name, v, "must be > 0 or None")
-        if self.template_strategy not in ("auto", "strict"):
-            raise ConfigError("template_strategy", self.template_strategy, "must be 'auto' or 'strict'")
-        if self.max_auto_sessions is not None and not 0 <= self.max_auto_sessions <= self.max_sessions:
-            raise ConfigError("max_auto_sessions", self.max_auto_sessions, "must be in [0, max_sessions]")
-        if self.max_resumes < 0:
-            raise ConfigError("max_resumes", self.max_resumes, "must be >= 0")
-        if self.keep_exported < 0:
-            raise ConfigError("keep_exported", self.keep_exported, "must be >= 0")
-        if self.keep_kv_s is not None and not 0 < self.keep_kv_s <= MAX_KEEP_KV_S:
-            raise ConfigError("keep_kv_s", self.keep_kv_s, f"must be in (0, {MAX_KEEP_KV_S:.0f}] seconds, or None")
-        get_reasoning_parser(self.reasoning_parser)  # a ConfigError naming it, before anything opens
 
 
 @dataclass(frozen=True)
@@ -220,7 +107,7 @@ class Gateway(OpenedWith):
         self._servers = servers
         self._client_options = dict(client_options or {})
         self._tokenizer = tokenizer
-        self._life = Lifecycle("Gateway", error=ClientStateError)
+        self._life = LifecycleGuard("Gateway", error=ClientStateError)
         cfg = self.config
         auto = cfg.max_auto_sessions
         self.store = SessionStore(
@@ -279,20 +166,9 @@ class Gateway(OpenedWith):
         if tokenizer is None:
             tokenizer = await asyncio.to_thread(_load_tokenizer, cfg.tokenizer, model_path)
         self.model_name = cfg.model_name or (Path(model_path).name if model_path else "") or "rollout-sdk"
-        limits = ServiceLimits(
-            max_n=cfg.max_n,
-            max_messages=cfg.max_messages,
-            default_max_tokens=cfg.default_max_tokens,
-            max_resumes=cfg.max_resumes,
-            request_timeout_s=cfg.request_timeout_s,
-            template_strategy=cfg.template_strategy,
-            parser=cfg.parser,
-            reasoning_parser=cfg.reasoning_parser,
-            keep_kv_s=cfg.keep_kv_s,
-        )
         token_chars = await asyncio.to_thread(max_token_chars, tokenizer)
         self._service = TurnService(
-            self._client, tokenizer, model=self.model_name, limits=limits, max_token_chars=token_chars
+            self._client, tokenizer, model=self.model_name, config=cfg, max_token_chars=token_chars
         )
         self._runner = web.AppRunner(
             build_app(self),
@@ -438,7 +314,7 @@ class Gateway(OpenedWith):
         Ends once the gateway is closed and everything finished before has been yielded.
         """
         self._check_consumable()
-        async for session in self._finished():
+        async for session in self.finished_sessions():
             if session is not None:
                 for traj in self._export(session).trajectories:
                     yield traj
@@ -447,7 +323,7 @@ class Gateway(OpenedWith):
         if self.config.trajectories_jsonl:
             raise ClientStateError("this gateway writes its trajectories to trajectories_jsonl; read that file")
 
-    async def _finished(
+    async def finished_sessions(
         self, heartbeat_s: float | None = None, *, http: bool = False, room: asyncio.Event | None = None
     ) -> AsyncGenerator[Session | None, None]:
         """Finished sessions as they come (each to one consumer); ``None`` after ``heartbeat_s`` without
@@ -503,6 +379,19 @@ class Gateway(OpenedWith):
             self.redelivered_sessions += 1
             self.store.requeue(session)
 
+    def sent(self, session: Session, record: SessionRecord | None, lease: ExportLease | None) -> None:
+        """``session``'s record was written to a consumer: leased until acknowledged (``lease``), or, with
+        none (at-most-once consumers), exported now."""
+        if lease is not None:
+            self._lease(session, lease, record)
+        else:
+            self._export(session, record)
+
+    def release(self, lease: ExportLease) -> None:
+        """The consumer holding ``lease`` went away: what it did not acknowledge goes back to the queue now."""
+        for sid in list(lease.records):
+            self._expire(sid)
+
     def ack(self, ids: list[str]) -> dict[str, list[str]]:
         """Acknowledge delivered records by session id: they leave the store (exported).  Idempotent: an id
         already exported is reported as such; an id never finished, or unknown, is not acknowledged."""
@@ -527,7 +416,7 @@ class Gateway(OpenedWith):
     async def _write_jsonl(self, path: str) -> None:
         """Each finished session's trajectories appended to ``path``; the session leaves the store only once
         written (a failed write is logged and the session stays queued: nothing is lost)."""
-        async for session in self._finished():
+        async for session in self.finished_sessions():
             if session is None:
                 continue
             record = session_record(session, state="exported")
@@ -585,29 +474,6 @@ class Gateway(OpenedWith):
             "in_flight": self._in_flight,
             "served_turns": self.served_turns,
         }
-
-
-class ExportLease:
-    """The records one export stream sent that wait for their acknowledgement; the stream takes a new
-    session only while fewer than ``window`` wait (``room`` set): a consumer that reads but never
-    acknowledges holds at most ``window`` sessions."""
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        self.records: dict[str, SessionRecord | None] = {}
-        self.room = asyncio.Event()
-        self.room.set()
-
-    def add(self, sid: str, record: SessionRecord | None) -> None:
-        self.records[sid] = record
-        if len(self.records) >= self.window:
-            self.room.clear()
-
-    def remove(self, sid: str) -> SessionRecord | None:
-        record = self.records.pop(sid, None)
-        if len(self.records) < self.window:
-            self.room.set()
-        return record
 
 
 class _GatewayCollector:

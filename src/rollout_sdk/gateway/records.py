@@ -16,6 +16,7 @@ trainer that wants per-turn returns computes them, e.g. with :func:`discounted_r
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -24,7 +25,14 @@ from ..agents import Trajectory
 from ..protocol.segments import append_segments, result_segments
 from .sessions import Session
 
-__all__ = ["SESSION_RECORD_VERSION", "SessionRecord", "TurnSlice", "discounted_returns", "session_record"]
+__all__ = [
+    "SESSION_RECORD_VERSION",
+    "ExportLease",
+    "SessionRecord",
+    "TurnSlice",
+    "discounted_returns",
+    "session_record",
+]
 
 #: bumped when a field of a record changes meaning or goes away
 SESSION_RECORD_VERSION = 1
@@ -120,3 +128,26 @@ def discounted_returns(traj: Trajectory, gamma: float = 1.0) -> list[float]:
         g = rewards[t] + gamma * g
         out[t] = g
     return out
+
+
+class ExportLease:
+    """The records one export stream sent that wait for their acknowledgement; the stream takes a new
+    session only while fewer than ``window`` wait (``room`` set): a consumer that reads but never
+    acknowledges holds at most ``window`` sessions."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.records: dict[str, SessionRecord | None] = {}
+        self.room = asyncio.Event()
+        self.room.set()
+
+    def add(self, sid: str, record: SessionRecord | None) -> None:
+        self.records[sid] = record
+        if len(self.records) >= self.window:
+            self.room.clear()
+
+    def remove(self, sid: str) -> SessionRecord | None:
+        record = self.records.pop(sid, None)
+        if len(self.records) < self.window:
+            self.room.set()
+        return record

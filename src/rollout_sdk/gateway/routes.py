@@ -30,27 +30,60 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 from aiohttp import web
 
 from . import messages as messages_api
 from . import responses as responses_api
+from .config import GatewayConfig
 from .errors import GatewayError, bad_request, error_body, to_gateway_error
-from .gateway import ExportLease
-from .records import SessionRecord
+from .records import ExportLease, SessionRecord
 from .sampling import SessionSampling
 from .service import Outcome
+from .sessions import Session, SessionStore
 
-if TYPE_CHECKING:
-    from .gateway import Gateway
-
-__all__ = ["build_app"]
+__all__ = ["GatewayApp", "build_app"]
 
 log = logging.getLogger("rollout_sdk.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway")
+_GATEWAY: web.AppKey[GatewayApp] = web.AppKey("gateway")
+
+
+class GatewayApp(Protocol):
+    """What the routes ask of a gateway (:class:`~rollout_sdk.gateway.Gateway` is one; mypy checks it where
+    ``Gateway`` builds its app).  Named here, so that the routes import no gateway module and the gateway,
+    which opens them, is the only one of the two that imports the other."""
+
+    config: GatewayConfig
+    store: SessionStore
+    model_name: str
+    created: int
+    export_streams: int
+
+    async def serve_turn(
+        self, session: Session, body: dict[str, Any], *, chat: bool, id_prefix: str = ...
+    ) -> Outcome: ...
+    def health(self) -> dict[str, Any]: ...
+    def metrics(self) -> tuple[bytes, str]: ...
+    def session(
+        self, session_id: str | None = ..., *, metadata: dict[str, Any] | None = ..., sampling: Any = ...
+    ) -> Any: ...
+    def turn_reward(
+        self, session_id: str, value: float, *, turn: int | None = ..., response_id: str | None = ...
+    ) -> None: ...
+    def reward(self, session_id: str, value: float, *, finish: bool = ...) -> bool: ...
+    def finish(self, session_id: str, *, reward: float | None = ...) -> bool: ...
+    def session_record(self, session_id: str, *, per_turn: bool = ...) -> SessionRecord: ...
+    def finished_sessions(
+        self, heartbeat_s: float | None = ..., *, http: bool = ..., room: asyncio.Event | None = ...
+    ) -> AsyncGenerator[Session | None, None]: ...
+    def sent(self, session: Session, record: SessionRecord | None, lease: ExportLease | None) -> None: ...
+    def release(self, lease: ExportLease) -> None: ...
+    def ack(self, ids: list[str]) -> dict[str, list[str]]: ...
+
+
 _STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type"}
 
 
@@ -225,7 +258,7 @@ def _bearer(request: web.Request) -> str | None:
 
 
 class _Routes:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: GatewayApp) -> None:
         self.gw = gateway
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -413,15 +446,14 @@ class _Routes:
             resp = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache"})
             await resp.prepare(request)
             room = lease.room if lease is not None else None
-            finished = gw._finished(heartbeat_s=STREAM_HEARTBEAT_S, http=True, room=room)
+            finished = gw.finished_sessions(heartbeat_s=STREAM_HEARTBEAT_S, http=True, room=room)
             try:
                 async with contextlib.aclosing(finished):
                     await self._send_records(resp, finished, fmt, per_turn, limit, lease)
                 await resp.write_eof()
             except BaseException:
                 if lease is not None:  # the consumer went away: what it did not acknowledge goes back now
-                    for sid in list(lease.records):
-                        gw._expire(sid)
+                    gw.release(lease)
                 raise
             return resp
         finally:
@@ -448,10 +480,7 @@ class _Routes:
             except BaseException:
                 gw.store.requeue(session)
                 raise
-            if lease is not None:
-                gw._lease(session, lease, record if per_turn else None)
-            else:
-                gw._export(session, record if per_turn else None)
+            gw.sent(session, record if per_turn else None, lease)
             sent += 1
             if limit is not None and sent >= limit:
                 return
@@ -478,7 +507,7 @@ class _Routes:
         return _json({"id": sid, "finished": True})
 
 
-def build_app(gateway: Gateway) -> web.Application:
+def build_app(gateway: GatewayApp) -> web.Application:
     app = web.Application(client_max_size=gateway.config.max_body_bytes, middlewares=[_errors])
     app[_GATEWAY] = gateway
     r = _Routes(gateway)

@@ -34,12 +34,13 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .. import Continuation  # the package root re-exports it wherever the rollouts layer keeps it
 from ..agents import ChatTemplate, ParsedTurn, TemplateError, ToolCallParser, ToolCallRecord, Turn, get_parser
 from ..agents.chat import message_images
 from ..agents.parsers import ReasoningParser, get_reasoning_parser, split_reasoning
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams
+from ..rollouts.continuation import Continuation
 from ..rollouts.seeds import sample_seed
+from .config import GatewayConfig
 from .errors import GatewayError, bad_request, unsupported
 from .sampling import RequestOptions, parse_options
 from .sessions import Node, Session, extend_key, prefix_keys
@@ -58,19 +59,6 @@ PROBE_CHARS_PER_TOKEN = 8
 PROBE_SLACK_TOKENS = 64
 #: the prefix is tokenized in pieces of about this many characters (the tokenizer's memory: a few MB)
 PROBE_PIECE_CHARS = 32_768
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServiceLimits:
-    max_n: int
-    max_messages: int
-    default_max_tokens: int
-    max_resumes: int
-    request_timeout_s: float | None
-    template_strategy: str
-    parser: str
-    reasoning_parser: str = "none"
-    keep_kv_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,15 +105,15 @@ class TurnService:
     """Serves chat and text completions for sessions, against a :class:`~rollout_sdk.RolloutClient`."""
 
     def __init__(
-        self, client: Any, tokenizer: Any, *, model: str, limits: ServiceLimits, max_token_chars: int | None = None
+        self, client: Any, tokenizer: Any, *, model: str, config: GatewayConfig, max_token_chars: int | None = None
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
         self.model = model
-        self.limits = limits
-        self._parser: ToolCallParser = get_parser(limits.parser)
+        self.config = config
+        self._parser: ToolCallParser = get_parser(config.parser)
         self._parsers: collections.OrderedDict[str, ToolCallParser] = collections.OrderedDict()
-        self._reasoning: ReasoningParser = get_reasoning_parser(limits.reasoning_parser)
+        self._reasoning: ReasoningParser = get_reasoning_parser(config.reasoning_parser)
         self._templates: OrderedDict[str, ChatTemplate] = OrderedDict()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-tokenizer")
         self._eos = _eos_ids(tokenizer)
@@ -155,7 +143,7 @@ class TurnService:
                 param="model",
                 code="model_not_found",
             )
-        opts = parse_options(body, chat=chat, max_n=self.limits.max_n, stop_token_ids=self._single_token_stops)
+        opts = parse_options(body, chat=chat, max_n=self.config.max_n, stop_token_ids=self._single_token_stops)
         return session.sampling.apply(opts) if session.sampling is not None else opts
 
     def _single_token_stops(self, stops: Sequence[str]) -> list[int]:
@@ -175,7 +163,7 @@ class TurnService:
         key = canonical({"tools": tools})
         parser = self._parsers.get(key)
         if parser is None:
-            parser = self._parsers[key] = get_parser(self.limits.parser, tools=tools)
+            parser = self._parsers[key] = get_parser(self.config.parser, tools=tools)
             while len(self._parsers) > _TEMPLATES:
                 self._parsers.popitem(last=False)
         else:
@@ -186,7 +174,7 @@ class TurnService:
         key = canonical({"tools": tools})
         tmpl = self._templates.get(key)
         if tmpl is None:
-            tmpl = ChatTemplate(self.tokenizer, tools=tools, strategy=self.limits.template_strategy)
+            tmpl = ChatTemplate(self.tokenizer, tools=tools, strategy=self.config.template_strategy)
             self._templates[key] = tmpl
             while len(self._templates) > _TEMPLATES:
                 self._templates.popitem(last=False)
@@ -277,7 +265,7 @@ class TurnService:
                 param="messages",
                 code="context_length_exceeded",
             )
-        max_new = opts.max_tokens or min(self.limits.default_max_tokens, room)
+        max_new = opts.max_tokens or min(self.config.default_max_tokens, room)
         if opts.max_tokens_cap is not None:  # the session's limit: clamped, never refused
             max_new = min(max_new, opts.max_tokens_cap)
         sp = opts.sampling
@@ -300,12 +288,12 @@ class TurnService:
             sampling=sampling,
             session_id=session.id,
             images=images or [],
-            keep_kv_s=self.limits.keep_kv_s,  # the agent calls again after its tools: keep the session's KV
+            keep_kv_s=self.config.keep_kv_s,  # the agent calls again after its tools: keep the session's KV
         )
         cont = Continuation(req)
         lifecycles: list[Lifecycle] = []
-        for _ in range(self.limits.max_resumes + 1):
-            result = await self.client.generate(cont.next_request(), timeout=self.limits.request_timeout_s)
+        for _ in range(self.config.max_resumes + 1):
+            result = await self.client.generate(cont.next_request(), timeout=self.config.request_timeout_s)
             if result.lifecycle is not None:
                 lifecycles.append(result.lifecycle)
             cont.add(result)
@@ -417,7 +405,7 @@ class TurnService:
         opts = self._options(session, body, chat=True)
         tools = template_tools(body.get("tools"))
         parse = parse_tool_choice(body.get("tool_choice"), tools)
-        messages = template_messages(body.get("messages"), max_messages=self.limits.max_messages)
+        messages = template_messages(body.get("messages"), max_messages=self.config.max_messages)
         session.check_open()
         room = self._prompt_room(opts)
         await self._cpu(lambda: self._check_messages(messages, room), _chars(messages))

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from .._aio import Lifecycle, LifecycleState
+from .._aio import LifecycleGuard, LifecycleState
 from ..client import RolloutClient
 from ..errors import ClientStateError
 
@@ -41,7 +41,7 @@ class RolloutBridge:
         self._stack: contextlib.ExitStack | None = None
         self._portal: Any = None
         self._client: RolloutClient | None = None
-        self._life = Lifecycle("RolloutBridge", error=ClientStateError)
+        self._life = LifecycleGuard("RolloutBridge", error=ClientStateError)
         self._lock = threading.Lock()
         self._tasks: set[concurrent.futures.Future[Any]] = set()
         self._weight_sync_ready = False

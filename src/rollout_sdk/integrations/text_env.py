@@ -41,7 +41,7 @@ from ..protocol import SamplingParams, expect_sampling
 from ..protocol.checks import check_config_types
 from ..rollouts.context import RolloutContext
 from ..rollouts.group import Agent, Sample
-from ..rollouts.trajectory import Trajectory, TrajectoryBuilder, Turn
+from ..rollouts.trajectory import Trajectory, TrajectoryBuilder
 
 __all__ = ["TextEnv", "TextEnvAgent", "TextEnvConfig"]
 
@@ -140,17 +140,8 @@ class TextEnvAgent(Agent):
             except StalenessError:
                 finish = "stale"
                 break
-            turn = Turn(
-                index=index,
-                model_tokens=len(result.output_ids),
-                finish_reason=result.finish_reason,
-                weight_version=result.weight_version,
-                generate_s=time.perf_counter() - t0,
-            )
-            builder.turns.append(turn)
-            builder.add_model(result)
-            text = self.tokenizer.decode(result.output_ids, skip_special_tokens=False)
-            body = _strip_end(text, self.chat.assistant_suffix)
+            turn = builder.add_turn(result, index=index, generate_s=time.perf_counter() - t0)
+            text, body = self.chat.decode_reply(result.output_ids)
             messages.append({"role": "assistant", "content": body})
             if result.finish_reason in ("abort", "length"):
                 finish = result.finish_reason
@@ -195,10 +186,3 @@ def _checked_messages(msgs: Any, where: str, *, roles: Sequence[str]) -> list[di
             raise ConfigError(f"{where}[{i}]", str(m)[:80], f"must be {{'role': one of {list(roles)}, 'content': str}}")
         out.append(dict(m))
     return out
-
-
-def _strip_end(text: str, suffix: str) -> str:
-    for k in range(len(suffix), 0, -1):
-        if suffix[:k].strip() and text.endswith(suffix[:k]):
-            return text[:-k]
-    return text

@@ -6,9 +6,8 @@
 See docs/launch.md.
 """
 
-from ..discovery.store import ServerRecord, StoreDiscovery
 from .job import LaunchConfig, run_job
 from .layout import Layout
 from .main import parse_launch_args, run
 
-__all__ = ["LaunchConfig", "Layout", "ServerRecord", "StoreDiscovery", "parse_launch_args", "run", "run_job"]
+__all__ = ["LaunchConfig", "Layout", "parse_launch_args", "run", "run_job"]

@@ -18,7 +18,7 @@ import signal
 import sys
 
 from ..client import ClientConfig
-from ..gateway.gateway import GatewayConfig
+from ..gateway.config import GatewayConfig
 from ..protocol.engine_config import CpuEngineConfig
 from .args import add_config_args, config_from_args, server_address, writable_file
 

@@ -138,6 +138,20 @@ class TrajectoryBuilder:
     def response_len(self) -> int:
         return len(self.response_ids)
 
+    def add_turn(self, result: GenerateResult, *, index: int, generate_s: float) -> Turn:
+        """One model turn: its :class:`Turn` (appended to :attr:`turns`, returned for what follows it) and
+        its tokens (:meth:`add_model`).  Every multi-turn agent records a turn this one way."""
+        turn = Turn(
+            index=index,
+            model_tokens=len(result.output_ids),
+            finish_reason=result.finish_reason,
+            weight_version=result.weight_version,
+            generate_s=generate_s,
+        )
+        self.turns.append(turn)
+        self.add_model(result)
+        return turn
+
     def add_model(self, result: GenerateResult) -> None:
         """Append the engine's output tokens exactly as returned (mask 1, the engine's logprobs).  A result
         of a request with images first replaces the context with the engine's expanded ids."""

@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .. import _transport
-from .._aio import Lifecycle, LifecycleState, await_unless, ended_with
+from .._aio import LifecycleGuard, LifecycleState, await_unless, ended_with
 from ..engines.base import Engine
 from ..errors import (
     DuplicateRequestError,
@@ -221,7 +221,7 @@ class EngineServer:
         self._draining = False
         self._stop = asyncio.Event()
         self._stopped = asyncio.Event()
-        self._life = Lifecycle("EngineServer")  # serve() runs once; `state` says where it is
+        self._life = LifecycleGuard("EngineServer")  # serve() runs once; `state` says where it is
         self._endpoint: _transport.RouterEndpoint | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._runner: asyncio.Task[None] | None = None
