@@ -72,6 +72,7 @@ __all__ = [
     "ServerStats",
     "SessionHint",
     "SessionHints",
+    "Stepped",
     "SetWeightVersion",
     "TensorMeta",
     "Timings",
@@ -283,6 +284,11 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
     #: ``session_id``.  The next turn, :class:`SessionHints` (ended, or the tool wait) or the lease's end
     #: releases it; memory pressure demotes kept KV before anything running waits (docs/agents.md).
     keep_kv_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_KEEP_KV_S)] | None = None
+    #: a *suspect* on probation (client/scheduler.py, "Suspects"), sent only to a server whose ``ServerInfo``
+    #: says ``paces_probation``: that server hands this client's probation requests to its engine one at a
+    #: time, the next only once the engine step that admitted the previous one has ended, and tells the
+    #: client when that is (:class:`Stepped`), so a death names the one probation request it can be
+    probation: bool = False
 
     def __post_init__(self) -> None:
         if self.keep_kv_s is not None:
@@ -445,6 +451,14 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
         return len(self.output_ids)
 
 
+class Stepped(msgspec.Struct, tag="stepped", frozen=True):
+    """The request ``rid`` (sent with ``probation=True``) has been through an engine step: the step that
+    admitted it ended and the engine lives.  Sent before the request's result, and only for probation
+    requests (a client that never sets ``probation`` never receives one)."""
+
+    rid: str
+
+
 class Abort(msgspec.Struct, tag="abort", frozen=True):
     """Abort one request (``rid``), or every request of this client when ``rid`` is empty."""
 
@@ -536,6 +550,9 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     max_control_bytes: int = 0
     #: random per server start: ``server_id`` names the slot (``dp0``), this names the process in it
     incarnation: str = ""
+    #: the server honours ``GenerateRequest.probation`` (its engine reports when a request has been through
+    #: a step): False for an older server or an engine that cannot tell (SGLang)
+    paces_probation: bool = False
 
 
 # -- control ---------------------------------------------------------------------------------------
@@ -696,7 +713,7 @@ class ErrorReply(msgspec.Struct, tag="error", frozen=True, kw_only=True, omit_de
 
 
 ClientMessage = GenerateRequest | Abort | Ping | ControlRequest
-ServerMessage = GenerateResult | ErrorReply | Pong | ControlReply
+ServerMessage = GenerateResult | ErrorReply | Pong | ControlReply | Stepped
 
 # -- codecs ----------------------------------------------------------------------------------------
 
