@@ -12,9 +12,14 @@ from rollout_sdk.engines.fake import FakeEngineConfig
 from test_faults import poisoned_fleet, until
 
 
-@pytest.mark.parametrize("clear_suspects", ["answered", "finished"])
-async def test_a_poison_request_kills_at_most_two_engines_and_fails_no_innocent(fake_servers, clear_suspects) -> None:
+@pytest.mark.parametrize(("clear_suspects", "paced"), [("answered", True), ("answered", False), ("finished", True)])
+async def test_a_poison_request_kills_at_most_two_engines_and_fails_no_innocent(
+    fake_servers, clear_suspects, paced
+) -> None:
+    """``paced``: the servers pace probation (Stepped); not: they cannot tell (as SGLang), probes clear."""
     servers = await poisoned_fleet(fake_servers, 3)
+    for s in servers:
+        s.engine.reports_steps = paced
     async with RolloutClient(servers=[s.address for s in servers], clear_suspects=clear_suspects) as client:
         sp = SamplingParams(max_new_tokens=40)
         innocents = [asyncio.ensure_future(client.generate([1, 2, 3, i], sampling=sp)) for i in range(300)]
@@ -30,7 +35,9 @@ async def test_a_poison_request_kills_at_most_two_engines_and_fails_no_innocent(
         assert all(len(r.output_ids) == 40 for r in results if isinstance(r, GenerateResult))
         survivor = next(s for s in servers if s.engine.dead is None)
         assert not any(666 in r.input_ids for r in survivor.engine.requests_seen)  # never sent a third time
-        if clear_suspects == "answered":
+        if clear_suspects == "answered" and paced:  # suspects cleared by Stepped, none by a probe
+            assert client.scheduler.suspects_cleared > 0 and client.scheduler.probes_sent == 0
+        elif clear_suspects == "answered":
             assert client.scheduler.probes_sent > 0
 
 
