@@ -62,6 +62,20 @@ some server already answered a later request after (``ServerConnection.answered_
 engine step there, so it is not a poison of the kind below) is retried at once with no probation at all:
 with steady traffic that is most of a dead server's requests.
 
+Paced probation (issue 36, a server whose ``ServerInfo.paces_probation``: fake and CPU engines).  There the
+two steps per suspect become one: a suspect is sent with ``probation=True`` and any number of them go to
+such a server at once; its server hands them to the engine one at a time, the next as soon as the step
+that admitted the previous one has ended, so it is admitted at the very next step, and sends ``Stepped``
+for each (server.py, "Probation").  A ``Stepped`` suspect is cleared.  When such a server dies, the one
+suspect on probation there is the first one sent there with no ``Stepped`` yet: the engine held no other
+unstepped (earlier ones had stepped, their Stepped replies left before the death's replies on the same
+socket; later ones had not reached the engine).  The others are retried (a second death, not a
+conviction).  No probe is sent.  The order argument needs the ``Stepped`` of the previous suspect to reach
+the client: an engine death the server reports (EngineDeadError) sends it first; a server *process* that
+the poison kills outright within the microseconds between queueing that ``Stepped`` and its socket
+writing it could lose it, and then the innocent before the poison is convicted and the poison dies a
+third time elsewhere (3 engines; the same cap as outside the model below).
+
 Why a poison request kills at most 2 engines and fails no innocent.  A *poison* request kills every engine
 it touches, before that engine answers any request sent to it after the poison (it dies in the step that
 admits it: a prefill crash, an out-of-vocabulary id, a sampler fault; engines admit in arrival order: the
