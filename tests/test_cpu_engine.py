@@ -244,3 +244,27 @@ async def test_release_with_requests_held_and_continue_after_wake(engine: CpuEng
     assert not task.done()  # still held: the weights are gone
     await engine.resume_memory()
     assert (await asyncio.wait_for(task, 10)).output_ids == want
+
+
+async def test_probation_requests_report_their_first_step_before_they_end(engine: CpuEngine) -> None:
+    """The step hook the server paces probation with (engines/base.py, server.py "Probation"): the CPU engine
+    reports a probation request once, when the step that admitted it ends, before its result; never an
+    ordinary request."""
+    stepped: list[tuple[str, bool]] = []  # (rid, was its result already set)
+    futures: dict[str, asyncio.Future[object]] = {}
+
+    def listener(rids: list[str]) -> bool:
+        stepped.extend((rid, futures[rid].done()) for rid in rids)
+        return False
+
+    engine.step_listener = listener
+    try:
+        sp = SamplingParams(max_new_tokens=3, temperature=0.0)
+        reqs = [GenerateRequest(input_ids=[1, 2, 3], sampling=sp, rid=f"p{i}", probation=i % 2 == 0) for i in range(4)]
+        for r in reqs:
+            futures[r.rid] = asyncio.ensure_future(engine.generate(r))
+        results = await asyncio.gather(*futures.values())
+    finally:
+        engine.step_listener = None
+    assert all(len(r.output_ids) == 3 for r in results)  # type: ignore[attr-defined]
+    assert sorted(stepped) == [("p0", False), ("p2", False)]

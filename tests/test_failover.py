@@ -7,14 +7,19 @@ import asyncio
 
 import pytest
 
-from rollout_sdk import GenerateResult, PoisonRequestError, RolloutClient, SamplingParams
+from rollout_sdk import GenerateRequest, GenerateResult, PoisonRequestError, RolloutClient, SamplingParams
 from rollout_sdk.engines.fake import FakeEngineConfig
 from test_faults import poisoned_fleet, until
 
 
-@pytest.mark.parametrize("clear_suspects", ["answered", "finished"])
-async def test_a_poison_request_kills_at_most_two_engines_and_fails_no_innocent(fake_servers, clear_suspects) -> None:
+@pytest.mark.parametrize(("clear_suspects", "paced"), [("answered", True), ("answered", False), ("finished", True)])
+async def test_a_poison_request_kills_at_most_two_engines_and_fails_no_innocent(
+    fake_servers, clear_suspects, paced
+) -> None:
+    """``paced``: the servers pace probation (Stepped); not: they cannot tell (as SGLang), probes clear."""
     servers = await poisoned_fleet(fake_servers, 3)
+    for s in servers:
+        s.engine.reports_steps = paced
     async with RolloutClient(servers=[s.address for s in servers], clear_suspects=clear_suspects) as client:
         sp = SamplingParams(max_new_tokens=40)
         innocents = [asyncio.ensure_future(client.generate([1, 2, 3, i], sampling=sp)) for i in range(300)]
@@ -30,7 +35,9 @@ async def test_a_poison_request_kills_at_most_two_engines_and_fails_no_innocent(
         assert all(len(r.output_ids) == 40 for r in results if isinstance(r, GenerateResult))
         survivor = next(s for s in servers if s.engine.dead is None)
         assert not any(666 in r.input_ids for r in survivor.engine.requests_seen)  # never sent a third time
-        if clear_suspects == "answered":
+        if clear_suspects == "answered" and paced:  # suspects cleared by Stepped, none by a probe
+            assert client.scheduler.suspects_cleared > 0 and client.scheduler.probes_sent == 0
+        elif clear_suspects == "answered":
             assert client.scheduler.probes_sent > 0
 
 
@@ -86,3 +93,50 @@ async def test_requests_a_dead_server_already_stepped_are_retried_without_probat
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_pacing_server_hands_its_engine_one_probation_request_a_step(fake_servers) -> None:
+    """Every suspect of a dead server is sent to the survivor at once (probation=True); the survivor's server
+    hands them to its engine one at a time, each only once the engine step that admitted the previous one
+    ended (Stepped), so the engine never holds two unstepped probation requests; each Stepped clears one
+    suspect in the client, with no probe (server.py, "Probation")."""
+    held = asyncio.Event()  # never set: the victim's requests never go through a step
+    (victim,) = await fake_servers(1, FakeEngineConfig(step_base_s=0.002), gate=held)
+    (survivor,) = await fake_servers(1, FakeEngineConfig(step_base_s=0.002))
+    engine = survivor.engine
+    unstepped: set[str] = set()
+    seen_unstepped: list[int] = []  # probation requests in the engine, unstepped, when the next one arrived
+    real_generate, listener = engine.generate, engine.step_listener
+    assert listener is not None
+
+    async def generate(req: GenerateRequest) -> GenerateResult:
+        if req.probation:
+            seen_unstepped.append(len(unstepped))
+            unstepped.add(req.rid)
+        return await real_generate(req)
+
+    def stepped(rids: list[str]) -> bool:
+        unstepped.difference_update(rids)
+        return listener(rids)
+
+    engine.generate, engine.step_listener = generate, stepped  # type: ignore[method-assign]
+    async with RolloutClient(servers=[victim.address, survivor.address]) as client:
+        sp = SamplingParams(max_new_tokens=100_000)
+        tasks = [asyncio.ensure_future(client.generate([1, 2, 3, i], sampling=sp)) for i in range(20)]
+        conn = next(c for c in client.servers if c.address == victim.address)
+        other = next(c for c in client.servers if c.address == survivor.address)
+        await until(lambda: sum(c.in_flight for c in client.servers) == 20, "all 20 placed")
+        cohort = conn.in_flight
+        assert cohort >= 2 and other.paces_probation
+        victim.engine.kill("killed by the test")
+        sched = client.scheduler
+        await until(lambda: sched.suspects_cleared == cohort, "every suspect stepped on the survivor")
+        assert seen_unstepped == [0] * cohort  # one at a time: the previous had stepped
+        assert sched.max_suspects_running == cohort  # all sent at once, none waiting in the client
+        assert sched.probes_sent == 0 and not sched._paced
+        assert not any(t.done() for t in tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await until(lambda: not survivor._lines and not survivor._flights, "the survivor holds nothing")
+        assert sched.poisoned == 0

@@ -59,6 +59,7 @@ from ..protocol import (
     Pong,
     ServerInfo,
     ServerStats,
+    Stepped,
     decode_server_message,
     encode,
 )
@@ -114,6 +115,8 @@ class ServerConnection:
         self.address = address
         self.channel = channel
         self.info: ServerInfo | None = None
+        #: the scheduler's: a probation request sent here has been through an engine step (``Stepped``)
+        self.on_stepped: Callable[[ServerConnection, str], None] | None = None
         self.alive = False
         self.dead_reason = "not connected yet"
         #: a "marked dead" warning was logged and no "is back" yet
@@ -180,6 +183,11 @@ class ServerConnection:
     @property
     def incarnation(self) -> str:
         return self.info.incarnation if self.info is not None else ""
+
+    @property
+    def paces_probation(self) -> bool:
+        """The server hands probation requests to its engine one step at a time (server.py, "Probation")."""
+        return self.info is not None and self.info.paces_probation
 
     @property
     def accepting(self) -> bool:
@@ -454,6 +462,9 @@ class ServerConnection:
                 self._refresh_if_idle()
                 if self.busy:
                     self._clear_busy()  # a slot freed on the server
+            case Stepped(rid=rid):
+                if self.on_stepped is not None and rid in self._pending:
+                    self.on_stepped(self, rid)
             case ErrorReply():
                 self._dispatch_error(msg)
             case Pong(seq=seq, stats=stats):

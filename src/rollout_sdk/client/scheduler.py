@@ -62,6 +62,20 @@ some server already answered a later request after (``ServerConnection.answered_
 engine step there, so it is not a poison of the kind below) is retried at once with no probation at all:
 with steady traffic that is most of a dead server's requests.
 
+Paced probation (issue 36, a server whose ``ServerInfo.paces_probation``: fake and CPU engines).  There the
+two steps per suspect become one: a suspect is sent with ``probation=True`` and any number of them go to
+such a server at once; its server hands them to the engine one at a time, the next as soon as the step
+that admitted the previous one has ended, so it is admitted at the very next step, and sends ``Stepped``
+for each (server.py, "Probation").  A ``Stepped`` suspect is cleared.  When such a server dies, the one
+suspect on probation there is the first one sent there with no ``Stepped`` yet: the engine held no other
+unstepped (earlier ones had stepped, their Stepped replies left before the death's replies on the same
+socket; later ones had not reached the engine).  The others are retried (a second death, not a
+conviction).  No probe is sent.  The order argument needs the ``Stepped`` of the previous suspect to reach
+the client: an engine death the server reports (EngineDeadError) sends it first; a server *process* that
+the poison kills outright within the microseconds between queueing that ``Stepped`` and its socket
+writing it could lose it, and then the innocent before the poison is convicted and the poison dies a
+third time elsewhere (3 engines; the same cap as outside the model below).
+
 Why a poison request kills at most 2 engines and fails no innocent.  A *poison* request kills every engine
 it touches, before that engine answers any request sent to it after the poison (it dies in the step that
 admits it: a prefill crash, an out-of-vocabulary id, a sampler fault; engines admit in arrival order: the
@@ -198,15 +212,18 @@ class _Waiter:
 
 
 class _Probation:
-    """One suspect on probation on one server: cleared by an answer to a request sent there after it."""
+    """One suspect on probation on one server: cleared by an answer to a request sent there after it, or,
+    on a server that paces probation, by its ``Stepped`` notice."""
 
-    __slots__ = ("probe", "probe_rid", "rid", "seq")
+    __slots__ = ("paced", "probe", "probe_rid", "rid", "seq", "stepped")
 
     def __init__(self, rid: str) -> None:
         self.rid = rid
         self.seq = -1  # send order of the suspect (set when sent)
         self.probe_rid = ""
         self.probe: asyncio.Future[GenerateResult] | None = None
+        self.paced = False  # sent with probation=True to a server that paces probation
+        self.stepped = False  # that server said it has been through an engine step
 
 
 #: probe requests (module docstring, "Suspects"): the smallest request an engine answers with a token
@@ -229,6 +246,8 @@ class Scheduler:
         self._rids: set[str] = set()  # rids in flight in this client
         #: the suspect on probation on each server (at most one each)
         self._probation: dict[ServerConnection, _Probation] = {}
+        #: on servers that pace probation: the suspects sent there and not yet stepped, in send order
+        self._paced: dict[ServerConnection, list[_Probation]] = {}
         self._send_seq = itertools.count()  # send order of every request of this client (all servers)
         self._probe_ids = itertools.count()
         self.probes_sent = 0
@@ -242,6 +261,7 @@ class Scheduler:
     # -- server set --------------------------------------------------------------------------------
 
     def add(self, conn: ServerConnection) -> None:
+        conn.on_stepped = self._stepped
         self.servers.append(conn)
         self.on_server_change(conn)
 
@@ -315,9 +335,9 @@ class Scheduler:
         if req.min_weight_version is not None:
             live = _new_enough(live, req.min_weight_version)
         free = [s for s in live if s.in_flight < s.window.limit and not s.held]
-        if suspect is not None:
+        if suspect is not None:  # a server that paces probation takes any number (module docstring)
             held = [s for s in free if s in self._probation]
-            free = [s for s in free if s not in self._probation]
+            free = [s for s in free if s not in self._probation or self._paces(s)]
             if not free:  # this suspect waits for a probation to end: have each one cleared soon
                 for s in held:
                     self._send_probe(s, self._probation[s])
@@ -327,7 +347,7 @@ class Scheduler:
         if not free:
             return None
         conn = self._place(req, free)
-        if suspect is not None:
+        if suspect is not None and not self._paces(conn):
             self._probation[conn] = suspect
         conn.in_flight += 1
         conn.outstanding_tokens += len(req.input_ids) + req.sampling.max_new_tokens
@@ -371,7 +391,13 @@ class Scheduler:
         return chosen
 
     def release(self, conn: ServerConnection, req: GenerateRequest, *, suspect: _Probation | None = None) -> None:
-        if suspect is not None:
+        if suspect is not None and suspect.paced:
+            line = self._paced.get(conn)
+            if line is not None and suspect in line:
+                line.remove(suspect)
+                if not line:
+                    del self._paced[conn]
+        elif suspect is not None:
             self._end_probation(conn, suspect)
         conn.in_flight -= 1
         if conn.in_flight == 0:
@@ -381,8 +407,31 @@ class Scheduler:
 
     # -- suspects on probation ---------------------------------------------------------------------
 
+    def _paces(self, conn: ServerConnection) -> bool:
+        """Suspects go to ``conn`` paced (any number at once, cleared by ``Stepped``): module docstring."""
+        return conn.paces_probation and self.config.clear_suspects == "answered"
+
     def _on_probation(self, conn: ServerConnection, suspect: _Probation | None) -> bool:
-        return suspect is not None and self._probation.get(conn) is suspect
+        if suspect is None:
+            return False
+        if suspect.paced:  # the first not yet stepped there: the only one its engine held unstepped
+            line = self._paced.get(conn)
+            return line is not None and bool(line) and line[0] is suspect and not suspect.stepped
+        return self._probation.get(conn) is suspect
+
+    def _stepped(self, conn: ServerConnection, rid: str) -> None:
+        """``conn`` says the probation request ``rid`` has been through an engine step: cleared."""
+        line = self._paced.get(conn)
+        if line is None:
+            return
+        for i, suspect in enumerate(line):
+            if suspect.rid == rid:
+                suspect.stepped = True
+                del line[i]
+                if not line:
+                    del self._paced[conn]
+                self.suspects_cleared += 1
+                return
 
     def _end_probation(self, conn: ServerConnection, suspect: _Probation) -> None:
         if self._probation.get(conn) is suspect:
@@ -479,12 +528,16 @@ class Scheduler:
             sent = False
             seq = -1
             try:
-                fut = conn.submit(req.rid, payload)
+                paced = suspect is not None and self._paces(conn)
+                fut = conn.submit(req.rid, encode(msgspec.structs.replace(req, probation=True)) if paced else payload)
                 sent = True
                 seq = next(self._send_seq)
                 if suspect is not None:
                     suspect.seq = seq
-                    if self._waiters:  # others wait (suspects among them, maybe): clear this one soon
+                    if paced:  # its server hands it to the engine in its turn and says when it stepped
+                        suspect.paced = True
+                        self._paced.setdefault(conn, []).append(suspect)
+                    elif self._waiters:  # others wait (suspects among them, maybe): clear this one soon
                         self._send_probe(conn, suspect)
                     self._suspects_running[conn] += 1
                     self.max_suspects_running = max(self.max_suspects_running, self._suspects_running[conn])
@@ -504,7 +557,10 @@ class Scheduler:
                     if sent:
                         deaths += 1
                         on_probation = self._on_probation(conn, suspect)
-                        cleared = cleared or (self.config.clear_suspects == "answered" and conn.answered_seq > seq)
+                        cleared = cleared or (
+                            self.config.clear_suspects == "answered"
+                            and (conn.answered_seq > seq or (suspect is not None and suspect.stepped))
+                        )
                         if deaths >= 3 or (deaths >= 2 and on_probation):
                             self.poisoned += 1
                             why = "while it was on probation there" if on_probation else f"its death {deaths}"

@@ -9,6 +9,10 @@ An engine lives inside one server process, on that server's event loop.  The ser
 * ``engine.abort(rid)`` (sync, idempotent, unknown rids ignored) to cut one request short;
 * ``engine.load()`` for live load (cheap, sync, called on every heartbeat), ``engine.progress()`` for the
   stall detector;
+* ``engine.step_listener`` (set by the server where ``reports_steps``): the backend calls it, through
+  :meth:`Engine._stepped`, with the rids of the ``probation`` requests whose admitting step has just ended,
+  before it admits the next step's requests, and yields to the event loop once before that admission when
+  the listener asks for it (it handed the engine another probation request: server.py, "Probation");
 * the lifecycle hooks below, which a backend may leave unsupported (they raise
   :class:`UnsupportedOperationError`).
 
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -142,11 +146,23 @@ class Engine(abc.ABC):
     supports_score: bool = False
     #: ``GenerateRequest.return_routed_experts`` (MoE routing replay); the server refuses it otherwise
     supports_routed_experts: bool = False
+    #: the backend calls ``step_listener`` (module docstring) when a probation request has been through a
+    #: step; the server paces probation requests only then (SGLang answers only when a request ends: no)
+    reports_steps: bool = False
 
     def __init__(self) -> None:
         self._dead: BaseException | None = None
         self._dead_event = asyncio.Event()
         self._weight_version = 0
+        #: called with the rids of probation requests whose admitting step ended; returns True when the
+        #: engine should let the event loop run once before its next admission (server.py, "Probation")
+        self.step_listener: Callable[[list[str]], bool] | None = None
+
+    def _stepped(self, rids: list[str]) -> bool:
+        """Report probation requests that have been through a step (module docstring); True: the backend
+        yields to the event loop once (``await asyncio.sleep(0)``) before it admits its next step."""
+        listener = self.step_listener
+        return bool(rids) and listener is not None and listener(rids)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 

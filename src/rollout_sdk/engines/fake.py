@@ -167,6 +167,7 @@ class _Req:
 
 class FakeEngine(Engine):
     backend = "fake"
+    reports_steps = True
 
     def __init__(
         self,
@@ -486,14 +487,19 @@ class FakeEngine(Engine):
             await asyncio.sleep(deadline - loop.time())
             if self.paused:
                 continue
+            stepped: list[str] = []
             for r in self._running:
                 if r.prefill_only:
                     r.done = True
                     if not r.future.done():
                         r.future.set_result(None)  # type: ignore[arg-type]
                 elif not r.done:
+                    if not r.out and r.req.probation:
+                        stepped.append(r.req.rid)
                     self._emit(r)
                     self._decoded += 1
+            if stepped and self._stepped(stepped):
+                await asyncio.sleep(0)  # the server hands over the next probation request (base.py)
 
     def abort(self, rid: str) -> None:
         r = self._reqs.get(rid)

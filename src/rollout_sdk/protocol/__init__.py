@@ -76,6 +76,7 @@ __all__ = [
     "SessionHint",
     "SessionHints",
     "SetWeightVersion",
+    "Stepped",
     "TensorMeta",
     "Timings",
     "UpdateWeightsDistributed",
@@ -313,6 +314,11 @@ class GenerateRequest(msgspec.Struct, tag="generate", frozen=True, kw_only=True,
     #: the server refuses it (``WeightVersionError``) when its engine's weights are older; no server that
     #: holds them: refused at once with the versions the fleet has (docs/trainer.md, "In-flight updates")
     min_weight_version: Annotated[int, msgspec.Meta(ge=0, le=MAX_WEIGHT_VERSION)] | None = None
+    #: a *suspect* on probation (client/scheduler.py, "Suspects"), sent only to a server whose ``ServerInfo``
+    #: says ``paces_probation``: that server hands this client's probation requests to its engine one at a
+    #: time, the next only once the engine step that admitted the previous one has ended, and tells the
+    #: client when that is (:class:`Stepped`), so a death names the one probation request it can be
+    probation: bool = False
 
     def __post_init__(self) -> None:
         mwv = self.min_weight_version
@@ -506,6 +512,14 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
         return mixed
 
 
+class Stepped(msgspec.Struct, tag="stepped", frozen=True):
+    """The request ``rid`` (sent with ``probation=True``) has been through an engine step: the step that
+    admitted it ended and the engine lives.  Sent before the request's result, and only for probation
+    requests (a client that never sets ``probation`` never receives one)."""
+
+    rid: str
+
+
 class Abort(msgspec.Struct, tag="abort", frozen=True):
     """Abort one request (``rid``), or every request of this client when ``rid`` is empty."""
 
@@ -597,6 +611,9 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     max_control_bytes: int = 0
     #: random per server start: ``server_id`` names the slot (``dp0``), this names the process in it
     incarnation: str = ""
+    #: the server honours ``GenerateRequest.probation`` (its engine reports when a request has been through
+    #: a step): False for an older server or an engine that cannot tell (SGLang)
+    paces_probation: bool = False
 
 
 # -- control ---------------------------------------------------------------------------------------
@@ -766,7 +783,7 @@ class ErrorReply(msgspec.Struct, tag="error", frozen=True, kw_only=True, omit_de
 
 
 ClientMessage = GenerateRequest | Abort | Ping | ControlRequest
-ServerMessage = GenerateResult | ErrorReply | Pong | ControlReply
+ServerMessage = GenerateResult | ErrorReply | Pong | ControlReply | Stepped
 
 # -- codecs ----------------------------------------------------------------------------------------
 

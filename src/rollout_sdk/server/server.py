@@ -53,11 +53,22 @@ Shutdown (``stop()``), all within ``shutdown_timeout_s``: new requests are refus
 ServerShuttingDownError, pending control calls are cancelled and answered with it, in-flight requests get
 ``drain_timeout_s`` to finish, then the rest are aborted (they answer with ``finish_reason='abort'``), then
 cancelled (they answer ``shutting_down``), and only then the socket closes.
+
+Probation (issue 36; client/scheduler.py, "Suspects").  Where the engine ``reports_steps``, a request sent
+with ``probation=True`` reaches the engine only when none of the same client's probation requests is in the
+engine without having been through a step: one at a time per client, in arrival order.  When the step that
+admitted one ends, the engine calls the server back before its next admission; the server sends the client
+``Stepped(rid)`` and hands the engine the next one at once (the engine yields to the loop once, so it is
+admitted at the very next step).  So a client may send all its suspects at once and they enter the engine
+at one a step, and when the engine dies the client knows the one probation request that can have killed
+it: the first it has no ``Stepped`` for (the Stepped replies of earlier ones left before the EngineDead
+replies, on the same socket).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import logging
@@ -106,6 +117,7 @@ from ..protocol import (
     ServerStats,
     SessionHints,
     SetWeightVersion,
+    Stepped,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
     check_against_limits,
@@ -176,16 +188,31 @@ def authorize(msg: msgspec.Struct, role: str | None) -> None:
 
 
 class _Flight:
-    __slots__ = ("aborted", "big", "ident", "rid", "task")
+    __slots__ = ("aborted", "big", "engine_rid", "ident", "probation", "rid", "stepped", "task", "turn")
 
     def __init__(self, ident: bytes, rid: str, big: bool = False) -> None:
         self.ident = ident
         self.rid = rid
+        self.engine_rid = ""
         self.big = big  # decoded off the loop: its ids are also freed a chunk at a time
         self.task: asyncio.Task[None] | None = None
         # an Abort arrived: also when it was handled before this request's task first ran (the same recv
         # batch, or the next one on a busy loop), when the engine has not seen the request yet
         self.aborted = False
+        self.probation = False  # paced (module docstring, "Probation")
+        self.stepped = False  # a probation request whose admitting step ended (Stepped sent)
+        self.turn: asyncio.Future[None] | None = None  # set when a paced request may reach the engine
+
+
+class _Line:
+    """One client's probation requests (module docstring, "Probation"): the one in the engine whose
+    admitting step has not ended yet, and those waiting for it, in arrival order."""
+
+    __slots__ = ("current", "waiting")
+
+    def __init__(self) -> None:
+        self.current = ""  # engine rid, or "" when none
+        self.waiting: collections.deque[_Flight] = collections.deque()
 
 
 class EngineServer:
@@ -214,6 +241,9 @@ class EngineServer:
         self.incarnation = uuid.uuid4().hex[:12]
         self.address = ""
         self._flights: dict[str, _Flight] = {}  # engine rid -> flight
+        self._lines: dict[bytes, _Line] = {}  # client ident -> its probation requests (module docstring)
+        if engine.reports_steps:
+            engine.step_listener = self._on_stepped
         self._by_client: dict[tuple[bytes, str], str] = {}  # (ident, client rid) -> engine rid
         self._completed = 0
         self._aborted = 0
@@ -442,6 +472,7 @@ class EngineServer:
             max_generate_bytes=self.config.max_generate_bytes,
             max_control_bytes=self.config.max_control_bytes,
             incarnation=self.incarnation,
+            paces_probation=self.engine.reports_steps,
         )
 
     # -- loops -------------------------------------------------------------------------------------
@@ -619,6 +650,9 @@ class EngineServer:
         # the request is this server's own object (decoded from the frame here or off the loop): the engine
         # rid is set in place, with no copy and no second validation pass over its ids
         msgspec.structs.force_setattr(req, "rid", engine_rid)
+        flight.engine_rid = engine_rid
+        if req.probation and self.engine.reports_steps:
+            self._enter_line(flight)
         flight.task = self._tg.create_task(self._run_generate(flight, req, engine_rid))
 
     def _check_supported(self, req: GenerateRequest) -> None:
@@ -638,6 +672,8 @@ class EngineServer:
         reply: msgspec.Struct
         try:
             result: GenerateResult
+            if flight.turn is not None:
+                await flight.turn  # a probation request behind another (module docstring)
             if flight.aborted:  # aborted before the engine saw it: answered as an abort with no tokens
                 result = GenerateResult(
                     rid=req.rid,
@@ -670,6 +706,8 @@ class EngineServer:
             self._errors += 1
             reply = error_reply(RequestFailedError(f"{type(exc).__name__}: {exc}"), rid=flight.rid)
         finally:
+            if flight.probation:
+                self._leave_line(flight)
             self._flights.pop(engine_rid, None)
             self._by_client.pop((flight.ident, flight.rid), None)
             self._peers.answered(flight.ident)
@@ -699,7 +737,57 @@ class EngineServer:
         flight = self._flights.get(engine_rid)
         if flight is not None:
             flight.aborted = True  # in case its task has not reached the engine yet
+            if flight.turn is not None and not flight.turn.done():  # waiting in its line: answered now
+                self._leave_line(flight)
+                flight.turn.set_result(None)
         self.engine.abort(engine_rid)
+
+    # -- probation (module docstring) -----------------------------------------------------------------
+
+    def _enter_line(self, flight: _Flight) -> None:
+        flight.probation = True
+        line = self._lines.get(flight.ident)
+        if line is None:
+            line = self._lines[flight.ident] = _Line()
+        if line.current or line.waiting:
+            flight.turn = asyncio.get_running_loop().create_future()
+            line.waiting.append(flight)
+        else:
+            line.current = flight.engine_rid
+
+    def _leave_line(self, flight: _Flight) -> bool:
+        """``flight`` no longer holds its line (stepped, ended, or aborted while waiting): hand the engine the
+        next one.  True when one was handed over."""
+        line = self._lines.get(flight.ident)
+        if line is None:
+            return False
+        if line.current == flight.engine_rid:
+            line.current = ""
+        elif flight in line.waiting:
+            line.waiting.remove(flight)
+        handed = False
+        while not line.current and line.waiting:
+            nxt = line.waiting.popleft()
+            if nxt.turn is not None and not nxt.turn.done():
+                nxt.turn.set_result(None)
+            if not nxt.aborted:  # an aborted one answers without the engine: it holds nothing
+                line.current = nxt.engine_rid
+                handed = True
+        if not line.current and not line.waiting:
+            del self._lines[flight.ident]
+        return handed
+
+    def _on_stepped(self, engine_rids: list[str]) -> bool:
+        """The engine's step listener (engines/base.py): tell each client, hand over the next in its line."""
+        handed = False
+        for engine_rid in engine_rids:
+            flight = self._flights.get(engine_rid)
+            if flight is None or not flight.probation or flight.stepped:
+                continue
+            flight.stepped = True
+            self._reply(flight.ident, Stepped(flight.rid))
+            handed = self._leave_line(flight) or handed
+        return handed
 
     # -- large frames (frames.py) ---------------------------------------------------------------------
 

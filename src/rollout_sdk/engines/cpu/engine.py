@@ -84,6 +84,7 @@ class CpuEngine(Engine):
     """A transformers causal LM on CPU with continuous batching (see the module docstring)."""
 
     backend = "cpu"
+    reports_steps = True
     supports_score = True
 
     def __init__(self, config: CpuEngineConfig | None = None) -> None:
@@ -280,7 +281,8 @@ class CpuEngine(Engine):
                     out = await self._in_worker(self._runner.step, admit)
                 finally:
                     self._step_idle.set()
-                self._record(out)
+                if self._stepped(self._record(out)):
+                    await asyncio.sleep(0)  # the server hands over the next probation request (base.py)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -293,18 +295,23 @@ class CpuEngine(Engine):
                 if not s.future.done():
                     s.future.set_exception(err)
 
-    def _record(self, out: StepOutput) -> None:
+    def _record(self, out: StepOutput) -> list[str]:
+        """Apply one step's tokens; return the rids of probation requests this step admitted (base.py)."""
         version, emitted, failed = out
         for seq, exc in failed:
             self._fail(seq, exc)
         now = time.perf_counter()
         self._decoded += len(emitted)
+        stepped: list[str] = []
         for seq, tok, lp in emitted:
             if seq.done:
                 continue
+            if not seq.out and seq.req.probation:
+                stepped.append(seq.req.rid)
             reason = seq.append(tok, lp, version, now)
             if reason is not None:
                 self._finish(seq, reason, tok if reason == "stop" else None)
+        return stepped
 
     # -- pause / memory / weights --------------------------------------------------------------------
 
