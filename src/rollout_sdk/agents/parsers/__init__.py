@@ -47,7 +47,8 @@ Reasoning (``<think>...</think>``) is split off by a :class:`ReasoningParser` (:
 the recorded tokens (the model generated it) and is trained like any other output token.
 
 The package holds one module per format (``hermes.py``, ``qwen3_coder.py``, ``llama3_json.py``,
-``mistral.py``, ``pythonic.py``, ``deepseek.py``, ``kimi_k2.py``, ``harmony.py``, ``glm45.py``), their base (``base.py``: the result types, the protocol, a call's JSON shape; ``scan.py``:
+``mistral.py``, ``pythonic.py``, ``deepseek.py``, ``kimi_k2.py``, ``harmony.py``, ``glm45.py``), their
+base (``base.py``: the result types, the protocol, a call's JSON shape; ``scan.py``:
 the forward-only text and JSON decoding; ``tagged.py``: tag-delimited blocks; ``sections.py``: calls in a
 section of special tokens) and the reasoning parsers
 (``reasoning.py``).  A new format is one new module and one line in the registry below.
@@ -76,8 +77,8 @@ from .scan import _Text
 
 __all__ = [
     "PARSE_ERROR_KINDS",
-    "DeepSeekV31Parser",
     "DeepSeekV3Parser",
+    "DeepSeekV31Parser",
     "Glm45Parser",
     "HarmonyParser",
     "HarmonyReasoningParser",

@@ -9,7 +9,10 @@ V3 (DeepSeek-V3, V3-0324, R1-0528)::
 
 V3.1 (DeepSeek-V3.1, V3.1-Terminus) drops the type and the fence::
 
-    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>
+    <｜tool▁calls▁end｜>
+
+(one line: the breaks here are for reading).
 
 The markers are the tokenizer's special tokens, written with FULLWIDTH VERTICAL LINE (U+FF5C) and LOWER
 ONE EIGHTH BLOCK (U+2581); an ASCII look-alike (``<|tool▁calls▁begin|>``) is prose.  DeepSeek's chat
@@ -39,7 +42,9 @@ class DeepSeekV31Parser(_SectionCalls):
     call_open = _token("tool call begin")
     call_close = _token("tool call end")
     sep = _token("tool sep")
-    call_format = f"{section_open}{call_open}<tool name>{sep}{{<argument name>: <value>, ...}}{call_close}{section_close}"
+    call_format = (
+        f"{section_open}{call_open}<tool name>{sep}{{<argument name>: <value>, ...}}{call_close}{section_close}"
+    )
 
     def _head(self, text: str, out: _Collector) -> _Head:
         return _name(text, f"{self.call_open}<tool name>{self.sep}")

@@ -73,7 +73,7 @@ class Glm45Parser(_TaggedBlocks):
             t.work += key_end - key_at
             value_at = t.skip_ws(key_end + len(self.key_close))
             if not key or not t.at(self.value_open, value_at):
-                why = f"in {name!r}, each {self.key_open}NAME{self.key_close} needs a non-empty name and an {self.value_open}"
+                why = f"in {name!r}, each {self.key_open}NAME{self.key_close} needs a name and an {self.value_open}"
                 return self._fail(t, start, value_at, "bad_markup", why, out)
             value_at += len(self.value_open)
             close = t.find(self.value_close, value_at)
@@ -87,7 +87,8 @@ class Glm45Parser(_TaggedBlocks):
                 why = f"{self.value_open} of {key!r} in {name!r} is not closed before the next {self.key_open}"
                 return self._fail(t, start, value_at, "bad_markup", why, out)
             if key in arguments:
-                return self._fail(t, start, close, "bad_arguments_type", f"argument {key!r} of {name!r} is given twice", out)
+                why = f"argument {key!r} of {name!r} is given twice"
+                return self._fail(t, start, close, "bad_arguments_type", why, out)
             arguments[key] = self._value(value, schema, key)
             pos = close + len(self.value_close)
 

@@ -3,7 +3,10 @@
 What the model writes after the prompt's ``<|start|>assistant``::
 
     <|channel|>analysis<|message|>The user wants the weather.<|end|>
-    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>
+    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}
+    <|call|>
+
+(no break before ``<|call|>``: the breaks here are for reading).
 
 or, answering: ``...<|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>``.  A message is a
 header (``<|start|>ROLE``, ``<|channel|>CHANNEL``, ``to=RECIPIENT``, ``<|constrain|>json`` or `` json``, in
@@ -91,7 +94,9 @@ class HarmonyParser(_Parser):
     """
 
     openers = ("to=",)
-    call_format = "<|start|>assistant<|channel|>commentary to=functions.TOOL_NAME <|constrain|>json<|message|>{...}<|call|>"
+    call_format = (
+        "<|start|>assistant<|channel|>commentary to=functions.TOOL_NAME <|constrain|>json<|message|>{...}<|call|>"
+    )
 
     def _parse(self, t: _Text, first_id: int = 0) -> ParsedTurn:
         out = _Collector(first_id)
@@ -110,7 +115,8 @@ class HarmonyParser(_Parser):
         raw = t.s[msg.start : msg.stop]
         name = msg.recipient.removeprefix("functions.")
         if not name or any(c in name for c in "<>{}\"'"):
-            return ParseError("missing_name", f"a message to {_show(msg.recipient)} names no tool: write {self.call_format}", raw)
+            why = f"a message to {_show(msg.recipient)} names no tool: write {self.call_format}"
+            return ParseError("missing_name", why, raw)
         at = t.skip_ws(msg.body)
         if at >= msg.end:
             return ToolCall(name=name, arguments={}, id=out.next_id(), raw=raw)

@@ -9,7 +9,10 @@ from .sections import _Head, _SectionCalls
 class KimiK2Parser(_SectionCalls):
     """Kimi-K2 (Instruct, Thinking)::
 
-        <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>
+        <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>
+        {"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>
+
+    (one line: the break is for reading).
 
     The id is what the model writes, ``functions.NAME:IDX`` with IDX counting the calls of the
     conversation from 0; it is kept as the call's id, because Kimi's chat template writes each call's id

@@ -96,7 +96,8 @@ class PythonicParser(_Parser):
         scanning resumes."""
         end, problem = _list_end(t, bracket)
         if problem:
-            out.error(ParseError("bad_json" if end >= t.n else "bad_markup", f"{problem}; no call was run.", t.s[start:end]))
+            kind = "bad_json" if end >= t.n else "bad_markup"
+            out.error(ParseError(kind, f"{problem}; no call was run.", t.s[start:end]))
             return max(end, start + 1)
         stop = end
         after = t.skip_ws(end)
@@ -131,12 +132,14 @@ class PythonicParser(_Parser):
         arguments: dict[str, Any] = {}
         for kw in node.keywords:
             if kw.arg is None:
-                return ParseError("bad_arguments_type", f"tool call {name!r} uses **: write every argument as NAME=value", raw)
+                why = f"tool call {name!r} uses **: write every argument as NAME=value"
+                return ParseError("bad_arguments_type", why, raw)
             if kw.arg in arguments:
                 return ParseError("bad_arguments_type", f"argument {kw.arg!r} of {name!r} is given twice", raw)
             value = _literal(kw.value)
             if isinstance(value, _NotLiteral):
-                why = f"argument {kw.arg!r} of {name!r} must be a literal (string, number, True/False/None, list, dict): {value.why}"
+                literals = "string, number, True/False/None, list, dict"
+                why = f"argument {kw.arg!r} of {name!r} must be a literal ({literals}): {value.why}"
                 return ParseError("bad_arguments_type", why, raw)
             arguments[kw.arg] = value
         return ToolCall(name=name, arguments=arguments, id=out.next_id(), raw=raw)
@@ -168,11 +171,11 @@ def _literal(node: ast.expr) -> Any:
         return bad if bad is not None else items
     if isinstance(node, ast.Dict):
         out: dict[str, Any] = {}
-        for k, v in zip(node.keys, node.values, strict=True):
-            key = _literal(k) if k is not None else _NotLiteral("a ** in a dict")
+        for key_node, value_node in zip(node.keys, node.values, strict=True):
+            key = _literal(key_node) if key_node is not None else _NotLiteral("a ** in a dict")
             if not isinstance(key, str):
                 return key if isinstance(key, _NotLiteral) else _NotLiteral("a dict key that is not a string")
-            value = _literal(v)
+            value = _literal(value_node)
             if isinstance(value, _NotLiteral):
                 return value
             out[key] = value
