@@ -96,8 +96,7 @@ class PythonicParser(_Parser):
         scanning resumes."""
         end, problem = _list_end(t, bracket)
         if problem:
-            kind = "bad_json" if end >= t.n else "bad_markup"
-            out.error(ParseError(kind, f"{problem}; no call was run.", t.s[start:end]))
+            out.error(ParseError("bad_json", f"{problem}; no call was run.", t.s[start:end]))
             return max(end, start + 1)
         stop = end
         after = t.skip_ws(end)
