@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the case tables keep one case per line: each is a model's text as written)
 """The formats beyond Hermes, Qwen3-Coder, Llama-3 JSON and Mistral: pythonic (Llama 4), DeepSeek V3 / V3.1,
 Kimi-K2, gpt-oss harmony and GLM-4.5.  Each is written here from its model's public format (the model
 cards' chat templates, SGLang's and vLLM's parsers), not from our parser; well-formed calls round-trip,
