@@ -449,3 +449,52 @@ def test_parsing_is_linear_on_adversarial_input(fmt: str, shape: str) -> None:
     assert work_large <= 40 * len(large)  # a bounded number of passes over the text
     assert work_large / max(work_small, 1) <= 2 * len(large) / len(small)  # 16x the text, not 256x the work
     check_invariants(large, parser.parse(large))
+
+
+# -- the rendering side: DeepSeek's templates write arguments as they are ---------------------------
+
+# the shape of DeepSeek V3's chat template (string concatenation of the arguments), cut to what matters
+DEEPSEEK_LIKE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' and m['tool_calls'] %}<A>{{ m['content'] }}"
+    + ds("tool calls begin")
+    + "{% for tool in m['tool_calls'] %}{{ '"
+    + ds("tool call begin")
+    + "' + tool['type'] + '"
+    + ds("tool sep")
+    + "' + tool['function']['name'] + '\\n```json\\n' + tool['function']['arguments'] + '\\n```"
+    + ds("tool call end")
+    + "' }}{% endfor %}"
+    + ds("tool calls end")
+    + "{% else %}<{{ m['role'] }}>{{ m['content'] }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<A>{% endif %}"
+)
+
+
+@pytest.fixture
+def tok(tiny_model: Any) -> Any:
+    from rollout_sdk.models import load_tokenizer
+
+    return load_tokenizer(str(tiny_model))
+
+
+def test_a_template_that_writes_arguments_as_they_are_gets_json_text(tok: Any) -> None:
+    import copy
+
+    from rollout_sdk.agents import ChatTemplate
+
+    assert not ChatTemplate(tok).arguments_as_text  # Qwen's template: tojson, objects
+    deepseek = copy.deepcopy(tok)
+    deepseek.chat_template = DEEPSEEK_LIKE
+    template = ChatTemplate(deepseek)
+    assert template.arguments_as_text
+    model_text = render("deepseek_v3", [("get_weather", {"city": "Paris", "days": 3})])
+    [call] = get_parser("deepseek_v3").parse(model_text).calls
+    for arguments in (call.arguments, json.dumps(call.arguments)):  # the agent loop's objects, a client's text
+        message = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": call.name, "arguments": arguments}}],
+        }
+        text = template.render([{"role": "user", "content": "weather?"}, message], add_generation_prompt=False)
+        assert model_text in text  # the replayed conversation holds what the model wrote, byte for byte
