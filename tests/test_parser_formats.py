@@ -494,7 +494,9 @@ def test_a_template_that_writes_arguments_as_they_are_gets_json_text(tok: Any) -
         message = {
             "role": "assistant",
             "content": "",
-            "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": call.name, "arguments": arguments}}],
+            "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": call.name, "arguments": arguments}}
+            ],
         }
         text = template.render([{"role": "user", "content": "weather?"}, message], add_generation_prompt=False)
         assert model_text in text  # the replayed conversation holds what the model wrote, byte for byte

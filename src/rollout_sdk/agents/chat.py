@@ -114,7 +114,10 @@ class ChatTemplate:
         Python's repr of the object; then arguments go to this template as JSON text.  Any template error
         in the probe (one that refuses tool calls altogether) leaves the default, objects."""
         call = {"id": "abcdefghi", "type": "function", "function": {"name": "f", "arguments": {"k": "v"}}}
-        probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        probe: list[Message] = [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+        ]
         try:
             return "{'k': 'v'}" in self._apply(probe, False)
         except Exception:  # the probe's boundary: any template's own error means "not with objects"
