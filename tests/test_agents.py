@@ -408,9 +408,9 @@ async def test_a_parse_error_shows_the_configured_format(fake_servers, tok) -> N
 def test_unknown_parser_names_are_config_errors() -> None:
     from rollout_sdk.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"parser='qwen4'.*known: hermes, llama3_json, mistral"):
+    with pytest.raises(ConfigError, match=r"parser='qwen4'.*known: .*hermes, .*llama3_json, mistral"):
         AgentConfig(parser="qwen4")
-    with pytest.raises(ConfigError, match=r"reasoning_parser='deep'.*known: none, think"):
+    with pytest.raises(ConfigError, match=r"reasoning_parser='deep'.*known: harmony, none, think"):
         AgentConfig(reasoning_parser="deep")
 
 

@@ -444,7 +444,7 @@ def test_reasoning_parser_registry() -> None:
     assert get_reasoning_parser("none").split("<think>x</think>y") == (None, "<think>x</think>y")
     assert get_reasoning_parser("think_open").split("still thinking") == ("still thinking", "")
     assert isinstance(get_reasoning_parser("think"), ReasoningParser)
-    with pytest.raises(ConfigError, match=r"reasoning_parser='r1'.*known: none, think, think_open") as info:
+    with pytest.raises(ConfigError, match=r"reasoning_parser='r1'.*known: harmony, none, think, think_open") as info:
         get_reasoning_parser("r1")
     assert info.value.field == "reasoning_parser" and info.value.value == "r1"
 

@@ -77,6 +77,9 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
         self.strategy = strategy
+        #: the template writes tool-call arguments as they are (DeepSeek's: ``'...' + arguments + '...'``):
+        #: they are then given as JSON text, else as objects (see :meth:`render`)
+        self.arguments_as_text = self._writes_arguments_as_text()
         self.assistant_suffix = self._assistant_suffix()
 
     # -- rendering ---------------------------------------------------------------------------------
@@ -84,12 +87,16 @@ class ChatTemplate:
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
         """The template's text for ``messages``.  OpenAI-style string ``tool_calls[].function.arguments``
         are parsed into objects first (as vLLM and SGLang do), so they render exactly like dict
-        arguments instead of being double-encoded; the caller's messages are not modified."""
+        arguments instead of being double-encoded; the caller's messages are not modified.  A template
+        that writes arguments as they are (:attr:`arguments_as_text`: DeepSeek V3 / V3.1 / R1 concatenate
+        them into the text) gets them as JSON text instead: an object there would raise, or show Python's
+        ``{'k': 'v'}``."""
+        fixed = _with_text_arguments(messages) if self.arguments_as_text else _with_object_arguments(messages)
+        return self._apply(fixed, add_generation_prompt)
+
+    def _apply(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
         text = self.tokenizer.apply_chat_template(
-            _with_object_arguments(messages),
-            tools=self.tools,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
+            messages, tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
         )
         return str(text)
 
@@ -100,6 +107,26 @@ class ChatTemplate:
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """The first prompt: the messages and the generation prompt."""
         return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def _writes_arguments_as_text(self) -> bool:
+        """Whether the template writes a call's arguments as they are.  Probed once: an assistant turn with
+        a call whose arguments are an object either fails to render (string concatenation) or shows
+        Python's repr of the object; then arguments go to this template as JSON text.  Any template error
+        in the probe (one that refuses tool calls altogether) leaves the default, objects."""
+        call = {"id": "abcdefghi", "type": "function", "function": {"name": "f", "arguments": {"k": "v"}}}
+        probe: list[Message] = [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+        ]
+        try:
+            return "{'k': 'v'}" in self._apply(probe, False)
+        except Exception:  # the probe's boundary: any template's own error means "not with objects"
+            pass
+        try:
+            self._apply(_with_text_arguments(probe), False)
+        except Exception:  # refuses tool calls in both forms: keep the default
+            return False
+        return True
 
     def _assistant_suffix(self) -> str:
         """What the template writes after an assistant message's content (``<|im_end|>\\n`` for Qwen)."""
@@ -231,6 +258,25 @@ def _with_object_arguments(messages: Sequence[Message]) -> list[Message]:
                     decoded = None
                 if isinstance(decoded, dict):
                     c = {**c, "function": {**fn, "arguments": decoded}}
+            new_calls.append(c)
+        out.append({**m, "tool_calls": new_calls})
+    return out
+
+
+def _with_text_arguments(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` with every object ``function.arguments`` as JSON text (copies only what changes);
+    text arguments stay exactly as they are (what the model or the client wrote)."""
+    out: list[Message] = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if not calls or not any(isinstance(_function(c).get("arguments"), dict) for c in calls):
+            out.append(m)
+            continue
+        new_calls = []
+        for c in calls:
+            fn = _function(c)
+            if isinstance(fn.get("arguments"), dict):
+                c = {**c, "function": {**fn, "arguments": json.dumps(fn["arguments"], ensure_ascii=False)}}
             new_calls.append(c)
         out.append({**m, "tool_calls": new_calls})
     return out

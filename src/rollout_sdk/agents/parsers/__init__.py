@@ -17,6 +17,15 @@ The format is pluggable: :class:`ToolCallParser` is the protocol every parser im
                    bare object at the start of the turn; several calls separated by ``;``
 ``mistral``        Mistral: ``[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}, ...]`` and the
                    compact ``[TOOL_CALLS]f[CALL_ID]id[ARGS]{...}`` (``[CALL_ID]`` optional)
+``pythonic``       Llama 4, Llama 3.2 (1B/3B): ``[f(a=1, b="x"), g()]``, Python literals read with ``ast``,
+                   never evaluated
+``deepseek_v3``    DeepSeek V3 / R1: ``<｜tool▁calls▁begin｜>`` sections, arguments in a ```json fence
+``deepseek_v31``   DeepSeek V3.1: the same sections, ``NAME<｜tool▁sep｜>{...}``
+``kimi_k2``        Kimi-K2: ``<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}``; the
+                   model's ids are kept
+``gpt_oss``        gpt-oss harmony (alias ``harmony``): messages ``to=functions.NAME``; reasoning parser
+                   ``harmony`` returns the ``analysis`` channel
+``glm45``          GLM-4.5 / 4.6 / 4.7: ``<tool_call>NAME<arg_key>k</arg_key><arg_value>v</arg_value>``
 =================  ====================================================================================
 
 Rules every format follows (each tested in tests/test_agent_parsers.py and tests/test_tool_formats.py):
@@ -38,8 +47,10 @@ Reasoning (``<think>...</think>``) is split off by a :class:`ReasoningParser` (:
 the recorded tokens (the model generated it) and is trained like any other output token.
 
 The package holds one module per format (``hermes.py``, ``qwen3_coder.py``, ``llama3_json.py``,
-``mistral.py``), their base (``base.py``: the result types, the protocol, a call's JSON shape; ``scan.py``:
-the forward-only text and JSON decoding; ``tagged.py``: tag-delimited blocks) and the reasoning parsers
+``mistral.py``, ``pythonic.py``, ``deepseek.py``, ``kimi_k2.py``, ``harmony.py``, ``glm45.py``), their
+base (``base.py``: the result types, the protocol, a call's JSON shape; ``scan.py``:
+the forward-only text and JSON decoding; ``tagged.py``: tag-delimited blocks; ``sections.py``: calls in a
+section of special tokens) and the reasoning parsers
 (``reasoning.py``).  A new format is one new module and one line in the registry below.
 """
 
@@ -52,21 +63,33 @@ from typing import Any
 from rollout_sdk.errors import ConfigError
 
 from .base import PARSE_ERROR_KINDS, ParsedTurn, ParseError, ToolCall, ToolCallParser
+from .deepseek import DeepSeekV3Parser, DeepSeekV31Parser
+from .glm45 import Glm45Parser
+from .harmony import HarmonyParser, HarmonyReasoningParser
 from .hermes import HermesParser
+from .kimi_k2 import KimiK2Parser
 from .llama3_json import Llama3JsonParser
 from .mistral import MistralParser
+from .pythonic import PythonicParser
 from .qwen3_coder import Qwen3CoderParser
 from .reasoning import NoReasoningParser, ReasoningParser, ThinkReasoningParser
 from .scan import _Text
 
 __all__ = [
     "PARSE_ERROR_KINDS",
+    "DeepSeekV3Parser",
+    "DeepSeekV31Parser",
+    "Glm45Parser",
+    "HarmonyParser",
+    "HarmonyReasoningParser",
     "HermesParser",
+    "KimiK2Parser",
     "Llama3JsonParser",
     "MistralParser",
     "NoReasoningParser",
     "ParseError",
     "ParsedTurn",
+    "PythonicParser",
     "Qwen3CoderParser",
     "ReasoningParser",
     "ThinkReasoningParser",
@@ -103,6 +126,13 @@ _PARSERS: dict[str, ParserFactory] = {
     "qwen3_coder": Qwen3CoderParser,
     "llama3_json": Llama3JsonParser,
     "mistral": MistralParser,
+    "pythonic": PythonicParser,
+    "deepseek_v3": DeepSeekV3Parser,
+    "deepseek_v31": DeepSeekV31Parser,
+    "kimi_k2": KimiK2Parser,
+    "gpt_oss": HarmonyParser,
+    "harmony": HarmonyParser,
+    "glm45": Glm45Parser,
 }
 
 
@@ -147,6 +177,7 @@ _REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {
     "none": NoReasoningParser,
     "think": ThinkReasoningParser,
     "think_open": lambda: ThinkReasoningParser(opened_by_prompt=True),
+    "harmony": HarmonyReasoningParser,
 }
 
 
@@ -164,7 +195,7 @@ def reasoning_parser_names() -> list[str]:
 
 def get_reasoning_parser(name: str) -> ReasoningParser:
     """A new reasoning parser: ``"none"`` (no reasoning), ``"think"`` (``<think>...</think>``),
-    ``"think_open"`` (the prompt opens the think block)."""
+    ``"think_open"`` (the prompt opens the think block), ``"harmony"`` (gpt-oss's ``analysis`` channel)."""
     factory = _REASONING_PARSERS.get(name.lower()) if isinstance(name, str) else None
     if factory is None:
         known = ", ".join(reasoning_parser_names())
