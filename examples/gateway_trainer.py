@@ -18,6 +18,10 @@ import asyncio
 import json
 import time
 
+# a first line before torch loads (seconds; more on a busy machine): nothing a reader runs stays silent
+if __name__ == "__main__":
+    print("gateway_trainer: loading torch and the SDK ...", flush=True)
+
 import aiohttp
 import torch
 

@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
+from typing import Any
+
+# a first line before torch loads (seconds; more on a busy machine): nothing a reader runs stays silent
+if __name__ == "__main__":
+    print("vl_trainer: loading torch and the SDK ...", flush=True)
 
 import msgspec
 import torch
 
 from rollout_sdk import CpuEngineConfig, GenerateRequest, GenerateResult, RolloutClient, SamplingParams
+from rollout_sdk.demos.progress import phase
 from rollout_sdk.models import ensure_tiny_vl_model
 from rollout_sdk.models.tiny_vl import noise_png
 from rollout_sdk.models.vision import ImageProcessor, load_image_processor
@@ -36,8 +43,6 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-2)
     args, _ = p.parse_known_args(argv)
     return args
-
-
 
 
 def reward(ids: list[int]) -> float:
@@ -55,17 +60,44 @@ def response_logprobs(
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(r.output_ids)[:, None]).squeeze(1)
 
 
+def policy_step(
+    policy: Any, proc: ImageProcessor, optimizer: torch.optim.Optimizer, groups: list[Any]
+) -> tuple[float, list[float], list[float]]:
+    """One policy-gradient step on group-relative advantages (GRPO-style); returns loss, rewards, gaps."""
+    loss_terms, rewards, gaps = [], [], []
+    for g in groups:
+        rs = torch.tensor([reward(r.output_ids) for r in g.results])
+        adv = (rs - rs.mean()) / (rs.std() + 1e-6)
+        rewards.extend(rs.tolist())
+        for a, r in zip(adv, g.results, strict=True):
+            lp = response_logprobs(policy, proc, r, list(g.request.images))
+            gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
+            loss_terms.append(-(a * lp).mean())
+    loss = torch.stack(loss_terms).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return float(loss.item()), rewards, gaps
+
+
 async def train(args: argparse.Namespace) -> None:
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    model_dir = str(await asyncio.to_thread(ensure_tiny_vl_model))
-    tok = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_dir)
-    proc = await asyncio.to_thread(load_image_processor, model_dir)
+    async with phase("building the tiny vision-language model (once) and its processor"):
+        model_dir = str(await asyncio.to_thread(ensure_tiny_vl_model))
+        tok = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_dir)
+        proc = await asyncio.to_thread(load_image_processor, model_dir)
     assert proc is not None
-    async with RolloutClient(engine=CpuEngineConfig(model_path=model_dir)) as client:
-        policy = await asyncio.to_thread(AutoModelForImageTextToText.from_pretrained, model_dir, dtype=torch.float32)
+    async with contextlib.AsyncExitStack() as stack:  # closes the client on the way out, whatever happened
+        async with phase("starting the engine"):
+            client = await stack.enter_async_context(RolloutClient(engine=CpuEngineConfig(model_path=model_dir)))
+        async with phase("loading the trainer's copy"):
+            policy = await asyncio.to_thread(
+                AutoModelForImageTextToText.from_pretrained, model_dir, dtype=torch.float32
+            )
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
-        await client.init_weight_sync(backend="gloo")
+        async with phase("joining the engines' weight-sync group (gloo)"):
+            await client.init_weight_sync(backend="gloo")
         images = [[noise_png(56, 56, i)] for i in range(args.prompts)]
         question = [{"type": "image"}, {"type": "text", "text": "What do you see?"}]
         messages = [{"role": "user", "content": question}]
@@ -79,27 +111,18 @@ async def train(args: argparse.Namespace) -> None:
                 )
                 for i, imgs in enumerate(images)
             ]
-            groups = await client.generate_many(requests, group_size=args.group).collect()
+            async with phase(f"step {step}: generating"):
+                groups = await client.generate_many(requests, group_size=args.group).collect()
             t_gen = time.perf_counter() - t0
-            loss_terms, rewards, gaps = [], [], []
-            for g in groups:
-                rs = torch.tensor([reward(r.output_ids) for r in g.results])
-                adv = (rs - rs.mean()) / (rs.std() + 1e-6)
-                rewards.extend(rs.tolist())
-                for a, r in zip(adv, g.results, strict=True):
-                    lp = response_logprobs(policy, proc, r, list(g.request.images))
-                    gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
-                    loss_terms.append(-(a * lp).mean())
-            loss = torch.stack(loss_terms).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            # in a worker thread: the event loop (and the embedded engine's server on it) keeps running
+            async with phase(f"step {step}: policy step"):
+                loss, rewards, gaps = await asyncio.to_thread(policy_step, policy, proc, optimizer, groups)
             named = [(n, p.detach()) for n, p in policy.named_parameters()]
             sync = await client.update_weights(named, version=step + 1)
             r0 = groups[0].results[0]
             print(
                 f"step {step}: reward {sum(rewards) / len(rewards):.3f}  engine/trainer logprob gap {max(gaps):.1e}  "
-                f"loss {loss.item():+.4f}  generate {t_gen:.2f}s  weight sync {sync['seconds']:.2f}s  "
+                f"loss {loss:+.4f}  generate {t_gen:.2f}s  weight sync {sync['seconds']:.2f}s  "
                 f"prompt {len(prompt)} -> {r0.prompt_tokens} tokens (image grid {r0.image_grid_thw})",
                 flush=True,
             )

@@ -729,34 +729,46 @@ async def test_sync_tool_does_not_block_the_event_loop() -> None:
 
 
 async def test_max_concurrency_is_honoured() -> None:
+    """Calls park on the cap, not on time: each tool holds until released, and the test releases only once the
+    calls beyond the cap wait at it (so a third could have started if the cap leaked)."""
     active = 0
     peak = 0
+    release = asyncio.Event()
     registry = ToolRegistry()
 
-    @registry.register
-    @tool(max_concurrency=2)
-    async def limited(i: int) -> int:
+    async def hold(i: int) -> int:
         nonlocal active, peak
         active += 1
         peak = max(peak, active)
-        await asyncio.sleep(0.03)
+        await release.wait()
         active -= 1
         return i
 
-    @registry.register
-    async def unlimited(i: int) -> int:
-        nonlocal active, peak
-        active += 1
-        peak = max(peak, active)
-        await asyncio.sleep(0.03)
-        active -= 1
-        return i
+    registry.register(tool(name="limited", max_concurrency=2)(hold))
+    registry.register(tool(name="unlimited")(hold))
 
-    results = await asyncio.gather(*(registry.execute(call("limited", f"call_{i}", i=i)) for i in range(7)))
+    async def until(cond, what: str) -> None:  # type: ignore[no-untyped-def]
+        try:
+            async with asyncio.timeout(60):
+                while not cond():
+                    await asyncio.sleep(0.001)
+        except TimeoutError:
+            raise AssertionError(f"never happened: {what}") from None
+
+    calls = asyncio.gather(*(registry.execute(call("limited", f"call_{i}", i=i)) for i in range(7)))
+    waiters = lambda: len(registry._semaphores["limited"][1]._waiters or ())  # noqa: E731
+    await until(lambda: active == 2 and "limited" in registry._semaphores and waiters() == 5, "5 wait at the cap")
+    assert peak == 2
+    release.set()
+    results = await calls
     assert [r.content for r in results] == [str(i) for i in range(7)]
     assert peak == 2
     peak = 0
-    await asyncio.gather(*(registry.execute(call("unlimited", i=i)) for i in range(5)))
+    release.clear()
+    calls = asyncio.gather(*(registry.execute(call("unlimited", i=i)) for i in range(5)))
+    await until(lambda: active == 5, "all 5 run at once")  # no cap: every call runs together
+    release.set()
+    await calls
     assert peak == 5
 
 

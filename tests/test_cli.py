@@ -224,3 +224,23 @@ def test_the_entry_points_leave_through_exit_process() -> None:
     assert scripts["rollout-sdk"] == "rollout_sdk.launch.cli:entry"
     assert "entry()" in (ROOT / "src" / "rollout_sdk" / "__main__.py").read_text()
     assert "exit_process(main())" in (ROOT / "src" / "rollout_sdk" / "launch" / "__main__.py").read_text()
+
+
+def test_serve_says_every_few_seconds_that_its_engine_still_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    """The still-starting ticker speaks while its block blocks the thread that runs it (as an engine's import
+    and model load block serve's loop), and stops when the block ends (issue 37: no silent start)."""
+    import time
+
+    from rollout_sdk.launch.cli import _still_starting
+
+    seen = ""
+    with _still_starting("the cpu engine", every_s=0.01):
+        deadline = time.monotonic() + 60
+        while "still starting" not in seen:  # this thread is busy: only the ticker's own thread can print
+            assert time.monotonic() < deadline, "the ticker never spoke"
+            seen += capsys.readouterr().err
+            time.sleep(0.005)  # a poll of captured output, not a duration
+    import threading
+
+    assert not [t for t in threading.enumerate() if t.name == "still-starting"]  # joined: nothing prints after
+    assert "the cpu engine: still starting (" in seen

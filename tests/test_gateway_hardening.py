@@ -419,6 +419,7 @@ async def test_slow_heads_and_bodies_are_closed_and_connections_are_bounded(fake
         await writer.drain()
         assert await asyncio.wait_for(_until_closed(reader), 60) == b""
         writer.close()
+        await writer.wait_closed()  # closed before the loop ends: no "unclosed transport" at exit
         # a body sent a byte at a time, never finished: 408 body_timeout, then closed
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
         writer.write(
@@ -429,6 +430,7 @@ async def test_slow_heads_and_bodies_are_closed_and_connections_are_bounded(fake
         answer = await asyncio.wait_for(_until_closed(reader), 60)
         assert answer.startswith(b"HTTP/1.1 408") and b'"body_timeout"' in answer
         writer.close()
+        await writer.wait_closed()
         assert "slow" not in gw.store.sessions
         await wait_for(lambda: len(server.connections) == 0)
         # connections beyond max_connections: 503 too_many_connections at once, the others stay served
@@ -440,9 +442,11 @@ async def test_slow_heads_and_bodies_are_closed_and_connections_are_bounded(fake
         answer = await asyncio.wait_for(_until_closed(reader), 60)
         assert answer.startswith(b"HTTP/1.1 503") and b'"too_many_connections"' in answer
         writer.close()
+        await writer.wait_closed()
         assert b"rollout_gateway_connections_refused_total 1.0" in gw.metrics()[0]
         for _, w in held:
             w.close()
+        await asyncio.gather(*(w.wait_closed() for _, w in held))
         await wait_for(lambda: len(server.connections) == 0)
         async with aiohttp.ClientSession() as http, http.get(f"{root(gw)}/health") as r:
             assert r.status == 200

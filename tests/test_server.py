@@ -125,8 +125,12 @@ async def test_bad_input_gets_typed_errors_and_the_server_keeps_serving(shared_c
     raw = RawClient(shared_cpu_server.address)
     try:
         async with RolloutClient(servers=[shared_cpu_server.address]) as client:
-            good = [asyncio.create_task(client.generate(_gen(i, max_new_tokens=24))) for i in range(20)]
-            await asyncio.sleep(0.05)
+            good = [
+                asyncio.create_task(client.generate(_gen(i, max_new_tokens=64, ignore_eos=True))) for i in range(20)
+            ]
+            async with asyncio.timeout(60):  # the bad input arrives while good requests run (a condition, not a sleep)
+                while (await client.servers[0].fetch_stats()).running < 1:
+                    await asyncio.sleep(0.005)
             for obj, field in BAD:
                 await raw.send_obj(obj)
                 reply = await raw.recv()
@@ -151,7 +155,7 @@ async def test_bad_input_gets_typed_errors_and_the_server_keeps_serving(shared_c
                 await client.generate(GenerateRequest(input_ids=[1, 200_000]))
             assert (info.value.field, info.value.value) == ("input_ids[1]", 200_000)
             results = await asyncio.gather(*good)
-            assert all(r.finish_reason in ("length", "stop") for r in results)
+            assert all(r.finish_reason == "length" and len(r.output_ids) == 64 for r in results)
             await raw.sock.send(encode(Ping(1)))
             pong = await raw.recv()
             assert isinstance(pong, Pong)

@@ -33,6 +33,7 @@ class FakeTokenizerManager:
 
     def __init__(self) -> None:
         self.running: dict[str, asyncio.Event] = {}
+        self.tokens: dict[str, int] = {}  # tokens emitted so far per rid (the last part's)
         self.submitted: list[Any] = []
         self.loaded: list[list[str]] = []
         self.flushes = 0
@@ -42,6 +43,7 @@ class FakeTokenizerManager:
 
     async def generate_request(self, obj: Any, _request: Any) -> Any:
         stop = self.running[obj.rid] = asyncio.Event()
+        self.tokens[obj.rid] = 0
         self.submitted.append(obj)
         ids: list[int] = []
         kind = "length"
@@ -53,6 +55,7 @@ class FakeTokenizerManager:
                 assert not self.released, "generating with memory released"
                 await asyncio.sleep(STEP_S)
                 ids.append(len(obj.input_ids) + i)
+                self.tokens[obj.rid] = len(ids)
         finally:
             del self.running[obj.rid]
         yield {
@@ -143,10 +146,21 @@ def ipc(buckets: list[list[TensorMeta]], version: int) -> UpdateWeightsFromIpc:
 NORM = [[TensorMeta(name="model.norm.weight", dtype="bfloat16", shape=[16])]]
 
 
-async def until_tokens(tm: FakeTokenizerManager, count: int) -> None:
-    while len(tm.running) < count:
+async def until_tokens(tm: FakeTokenizerManager, count: int, tokens: int = 3) -> None:
+    """Until ``count`` requests run inside SGLang and each has emitted ``tokens`` tokens (a condition, not a
+    sleep: a checkpoint taken from then on has something to keep, however slow the machine)."""
+    while len(tm.running) < count or any(tm.tokens.get(rid, 0) < tokens for rid in tm.running):
         await asyncio.sleep(STEP_S)
-    await asyncio.sleep(20 * STEP_S)
+
+
+async def until_more_tokens(eng: Any, tm: FakeTokenizerManager, rids: list[str], more: int = 2) -> None:
+    """Until each of ``rids`` has emitted ``more`` tokens past what it had inside SGLang: it still runs, proven
+    by its progress rather than by a look after a sleep."""
+    sids = [eng.flights[rid].sid for rid in rids]
+    start = {sid: tm.tokens[sid] for sid in sids}
+    while not all(tm.tokens[sid] >= start[sid] + more for sid in sids):
+        assert all(sid in tm.running for sid in sids), "a running request stopped"
+        await asyncio.sleep(STEP_S)
 
 
 async def at_gate(eng: Any, rids: list[str]) -> None:
@@ -213,8 +227,8 @@ async def test_user_abort_of_a_held_request_returns_its_tokens(engine) -> None:
     task = asyncio.ensure_future(eng.generate(req("x", 300)))
     await until_tokens(tm, 1)
     await eng.pause("in_place")
-    await asyncio.sleep(0.02)
-    assert not task.done()
+    await at_gate(eng, ["x"])  # held at the closed gate: only the abort or a resume can end it now
+    assert not task.done() and not tm.running
     eng.abort("x")
     r = await asyncio.wait_for(task, 1.0)
     assert r.finish_reason == "abort" and 0 < len(r.output_ids) < 300 and exact(r, len(r.output_ids))
@@ -259,8 +273,7 @@ async def test_release_refused_while_running_allowed_while_held(engine) -> None:
     await until_tokens(tm, 4)
     with pytest.raises(EngineBusyError):
         await eng.release_memory()
-    await asyncio.sleep(0.01)
-    assert tm.running  # the refusal did not stop anything
+    await until_more_tokens(eng, tm, [f"r{i}" for i in range(4)])  # the refusal did not stop anything
     await eng.pause("retract")
     await eng.release_memory()
     assert tm.released == {"weights", "kv_cache", "cuda_graph"}
@@ -275,7 +288,7 @@ async def test_engine_death_fails_waiting_requests_fast(engine) -> None:
     eng, _ = engine
     await eng.pause("retract")
     waiting = [asyncio.ensure_future(eng.generate(req(f"w{i}", 10))) for i in range(3)]
-    await asyncio.sleep(0.02)
+    await at_gate(eng, [f"w{i}" for i in range(3)])  # each waits at the gate (not merely not started yet)
     eng._on_child_death("in a test")
     for t in waiting:
         with pytest.raises(EngineDeadError):

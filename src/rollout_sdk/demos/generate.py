@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from ..errors import ConfigError
 from ..protocol.checks import check_config_types
 from ..protocol.engine_config import CpuEngineConfig
 from ..rollouts.group import Agent, deprecated_group_field
-from .progress import rollout_progress
+from .progress import phase, rollout_progress
 
 __all__ = ["DemoConfig", "run_demo"]
 
@@ -88,7 +89,10 @@ async def run_demo(
 
     # the first line before the imports and the model: both take seconds on a loaded machine
     say(f"rollout-sdk demo: {demo.prompts} questions x {demo.group_size} trajectories, through ToolAgent")
-    from transformers import AutoTokenizer
+    # transformers' import takes seconds on a loaded machine: a phase (a line, then one every few seconds),
+    # in a thread so that the phase's ticker can speak
+    async with phase("loading transformers (the tokenizer's library)", out=out):
+        transformers = await asyncio.to_thread(importlib.import_module, "transformers")
 
     from ..agents import group_stats, rollout_group
     from ..tasks import calculator as task
@@ -106,7 +110,7 @@ async def run_demo(
         t_ready = time.perf_counter()
         say(_model_line(rc.model_path or ""))
         say(f"servers: {where}; ready in {t_ready - t_open:.1f}s")
-        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, rc.model_path)
+        tokenizer = await asyncio.to_thread(transformers.AutoTokenizer.from_pretrained, rc.model_path)
         agent = task.make_agent(
             tokenizer, temperature=demo.temperature, seed=demo.seed, max_new_tokens=demo.max_new_tokens
         )

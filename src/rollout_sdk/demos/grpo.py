@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..protocol.checks import check_config_types
 from ..protocol.engine_config import CpuEngineConfig
 from ..rollouts.group import deprecated_group_field
-from .progress import rollout_progress
+from .progress import phase, rollout_progress
 
 __all__ = ["GrpoConfig", "run_grpo"]
 
@@ -77,6 +77,14 @@ class GrpoConfig:
             raise ConfigError("task_config", self.task_config, "must be a JSON object")
 
 
+def _import_training_libraries() -> None:
+    """torch, transformers and the tool model's module, imported (in a worker thread: see run_grpo)."""
+    import importlib
+
+    for name in ("torch", "transformers", "rollout_sdk.tasks.tool_model"):
+        importlib.import_module(name)
+
+
 async def run_grpo(
     config: GrpoConfig, *, say: Callable[[str], None] = print, progress: bool = True
 ) -> list[dict[str, float]]:
@@ -86,6 +94,10 @@ async def run_grpo(
         f"GRPO on CPU: {config.steps} steps of {config.prompts} questions x {config.group_size} trajectories; "
         "loading the policy and starting the engine..."
     )
+    # torch and transformers take seconds to import on a loaded machine: in a thread, inside a phase that
+    # says every few seconds that it still runs (issue 37: no silence over ~5 s)
+    async with phase("loading torch and transformers"):
+        await asyncio.to_thread(_import_training_libraries)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -95,9 +107,12 @@ async def run_grpo(
 
     source = _task_source(config)  # reasoning-gym's generator (or the calculator's): before any engine starts
     model_dir = await ensure_tool_model_async(stage="undertrained")
-    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(model_dir))
-    with quiet_weight_loading():
-        policy: Any = await asyncio.to_thread(AutoModelForCausalLM.from_pretrained, str(model_dir), dtype=torch.float32)
+    async with phase("loading the policy"):
+        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(model_dir))
+        with quiet_weight_loading():
+            policy: Any = await asyncio.to_thread(
+                AutoModelForCausalLM.from_pretrained, str(model_dir), dtype=torch.float32
+            )
     say("policy loaded; starting the engine and the weight-sync group (gloo)...")
     head = TaskHead.of(model_dir)
     body = policy.model
@@ -111,7 +126,8 @@ async def run_grpo(
         await client.init_weight_sync(backend="gloo")
         say(f"GRPO on the tool model (under-trained start): {model_dir}")
         if config.eval_instances:
-            before = await _greedy(client, tokenizer, config.eval_instances, source)
+            async with phase(f"greedy evaluation on {config.eval_instances} held-back instances"):
+                before = await _greedy(client, tokenizer, config.eval_instances, source)
             say(f"greedy success on {config.eval_instances} held-back instances before: {before:.0%}")
         say(
             f"{'step':>4} {'success':>8} {'reward':>7} {'tool calls':>10} {'lp gap':>8} {'loss':>8}"
@@ -164,7 +180,8 @@ async def run_grpo(
                 f" {row['sync_s']:>5.2f}s"
             )
         if config.eval_instances:
-            after = await _greedy(client, tokenizer, config.eval_instances, source)
+            async with phase(f"greedy evaluation on {config.eval_instances} held-back instances"):
+                after = await _greedy(client, tokenizer, config.eval_instances, source)
             say(f"greedy success on {config.eval_instances} held-back instances after: {after:.0%}")
     return rows
 

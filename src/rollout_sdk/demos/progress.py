@@ -58,7 +58,7 @@ class _LineBar:
     frame every second would pile up on one line there.  One line per ``every_s`` at most, and one at the
     end."""
 
-    def __init__(self, total: int, desc: str, *, every_s: float = 5.0, out: Any = None) -> None:
+    def __init__(self, total: int, desc: str, *, every_s: float = 4.0, out: Any = None) -> None:
         import sys
         import time
 
@@ -95,7 +95,7 @@ class _LineBar:
 
 
 @contextlib.asynccontextmanager
-async def phase(label: str, *, every_s: float = 5.0, out: Any = None) -> AsyncIterator[None]:
+async def phase(label: str, *, every_s: float = 4.0, out: Any = None) -> AsyncIterator[None]:
     """Say that a phase starts, then every ``every_s`` seconds that it still runs, then how long it took:
     the rule of the examples and demos, no silence longer than a few seconds (issue 37).  A ticker task
     (its child) prints; it is cancelled and awaited on exit, whatever the body raised.

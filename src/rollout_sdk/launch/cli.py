@@ -449,6 +449,33 @@ def engine_configs(kind: str, args: argparse.Namespace) -> Any:
     return configs
 
 
+#: seconds between the lines that say ``serve``'s engine is still starting (under ~5 s with jitter: issue 37)
+STILL_STARTING_EVERY_S = 4.0
+
+
+@contextlib.contextmanager
+def _still_starting(label: str, *, every_s: float = STILL_STARTING_EVERY_S) -> typing.Iterator[None]:
+    """A line on stderr every ``every_s`` seconds until the block ends.  A thread, not a task: the engine's
+    import and model load block the event loop for seconds (torch, transformers), and a task would wait
+    for them in silence.  The thread is joined on the way out, whatever the block raised."""
+    import time
+
+    stop = threading.Event()
+    t0 = time.perf_counter()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            print(f"{label}: still starting ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+
+    ticker = threading.Thread(target=tick, name="still-starting")
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+
+
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
     """The engine ``rollout-sdk serve --engine kind`` runs, from its command line (engines.registry)."""
     from ..engines.registry import make_engine as make
@@ -475,9 +502,15 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
         host = args.metrics_host or config.host
         endpoint = await asyncio.to_thread(start_metrics_endpoint, metrics.registry, host=host, port=args.metrics_port)
         print(f"METRICS {endpoint.url}", flush=True)
+    starting = contextlib.ExitStack()  # a line every few seconds from here until READY (or a failure)
     if args.engine != "fake":  # READY comes after the model is loaded: seconds on CPU, minutes for SGLang
         print(f"starting the {args.engine} engine (loading the model)...", file=sys.stderr, flush=True)
-    server = EngineServer(make_engine(args.engine, args), config, metrics=metrics)
+        starting.enter_context(_still_starting(f"the {args.engine} engine"))
+    try:
+        server = EngineServer(make_engine(args.engine, args), config, metrics=metrics)
+    except BaseException:
+        starting.close()
+        raise
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)
@@ -490,11 +523,13 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
             with open(tmp, "w") as f:
                 f.write(address)
             os.replace(tmp, args.address_file)
+        starting.close()  # the still-starting lines end before READY
         print(f"READY {address}", flush=True)
 
     try:
         await server.serve(on_ready=ready)
     finally:
+        starting.close()
         if endpoint is not None:
             await endpoint.aclose()
     return 0
