@@ -89,7 +89,9 @@ class Batch:
         for layer in _layers(self.cache):
             if layer.keys.shape[2] != width:
                 return 0, []
-            out.append((layer.keys[i : i + 1, :, width - n :, :].clone(), layer.values[i : i + 1, :, width - n :, :].clone()))
+            out.append(
+                (layer.keys[i : i + 1, :, width - n :, :].clone(), layer.values[i : i + 1, :, width - n :, :].clone())
+            )
         return n, out
 
     def drop_done(self) -> None:
