@@ -210,8 +210,8 @@ class ModelRunner:
         if not cache.enabled or b.mask is None:
             return
         for i, s in enumerate(b.rows):
-            if not s.done or s.vision is not None or s in self._stale_kv:
-                continue
+            if not s.done or s.vision is not None or s in self._stale_kv or s.num_tokens - 1 > cache.capacity_tokens:
+                continue  # (a row larger than the cache is not even copied out)
             n, kv = b.row_kv(i)
             if n == 0 or n > s.num_tokens:
                 continue
