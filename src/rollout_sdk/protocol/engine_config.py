@@ -36,6 +36,10 @@ class CpuEngineConfig:
     #: requests whose images are decoded and expanded at once (each holds its decoded pixels meanwhile:
     #: ~200-300 MB for 16 images of 4096 x 4096); more wait their turn
     max_image_expansions: int = 2
+    #: tokens of KV the prefix cache keeps of finished requests, found again by token prefix (a request
+    #: sharing a prefix computes only the rest; an agent session's ``keep_kv_s`` pins its context there
+    #: through its tool wait); 0 or None: off
+    prefix_cache_tokens: int | None = 32768
     #: where the embedded tiny model is built (default $ROLLOUT_SDK_HOME or ~/.cache/rollout_sdk)
     home: str | None = None
 
@@ -47,5 +51,7 @@ class CpuEngineConfig:
             raise ConfigError("max_image_expansions", self.max_image_expansions, "must be >= 1")
         if self.max_prefill_tokens < 1:
             raise ConfigError("max_prefill_tokens", self.max_prefill_tokens, "must be >= 1")
+        if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
+            raise ConfigError("prefix_cache_tokens", self.prefix_cache_tokens, "must be >= 0 (0 or None: off)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError("dtype", self.dtype, "must be float32, bfloat16 or float16")

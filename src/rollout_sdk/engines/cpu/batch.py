@@ -7,7 +7,9 @@ The cache is a transformers ``DynamicCache`` whose rows are left-padded to a com
 * :meth:`Batch.advance` grows every row by the token decoded this step;
 * :meth:`Batch.drop_done` index-selects finished rows out and trims the columns that became padding in
   every remaining row;
-* :meth:`Batch.clear` forgets everything (retract, memory release).
+* :meth:`Batch.clear` forgets everything (retract, memory release);
+* :meth:`Batch.row_kv` copies one row's KV out, its padding trimmed (for the prefix cache, before
+  ``drop_done`` drops a finished row).
 
 Touched only by the worker thread.
 """
@@ -73,6 +75,24 @@ class Batch:
         self.mask = mask
         self.next_pos = self.next_pos + 1
         self.last_tok = tokens
+
+    def row_kv(self, i: int) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Row ``i``'s KV without its left padding: ``(n, [(K, V) per layer, each [1, H, n, D]])``, where
+        the KV is that of the row's first ``n`` tokens.  Copies: a view would keep the whole batch's
+        tensors alive.  ``(0, [])`` where the row's columns are not one run at the right (never expected)."""
+        assert self.mask is not None
+        width = int(self.mask.shape[1])
+        n = int(self.mask[i].sum())
+        if n == 0 or int(self.mask[i, width - n :].sum()) != n:
+            return 0, []
+        out = []
+        for layer in _layers(self.cache):
+            if layer.keys.shape[2] != width:
+                return 0, []
+            out.append(
+                (layer.keys[i : i + 1, :, width - n :, :].clone(), layer.values[i : i + 1, :, width - n :, :].clone())
+            )
+        return n, out
 
     def drop_done(self) -> None:
         if not self.rows:

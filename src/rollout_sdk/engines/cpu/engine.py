@@ -17,8 +17,14 @@ Concurrency::
                      futures of finished seqs
     weight update / memory ─ queued on the same worker, so they run between two steps, never inside one
 
+The prefix cache (:mod:`.prefix_cache`, ``prefix_cache_tokens``) keeps finished requests' KV by token
+prefix; ``cached_tokens`` of a result says what its prefill took from it.  Agent sessions (``keep_kv_s``,
+engines/sessions.py) pin their latest context in it through a tool wait, as the SGLang engine pins its
+radix cache: the session book's leases, hints and releases go to the cache from the loop.
+
 Modules: :mod:`.scheduler` (waiting queue, admission), :mod:`.sequence` (one request), :mod:`.batch`
-(running rows and the KV-cache surgery), :mod:`.model_runner` (model, step, sampling, weights).
+(running rows and the KV-cache surgery), :mod:`.model_runner` (model, step, sampling, weights),
+:mod:`.prefix_cache` (finished rows' KV by prefix, session pins).
 (bench/cpu_batching.py measures this loop against transformers' own continuous-batching manager;
 docs/design.md says why this one is kept.)
 
@@ -61,6 +67,7 @@ from ...protocol import (
     InflightMode,
     InitWeightGroup,
     PauseMode,
+    SessionHint,
     UpdateWeightsDistributed,
     check_inflight,
     check_weight_version,
@@ -70,6 +77,7 @@ from ...weights import Rendezvous, init_weight_group, receive_buckets
 from ...weights.group import destroy_weight_group
 from ...weights.manifest import check_metas, parameter_shapes
 from ..base import Engine, EngineLoad, Gate, NamedTensors, prompt_score_result
+from ..sessions import SessionBook
 from .model_runner import ModelRunner, StepOutput
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -104,6 +112,9 @@ class CpuEngine(Engine):
         self._rng = random.Random(self.config.seed)
         self._groups: dict[str, Any] = {}
         self._expansions = asyncio.Semaphore(self.config.max_image_expansions)
+        cache = self._runner.prefix_cache
+        #: agent sessions whose KV the prefix cache keeps (engines/sessions.py; no session admission here)
+        self.sessions = SessionBook(release=cache.release, rerank=cache.rerank)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -122,6 +133,7 @@ class CpuEngine(Engine):
         await cancel_and_wait(task)
         for s in list(self._scheduler.seqs.values()):
             self._finish(s, "abort")
+        self.sessions.close()
         if self._executor is not None:
             ex, self._executor = self._executor, None
             ex.submit(self._runner.close)
@@ -167,10 +179,39 @@ class CpuEngine(Engine):
         seed = req.sampling.seed
         rng = random.Random(seed if seed is not None else self._rng.getrandbits(63))
         limits = self.limits
-        seq = Sequence(req, limits.eos_token_ids, limits.max_context, rng, fut, vision)
+        seq = Sequence(req, limits.eos_token_ids, limits.max_context, rng, fut, vision, cache_ns=self._cache_ns())
+        if req.keep_kv_s is not None and req.session_id is not None and self._runner.prefix_cache.enabled:
+            await self._keep_session(req.session_id, req.keep_kv_s, len(seq.prompt), req.sampling.max_new_tokens, fut)
         self._scheduler.add(seq)
         self._wake.set()
         return await fut
+
+    def _cache_ns(self) -> str:
+        """The prefix-cache namespace of a request submitted now (prefix_cache.py): lookups never cross it.  The
+        worker sets it again at each prefill, to the version of the weights it is prefilled on (issue 41)."""
+        return f"w{self._weight_version}"
+
+    # -- agent sessions (engines/sessions.py) ----------------------------------------------------------
+
+    async def _keep_session(
+        self, session: str, keep_s: float, prompt: int, budget: int, fut: asyncio.Future[GenerateResult]
+    ) -> None:
+        """A turn with ``keep_kv_s``: its session is kept (its latest context pinned in the prefix cache)
+        until the session book releases it."""
+        book = self.sessions
+        await book.enter(session, prompt + budget)  # no admission budget here: never waits
+        self._runner.prefix_cache.keep(session, book.rank(keep_s))
+        fut.add_done_callback(lambda f: self._left(f, session, keep_s, prompt))
+
+    def _left(self, fut: asyncio.Future[GenerateResult], session: str, keep_s: float, prompt: int) -> None:
+        ok = not fut.cancelled() and fut.exception() is None and fut.result().finish_reason != "abort"
+        out = len(fut.result().output_ids) if ok else 0
+        self.sessions.leave(session, keep_s=keep_s, tokens=prompt + out, ok=ok)
+        if ok and self.sessions.holds(session):  # the lease starts now: expected back within keep_s
+            self._runner.prefix_cache.keep(session, self.sessions.rank(keep_s))
+
+    def session_hints(self, hints: Seq[SessionHint]) -> None:
+        self.sessions.hints(hints)
 
     async def _expand_images(self, req: GenerateRequest) -> VisionInputs | None:
         """A request to a vision-language model: its images decoded and processed, its marks expanded (in
@@ -271,7 +312,7 @@ class CpuEngine(Engine):
                 admit = self._scheduler.schedule(batch.num_live)
                 if not admit and not batch.num_live:
                     if batch.num_rows:  # idle: free the KV cache of the rows that finished last
-                        await self._in_worker(batch.drop_done)
+                        await self._in_worker(self._runner.drop_done)
                     self._wake.clear()
                     if not self._scheduler.waiting:
                         await self._wake.wait()
@@ -332,8 +373,8 @@ class CpuEngine(Engine):
         self._wake.set()
 
     async def flush_cache(self) -> None:
-        # The CPU engine keeps no prefix cache across requests: nothing to flush.
-        return None
+        """Empty the prefix cache (kept sessions stay kept: their next finished turn is pinned again)."""
+        await self._in_worker(self._runner.prefix_cache.clear)
 
     async def release_memory(self, tags: Seq[str] | None = None) -> None:
         tags = list(tags or ("weights", "kv_cache"))

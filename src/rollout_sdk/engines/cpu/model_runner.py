@@ -5,6 +5,10 @@ and its KV cache have a single owner.  A step decodes one token for every runnin
 admitted rows and merges them into the batch (:mod:`.batch`), then turns the last position of each row
 into logits in cache-sized chunks and samples (:mod:`.._sampling`).
 
+The prefix cache (:mod:`.prefix_cache`): a finished row's KV is kept (cut out of the batch before
+``drop_done`` drops it); an admitted row that finds a cached prefix is prefilled alone over a cache filled
+from it (only its uncached suffix is forwarded, positions continuing), the others in one padded batch.
+
 A Qwen2.5-VL model runs as its language model fed embeddings: a prefilled row with images gets its image
 spans replaced by the vision tower's features and its M-RoPE positions from transformers' ``get_rope_index``
 (per row, never the model's cached ``rope_deltas``, which belong to whatever batch ran last); its next
@@ -26,6 +30,7 @@ from typing import Any, NamedTuple
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig
+from transformers.cache_utils import DynamicLayer
 
 from ...errors import WeightUpdateError
 from ...models import quiet_weight_loading
@@ -37,6 +42,7 @@ from ...weights import Bucket
 from ...weights.manifest import check_metas, parameter_shapes
 from .._sampling import RowSampling, sample
 from .batch import Batch, prefill_inputs
+from .prefix_cache import Hit, PrefixCache
 from .sequence import Sequence
 
 __all__ = ["ModelRunner", "StepOutput"]
@@ -73,6 +79,12 @@ class ModelRunner:
         self._vl: Any = None
         #: its image processor (models.vision.ImageProcessor); None for a text-only model
         self.vision: Any = None
+        #: KV of finished rows by token prefix (prefix_cache.py); off with prefix_cache_tokens 0 or None
+        self.prefix_cache = PrefixCache(config.prefix_cache_tokens or 0)
+        #: rows in the batch that were prefilled from a cache entry (its id: a prefix their own supersedes)
+        self._hit_of: dict[Sequence, int] = {}
+        #: rows in the batch whose KV was (partly) computed under weights since changed: never cached
+        self._stale_kv: set[Sequence] = set()
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -119,6 +131,11 @@ class ModelRunner:
         if self.vision is not None:
             self._vl = model.model
             self._body = self._vl.language_model  # fed embeddings (images scattered in) and 3D positions
+        # the prefix cache cuts rows out of plain full-attention layers; a sliding window or a multimodal
+        # RoPE (positions that are not token indices) would need more than that
+        probe = DynamicCache(config=cfg)
+        if self._vl is not None or any(type(layer) is not DynamicLayer for layer in probe.layers):
+            self.prefix_cache.disable()
         params = inspect.signature((self._body or model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.model = model
@@ -127,7 +144,8 @@ class ModelRunner:
         return self.limits
 
     def close(self) -> None:
-        self.batch.clear()
+        self._clear_batch()
+        self.prefix_cache.clear()
         if self._offload_dir is not None:
             self._offload_dir.cleanup()
             self._offload_dir = None
@@ -149,7 +167,7 @@ class ModelRunner:
         emitted: list[tuple[Sequence, int, float]] = []
         failed: list[tuple[Sequence, BaseException]] = []
         with torch.inference_mode():
-            b.drop_done()
+            self.drop_done()
             if b.rows:
                 try:
                     ids, mask, pos = b.decode_inputs()
@@ -163,12 +181,93 @@ class ModelRunner:
                     emitted.extend(_good(b.rows, toks, lps, bad))
                     failed.extend(bad.items())
             if admit:
-                e, f = self._prefill_isolated(admit)
-                emitted.extend(e)
-                failed.extend(f)
+                cold = self._prefill_hits(admit, emitted, failed)
+                if cold:
+                    e, f = self._prefill_isolated(cold)
+                    emitted.extend(e)
+                    failed.extend(f)
             if failed:
                 self._canary()  # raises when the engine itself is broken
         return StepOutput(version, emitted, failed)
+
+    def drop_done(self) -> None:
+        """Drop the finished rows from the batch, their KV kept in the prefix cache first."""
+        b = self.batch
+        if not any(s.done for s in b.rows):
+            return
+        self._keep_finished()
+        b.drop_done()
+        if self._hit_of or self._stale_kv:
+            rows = set(b.rows)
+            self._hit_of = {s: i for s, i in self._hit_of.items() if s in rows}
+            self._stale_kv &= rows
+
+    def _keep_finished(self) -> None:
+        """Each finished text row's KV into the prefix cache: its first ``n`` tokens (prompt and output but
+        the last token, or all of them for a row aborted after its last token was fed), under its namespace;
+        a turn with ``keep_kv_s`` under its session (pinned while the session is kept)."""
+        b, cache = self.batch, self.prefix_cache
+        if not cache.enabled or b.mask is None:
+            return
+        for i, s in enumerate(b.rows):
+            if not s.done or s.vision is not None or s in self._stale_kv or s.num_tokens - 1 > cache.capacity_tokens:
+                continue  # (a row larger than the cache is not even copied out)
+            n, kv = b.row_kv(i)
+            if n == 0 or n > s.num_tokens:
+                continue
+            session = s.req.session_id if s.req.keep_kv_s is not None else None
+            cache.insert(s.cache_ns, s.token_ids[:n], kv, session=session, replaces=self._hit_of.get(s))
+
+    def _prefill_hits(
+        self,
+        admit: list[Sequence],
+        emitted: list[tuple[Sequence, int, float]],
+        failed: list[tuple[Sequence, BaseException]],
+    ) -> list[Sequence]:
+        """Prefill each row of ``admit`` that finds a cached prefix alone, from it; return the others.  A
+        row whose prefill from the cache fails is returned with them (prefilled cold: no entry is trusted
+        over a request)."""
+        cache = self.prefix_cache
+        if not cache.enabled:
+            return admit
+        cold: list[Sequence] = []
+        for s in admit:
+            s.cache_ns = f"w{self.version}"  # the weights its KV is computed under from now on
+            hit = cache.lookup(s.cache_ns, s.token_ids) if s.vision is None else None
+            if hit is None:
+                cold.append(s)
+                continue
+            try:
+                toks, lps, bad = self._prefill_hit(s, hit)
+            except Exception:
+                log.warning("CPU engine: a prefill from the prefix cache failed; prefilling it cold", exc_info=True)
+                cold.append(s)
+                continue
+            emitted.extend(_good([s], toks, lps, bad))
+            failed.extend(bad.items())
+        return cold
+
+    def _prefill_hit(self, s: Sequence, hit: Hit) -> tuple[torch.Tensor, torch.Tensor, dict[Sequence, BaseException]]:
+        """Prefill ``s`` alone over a cache holding ``hit``'s KV: only the tokens past it are forwarded."""
+        ctx = s.token_ids
+        m = hit.num_tokens
+        cache = DynamicCache(ddp_cache_data=hit.kv, config=self.model.config)
+        ids = torch.tensor([ctx[m:]], dtype=torch.long)
+        mask = torch.ones(1, len(ctx), dtype=torch.long)
+        pos = torch.arange(m, len(ctx), dtype=torch.long)[None]
+        last = self._forward_last(ids, mask, pos, cache)
+        toks, lps, bad = self._head_and_sample(last, [s])
+        self.batch.admit([s], cache, mask, torch.tensor([len(ctx)]), toks)
+        s.kv_version = self.version  # cached under this version's namespace: its KV is this version's
+        self._hit_of[s] = hit.entry_id
+        if not s.out:  # its first prefill (a retracted row's re-prefill reports nothing new)
+            s.cached_tokens = min(m, s.num_prompt_tokens)
+        return toks, lps, bad
+
+    def _clear_batch(self) -> None:
+        self.batch.clear()
+        self._hit_of.clear()
+        self._stale_kv.clear()
 
     def _prefill_isolated(
         self, admit: list[Sequence]
@@ -199,7 +298,9 @@ class ModelRunner:
     def retract(self) -> list[Sequence]:
         """Drop the KV cache of every running row; the rows re-prefill (prompt + tokens so far) later."""
         rows = self.batch.live_rows()
-        self.batch.clear()
+        if self.batch.mask is not None:
+            self._keep_finished()
+        self._clear_batch()
         return rows
 
     def _prefill(self, admit: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, dict[Sequence, BaseException]]:
@@ -357,6 +458,9 @@ class ModelRunner:
                     f"parameter {name!r}: dtype {tensor.dtype} is not floating point", applied=False
                 )
             staged.append((params[aliases.get(name, name)], tensor))
+        # a row going on (keep) attends to KV of the old weights: it is never cached under the new version's
+        # namespace; new requests look up only that namespace (Sequence.cache_ns, set at each prefill)
+        self._stale_kv.update(self.batch.rows)
         retracted = self.retract() if inflight == "reprefill" else []
         with torch.no_grad():
             for p, tensor in staged:
@@ -372,7 +476,8 @@ class ModelRunner:
         """Free the KV cache and/or offload the weights to a temporary safetensors file."""
 
         if "kv_cache" in tags:
-            self.batch.clear()
+            self._clear_batch()
+            self.prefix_cache.clear()
         if "weights" in tags and self._offload_dir is None:
             self._offload_dir = tempfile.TemporaryDirectory(prefix="rollout-sdk-offload-")
             state = {k: v.contiguous() for k, v in _unique_params(self.model).items()}

@@ -23,6 +23,8 @@ class Sequence:
     """One request in the engine.  ``done`` is set once, by the loop thread; the worker drops done rows."""
 
     __slots__ = (
+        "cache_ns",
+        "cached_tokens",
         "done",
         "future",
         "kv_segments",
@@ -48,6 +50,8 @@ class Sequence:
         rng: random.Random,
         future: asyncio.Future[GenerateResult],
         vision: Any = None,
+        *,
+        cache_ns: str = "",
     ) -> None:
         sp = req.sampling
         self.req = req
@@ -70,6 +74,10 @@ class Sequence:
         self.t0 = time.perf_counter()
         self.t_first = 0.0
         self.done = False
+        #: the prefix-cache namespace (prefix_cache.py): a lookup never crosses it (the weight version's key)
+        self.cache_ns = cache_ns
+        #: prompt tokens its first prefill took from the prefix cache (set by the worker)
+        self.cached_tokens = 0
 
     # -- derived state -----------------------------------------------------------------------------
 
@@ -134,6 +142,7 @@ class Sequence:
             output_ids=list(self.out),
             finish_reason=reason,
             prompt_tokens=len(self.prompt),
+            cached_tokens=self.cached_tokens,
             weight_version=weight_version,
             logprobs=list(self.logprobs) if self.req.return_logprobs else None,
             matched_stop=matched,
