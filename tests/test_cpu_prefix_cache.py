@@ -208,7 +208,8 @@ async def test_a_hit_computes_the_suffix_and_decodes_as_a_cold_run(engine: CpuEn
 
 
 @pytestmark_engine
-async def test_a_lookup_never_crosses_namespaces(engine: CpuEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_lookup_never_crosses_namespaces(engine: CpuEngine) -> None:
+    """The namespace is the weight version a row is prefilled on (issue 41): a new version, no flush."""
     await engine.flush_cache()
 
     async def nothing() -> None:
@@ -218,7 +219,7 @@ async def test_a_lookup_never_crosses_namespaces(engine: CpuEngine, monkeypatch:
     assert second.cached_tokens == first.prompt_tokens + len(first.output_ids) - 1
 
     async def switch() -> None:
-        monkeypatch.setattr(engine, "_cache_ns", lambda: "w1")
+        await engine.set_weight_version(engine.weight_version + 1)
 
     first, second = await shared_prefix_pair(engine, switch, seed=3, rid="switched")
     assert second.cached_tokens == 0
@@ -265,8 +266,8 @@ async def test_a_waiting_sessions_prefix_survives_pressure_that_evicts_an_unpinn
     assert cache.pinned_sessions == ["A"]
     a_ctx = [*pa, *a1.output_ids]
     b_ctx = [*pb, *b1.output_ids]
-    assert cache.cached("", a_ctx) == len(a_ctx) - 1
-    assert cache.cached("", b_ctx) == 0
+    assert cache.cached(engine._runner.cache_ns, a_ctx) == len(a_ctx) - 1
+    assert cache.cached(engine._runner.cache_ns, b_ctx) == 0
 
     tool = [21, 22, 23]
     a2 = await engine.generate(_req([*a_ctx, *tool], "a2", session_id="A", keep_kv_s=600.0))

@@ -428,7 +428,7 @@ async def test_the_prefix_cache_is_keyed_by_weight_version_and_keep_continues_on
 
         for inflight in ("keep", "reprefill"):
             v = e.weight_version
-            p = [3, 1, 4, 1, 5, 9, 2, 6] + [len(inflight)]
+            p = [3, 1, 4, 1, 5, 9, 2, 6, len(inflight)]
             task = asyncio.create_task(e.generate(req(f"held-{inflight}", p, 3000)))
             await _until(lambda rid=f"held-{inflight}": started(e, rid))
             before = e.reprefilled_tokens

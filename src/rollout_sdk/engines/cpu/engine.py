@@ -189,7 +189,7 @@ class CpuEngine(Engine):
     def _cache_ns(self) -> str:
         """The prefix-cache namespace of a request submitted now (prefix_cache.py): lookups never cross it.  The
         worker sets it again at each prefill, to the version of the weights it is prefilled on (issue 41)."""
-        return f"w{self._weight_version}"
+        return self._runner.cache_ns
 
     # -- agent sessions (engines/sessions.py) ----------------------------------------------------------
 

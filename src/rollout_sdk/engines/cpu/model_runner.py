@@ -71,6 +71,8 @@ class ModelRunner:
         self.batch = Batch()
         #: the version the weights are at; stamped on every token a step makes
         self.version = 0
+        #: bumped at every change of weights (or version): the prefix cache's namespace (issue 41)
+        self.kv_generation = 0
         self._body: Any = None
         self._head: Callable[[Any], Any] = _identity
         self._cache_kw = "past_key_values"
@@ -232,7 +234,7 @@ class ModelRunner:
             return admit
         cold: list[Sequence] = []
         for s in admit:
-            s.cache_ns = f"w{self.version}"  # the weights its KV is computed under from now on
+            s.cache_ns = self.cache_ns  # the weights its KV is computed under from now on
             hit = cache.lookup(s.cache_ns, s.token_ids) if s.vision is None else None
             if hit is None:
                 cold.append(s)
@@ -462,6 +464,7 @@ class ModelRunner:
         # namespace; new requests look up only that namespace (Sequence.cache_ns, set at each prefill)
         self._stale_kv.update(self.batch.rows)
         retracted = self.retract() if inflight == "reprefill" else []
+        self.kv_generation += 1  # a new prefix-cache namespace, version or not
         with torch.no_grad():
             for p, tensor in staged:
                 p.copy_(tensor)
@@ -470,7 +473,14 @@ class ModelRunner:
         return retracted
 
     def set_version(self, version: int) -> None:
+        if version != self.version:
+            self.kv_generation += 1  # weights loaded some other way: a new namespace
         self.version = version
+
+    @property
+    def cache_ns(self) -> str:
+        """The prefix-cache namespace of the weights held now (Sequence.cache_ns)."""
+        return f"w{self.kv_generation}"
 
     def release(self, tags: list[str]) -> None:
         """Free the KV cache and/or offload the weights to a temporary safetensors file."""

@@ -52,12 +52,13 @@ T = TypeVar("T")
 class Flight:
     """One request of ours: possibly several SGLang requests (parts), one per weight version."""
 
-    __slots__ = ("held", "kv_epoch", "kv_key", "sid", "slot", "task", "user_aborted", "wake")
+    __slots__ = ("held", "kv_epoch", "kv_key", "kv_version", "sid", "slot", "task", "user_aborted", "wake")
 
     def __init__(self) -> None:
         self.sid = ""
         #: the weight version its KV is cached under (its parts' ``extra_key``), and the reprefill epoch then
         self.kv_key: int | None = None
+        self.kv_version = 0  # the weight version then
         self.kv_epoch = 0
         self.slot = False  # holds a place in the engine's decode window (engine.py)
         self.task: asyncio.Future[Any] | None = None
@@ -104,6 +105,9 @@ class Control:
         self._manifest_tried = False
         #: bumped by every update with ``inflight="reprefill"``: a flight whose KV predates it re-keys
         self.reprefill_epoch = 0
+        #: the prefix cache's namespace: bumped at every change of weights or version (an update without a
+        #: version changes the weights too), so new requests never meet KV of older weights
+        self.kv_generation = 0
 
     @property
     def _tm(self) -> Any:
@@ -155,13 +159,14 @@ class Control:
     # -- the prefix cache's namespaces -------------------------------------------------------------
 
     def kv_namespace(self, flight: Flight, version: int) -> int | None:
-        """Key ``flight``'s next part (``flight.kv_key``): the current weight version, except for a
-        continuation whose KV a ``keep`` update left in place, which goes on under the version its KV was
-        cached under (returned; None otherwise).  New requests never share a key with older weights, so
-        no request reuses KV computed under them, flushed or not."""
-        if flight.kv_key is not None and flight.kv_epoch == self.reprefill_epoch and flight.kv_key != version:
-            return flight.kv_key
-        flight.kv_key, flight.kv_epoch = version, self.reprefill_epoch
+        """Key ``flight``'s next part (``flight.kv_key``, sent as SGLang's ``extra_key``): the current
+        namespace, except for a continuation whose KV a ``keep`` update left in place, which goes on under
+        the namespace its KV was cached under; returns the weight version of that KV then (None otherwise).
+        New requests never share a namespace with older weights, so none reuses their KV, flushed or not."""
+        gen = self.kv_generation
+        if flight.kv_key is not None and flight.kv_epoch == self.reprefill_epoch and flight.kv_key != gen:
+            return flight.kv_version
+        flight.kv_key, flight.kv_version, flight.kv_epoch = gen, version, self.reprefill_epoch
         return None
 
     # -- calls into SGLang -------------------------------------------------------------------------
@@ -347,6 +352,7 @@ class Control:
         continues under the new version's key, so it re-prefills on the new weights; ``keep``: it continues
         under its old key and takes its KV from the cache (kv_namespace).  Either way new requests use the
         new key: nothing needs flushing for correctness, ``flush_cache`` only frees the old KV early."""
+        self.kv_generation += 1
         if inflight == "reprefill":
             self.reprefill_epoch += 1
         if flush_cache:

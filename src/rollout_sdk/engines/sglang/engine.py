@@ -634,7 +634,7 @@ class SglangEngine(Engine):
         part inside SGLang and stays a cancellation (dead engine or not); a cancellation by the engine's
         death is EngineDeadError; SGLang's own errors are mapped by :func:`.translate.request_error`."""
         try:
-            key = extra_key if extra_key is not None else f"w{self._weight_version}"
+            key = extra_key if extra_key is not None else f"w{self._control.kv_generation}"
             flight.task = self._submit(flight.sid, inputs, sp, req, logprob_start_len=logprob_start_len, extra_key=key)
             return await asyncio.shield(flight.task)
         except asyncio.CancelledError:
@@ -738,6 +738,8 @@ class SglangEngine(Engine):
         await self._control.resume_memory(tags)
 
     async def set_weight_version(self, version: int) -> None:
+        if version != self._weight_version:
+            self._control.kv_generation += 1  # weights loaded some other way: a new namespace
         self._weight_version = version
         if self._tm is not None:
             _set_sglang_version(self._tm, version)
