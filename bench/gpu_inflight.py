@@ -144,6 +144,19 @@ async def one_pass(a: argparse.Namespace, eng: Any, tr: Tracker, inflight: str, 
             done_reqs += 1
             tr.forget(rid)
 
+    # probe material: one prompt per update, prefilled now (cached under the weights the pass starts on) and
+    # never sent again until its update's probe; a control probe shows that a probe can see a hit
+    n_updates = int(a.duration_s // a.every_s) + 1
+    seeds = [[rnd.randrange(10, vocab - 10) for _ in range(a.prompt)] for _ in range(n_updates + 1)]
+    one = SamplingParams(max_new_tokens=1)
+    await asyncio.gather(
+        *(
+            eng.generate(GenerateRequest(rid=f"seed{rep}{inflight}{i}", input_ids=p, sampling=one))
+            for i, p in enumerate(seeds)
+        )
+    )
+    control = await eng.generate(GenerateRequest(rid=f"ctl{rep}{inflight}", input_ids=seeds[-1], sampling=one))
+    probes: list[tuple[int, Any]] = []
     base_reprefill = eng.reprefilled_tokens
     t0 = time.perf_counter()
     workers = [asyncio.create_task(worker(w)) for w in range(a.sessions)]
@@ -163,24 +176,26 @@ async def one_pass(a: argparse.Namespace, eng: Any, tr: Tracker, inflight: str, 
             break
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
         # a prompt that ran before this update, cached under the old weights
-        probe_prompt = recent[0] if recent else None  # submitted long enough ago to be prefilled
         before = eng.reprefilled_tokens
         version += 1
         u0 = time.perf_counter()
         took = await update(a, eng, version, inflight, import_norm)
         windows.append((u0, time.perf_counter() + 2.0))
-        row: dict[str, Any] = {"version": version, "took_s": round(took, 4), "reprefilled": eng.reprefilled_tokens - before}
-        if probe_prompt is not None:
-            probe = await eng.generate(
-                GenerateRequest(rid=f"probe{rep}{inflight}{k}", input_ids=probe_prompt, sampling=SamplingParams(max_new_tokens=1))
-            )
-            row["probe_cached"] = probe.cached_tokens
+        row: dict[str, Any] = {
+            "version": version,
+            "took_s": round(took, 4),
+            "reprefilled": eng.reprefilled_tokens - before,
+        }
+        probe = eng.generate(GenerateRequest(rid=f"probe{rep}{inflight}{k}", input_ids=seeds[k - 1], sampling=one))
+        probes.append((len(updates), asyncio.ensure_future(probe)))
         updates.append(row)
-        log(f"  {inflight} rep {rep} update {k}: {row}")
+        log(f"  {inflight} rep {rep} update {k}: {row} (probe pending)")
     await asyncio.sleep(max(0.0, t0 + a.duration_s - time.perf_counter()))
     stop.set()
     await asyncio.gather(*workers)
     wall = time.perf_counter() - t0
+    for i, fut in probes:
+        updates[i]["probe_cached"] = (await fut).cached_tokens
     # the reprefill counter may still move while the last continuations end: take it after the workers
     gaps_all = [g for t, g in tr.gaps if t0 <= t]
     around = [g for t, g in tr.gaps if any(lo <= t <= hi for lo, hi in windows)]
@@ -196,6 +211,7 @@ async def one_pass(a: argparse.Namespace, eng: Any, tr: Tracker, inflight: str, 
         "reprefilled_per_update": round((eng.reprefilled_tokens - base_reprefill) / max(1, len(updates))),
         "update_s_median": round(statistics.median([u["took_s"] for u in updates]), 4) if updates else None,
         "stale_hits": sum(1 for u in updates if u.get("probe_cached", 0) > 0),
+        "control_probe_cached": control.cached_tokens,
         "gap_p50_ms": round(1000 * (pct(gaps_all, 0.5) or 0), 2),
         "gap_p99_ms": round(1000 * (pct(gaps_all, 0.99) or 0), 2),
         "gap_p99_around_update_ms": round(1000 * (pct(around, 0.99) or 0), 2),
@@ -306,7 +322,7 @@ def main() -> None:
     ap.add_argument("--duration-s", type=float, default=60.0)
     ap.add_argument("--every-s", type=float, default=10.0)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--flush", type=int, default=1, help="reprefill passes flush the old KV (today's default)")
+    ap.add_argument("--flush", type=int, default=0, help="reprefill passes also flush (0: the namespace alone)")
     ap.add_argument("--attn", default="triton")
     ap.add_argument("--mem-fraction", type=float, default=0.85)
     ap.add_argument("--max-total-tokens", type=int, default=1_600_000)
