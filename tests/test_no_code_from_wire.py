@@ -39,11 +39,6 @@ REVIEWED: dict[tuple[str, str, str], str] = {
         "dynamic import",
         "value = getattr(importlib.import_module(module), name)",
     ): "the root's lazy engine-side names: constant module paths in _ENGINE_SIDE, keyed by a Python attribute name",
-    (
-        "metrics.py",
-        "dynamic import",
-        "return getattr(importlib.import_module(_MOVED[name]), name)",
-    ): "the old names ClientMetrics/ServerMetrics: two constant module paths, keyed by a Python attribute name",
 }
 
 

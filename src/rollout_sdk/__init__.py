@@ -56,6 +56,7 @@ from .errors import (
     TransportError,
     UnsupportedOperationError,
     WeightUpdateError,
+    WeightVersionError,
 )
 from .protocol import GenerateRequest, GenerateResult, SamplingParams
 from .protocol.engine_config import CpuEngineConfig
@@ -126,6 +127,7 @@ __all__ = [
     "TransportError",
     "UnsupportedOperationError",
     "WeightUpdateError",
+    "WeightVersionError",
     "__version__",
 ]
 

@@ -79,10 +79,10 @@ class GrpoConfig:
 
 def _import_training_libraries() -> None:
     """torch, transformers and the tool model's module, imported (in a worker thread: see run_grpo)."""
-    import importlib
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
 
-    for name in ("torch", "transformers", "rollout_sdk.tasks.tool_model"):
-        importlib.import_module(name)
+    from ..tasks import tool_model  # noqa: F401
 
 
 async def run_grpo(

@@ -524,8 +524,11 @@ class SglangEngine(Engine):
                     flight, inputs, sp, req, field="sampling", value=req.sampling, extra_key=f"w{flight.kv_key}"
                 )
                 kv = kept if kept is not None and done.cached_tokens > 0 else None  # a miss recomputed it
-                kind = parts.add(done, version, kv, seq_len if parts.count else 0)
-                self.reprefilled_tokens += max(0, seq_len - 1 - done.cached_tokens) if parts.count > 1 else 0
+                # a continuation of a part that made tokens: what it computed again (a part checkpointed before
+                # it started made nothing, and its continuation's prefill is its first)
+                again = seq_len if parts.ids else 0
+                kind = parts.add(done, version, kv, again)
+                self.reprefilled_tokens += max(0, again - 1 - done.cached_tokens) if again else 0
                 if req.return_routed_experts:
                     parts.add_routed(done.routed, seq_len + len(done.ids), self._top_k)
                 if kind == "abort" and flight.held and not flight.user_aborted:
