@@ -5,7 +5,11 @@ changed.  Every weight change therefore happens with nothing running inside SGLa
 the *gate*, running ones are *checkpointed* (aborted inside SGLang, their tokens so far kept) and continued
 after the change as ``prompt + tokens so far`` with the remaining budget.  Each part is tagged with the
 version it ran on, so ``version_segments`` are exact; the continuation is re-prefilled on the new weights
-(SGLang's ``retract``).  ``pause('retract')`` and ``pause('in_place')`` hold requests the same way
+(SGLang's ``retract``) under ``inflight="reprefill"``; under ``inflight="keep"`` it goes on under the prefix-cache
+namespace its KV was cached under and takes all but its last token from the cache (nothing recomputed;
+``kv_version_segments`` says so).  Every part carries its namespace as SGLang's ``extra_key``, a generation
+bumped at every weight change, so no new request reuses KV of older weights (issue 41, :meth:`Control.kv_namespace`).
+``pause('retract')`` and ``pause('in_place')`` hold requests the same way
 (SGLang's own ``in_place`` keeps stale KV and hides the split point); ``pause('abort')`` returns them.
 
 Other traps handled here (../shared/PITFALLS.md):
