@@ -1,16 +1,19 @@
 """The SGLang engine's control side: the gate, checkpoints, pause, memory and weight updates.
 
-SGLang returns a request's tokens only when it ends, so it cannot say where in a request the weights
-changed.  Every weight change therefore happens with nothing running inside SGLang: new requests wait at
-the *gate*, running ones are *checkpointed* (aborted inside SGLang, their tokens so far kept) and continued
-after the change as ``prompt + tokens so far`` with the remaining budget.  Each part is tagged with the
-version it ran on, so ``version_segments`` are exact; the continuation is re-prefilled on the new weights
-(SGLang's ``retract``) under ``inflight="reprefill"``; under ``inflight="keep"`` it goes on under the prefix-cache
-namespace its KV was cached under and takes all but its last token from the cache (nothing recomputed;
-``kv_version_segments`` says so).  Every part carries its namespace as SGLang's ``extra_key``, a generation
-bumped at every weight change, so no new request reuses KV of older weights (issue 41, :meth:`Control.kv_namespace`).
-``pause('retract')`` and ``pause('in_place')`` hold requests the same way
-(SGLang's own ``in_place`` keeps stale KV and hides the split point); ``pause('abort')`` returns them.
+SGLang returns a request's tokens only when it ends and does not say where in a request the weights changed.
+So a weight change happens in one of two ways, both exact.  *Checkpointed* (``inflight="reprefill"``, and
+``keep`` where in place is not available): new requests wait at the *gate*, running ones are aborted inside
+SGLang with their tokens so far kept and continued after the change as ``prompt + tokens so far`` with the
+remaining budget, each part tagged with the version it ran on.  Under ``reprefill`` the continuation is
+re-prefilled on the new weights (SGLang's ``retract``); under ``keep`` it goes on under the prefix-cache
+namespace its KV was cached under and takes all but its last token from the cache.  *In place* (``keep`` where
+our scheduler patch answers, inplace.py): SGLang pauses with its batch and KV kept, the patch records each
+running request's tokens at the pause (the split point, exactly), the weights change and decoding resumes;
+only requests still queued inside SGLang are checkpointed (:meth:`Control._update`).  ``kv_version_segments``
+says which tokens were sampled from KV of older weights.  Every part carries its namespace as SGLang's
+``extra_key``, a generation bumped at every weight change, so no new request reuses KV of older weights
+(issue 41, :meth:`Control.kv_namespace`).  ``pause('retract')`` and ``pause('in_place')`` hold requests by
+checkpoint (a pause has no weights to keep KV for); ``pause('abort')`` returns them.
 
 Other traps handled here (../shared/PITFALLS.md):
 
