@@ -511,3 +511,24 @@ async def test_keep_goes_on_in_place_and_every_token_names_its_weights(model: st
         assert e.reprefilled_tokens == before  # keep: nothing computed again
         # in place, only the queued one went to SGLang again; without the patch all three did
         assert e._path.sent - sent == (1 if inplace else 3)  # type: ignore[union-attr]
+
+
+async def test_updates_sent_together_run_one_after_the_other_and_each_split_is_exact(model: str) -> None:
+    """Control calls run concurrently on a server: two ``keep`` updates and a ``reprefill`` one sent at once
+    are applied one at a time (none resumes SGLang or opens the gate while another loads), and a request
+    that runs across all three reports every switch where it happened."""
+    vocab = _vocab(model)
+    async with engine(model, step_s=0.001, decode_window=None) as e:
+        v = e.weight_version
+        prompts = {f"multi-{k}": [9, k, 4, 4, 2 + k] for k in range(4)}
+        tasks = {rid: asyncio.create_task(e.generate(req(rid, p, 4000))) for rid, p in prompts.items()}
+        await _until(lambda: all(started(e, rid) for rid in prompts))
+        modes = ("keep", "reprefill", "keep")
+        await asyncio.gather(
+            *(e._control._update(lambda: _send_weights(e), v + 1 + k, False, m) for k, m in enumerate(modes))
+        )
+        assert e.weight_version == v + 3
+        for rid, t in tasks.items():
+            out = await t
+            _check_tokens(prompts[rid], out, vocab, v)
+            assert [ver for ver, _ in out.version_segments] == [v, v + 1, v + 2, v + 3], out.version_segments

@@ -128,6 +128,9 @@ class Control:
         #: running in place: what updates cost the requests in flight
         self.checkpointed = 0
         self.kept_in_place = 0
+        #: one weight change at a time: control calls run concurrently, and two updates overlapping would
+        #: open the gate (or resume SGLang) while the other still loads
+        self._updating = asyncio.Lock()
 
     @property
     def _tm(self) -> Any:
@@ -228,19 +231,20 @@ class Control:
         manager, where no abort reaches it): running requests stay in SGLang's batch, nothing is aborted or
         prefilled again, and each records where its tokens switched weights.  Otherwise every running part
         is checkpointed (:meth:`_quiesced`)."""
-        flights = self._host.flights.values()
-        if inflight == "keep" and self.inplace and all(self._host.is_direct(f.sid) for f in flights if f.running):
-            async with self._in_place() as kept:
-                if kept is not None:
-                    await load()
-                    await self._finish_update(version, flush_cache, inflight)
-                    for flight, n in kept:
-                        flight.splits.append((n, self._host.weight_version))
-                    self.kept_in_place += len(kept)
-                    return
-        async with self._quiesced():
-            await load()
-            await self._finish_update(version, flush_cache, inflight)
+        async with self._updating:
+            flights = self._host.flights.values()
+            if inflight == "keep" and self.inplace and all(self._host.is_direct(f.sid) for f in flights if f.running):
+                async with self._in_place() as kept:
+                    if kept is not None:
+                        await load()
+                        await self._finish_update(version, flush_cache, inflight)
+                        for flight, n in kept:
+                            flight.splits.append((n, self._host.weight_version))
+                        self.kept_in_place += len(kept)
+                        return
+            async with self._quiesced():
+                await load()
+                await self._finish_update(version, flush_cache, inflight)
 
     # -- the prefix cache's namespaces -------------------------------------------------------------
 
