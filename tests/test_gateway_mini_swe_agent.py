@@ -54,7 +54,9 @@ def confined_environment(workdir: Path) -> Any:
     from minisweagent.environments.local import LocalEnvironment
 
     class Confined(LocalEnvironment):  # type: ignore[misc]
-        refused: list[str] = []  # noqa: RUF012 (one instance per test)
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            self.refused: list[str] = []
 
         def execute(self, action: dict[str, Any], cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
             command = action.get("command", "")
