@@ -143,17 +143,28 @@ async def test_langchain_anthropic_tool_loop_over_the_messages_api(env: Env, str
 # -- litellm ------------------------------------------------------------------------------------------------
 
 
-async def test_litellm_responses_tool_loop(env: Env) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+async def test_litellm_responses_tool_loop(env: Env, stream: bool) -> None:
     litellm = pytest.importorskip("litellm")
     sample = question()
     s = env.session()
     kw: dict[str, Any] = {"model": "openai/tool-model", "api_base": s.base_url, "api_key": "unused"}
+    kw |= {"tools": [RESPONSES_TOOL]}
     items: list[Any] = [{"role": "user", "content": sample["messages"][0]["content"]}]
-    first = await litellm.aresponses(input=items, tools=[RESPONSES_TOOL], **kw)
+
+    async def call() -> Any:
+        if not stream:
+            return await litellm.aresponses(input=items, **kw)
+        events = [e async for e in await litellm.aresponses(input=items, stream=True, **kw)]
+        [done] = [e for e in events if e.type == "response.completed"]
+        assert len(events) > 3  # created, items, deltas, completed: really streamed
+        return done.response
+
+    first = await call()
     [fc] = [o for o in first.output if o.type == "function_call"]
     items += [o.model_dump(exclude_none=True) for o in first.output]
     items.append({"type": "function_call_output", "call_id": fc.call_id, "output": evaluate(json.loads(fc.arguments))})
-    second = await litellm.aresponses(input=items, tools=[RESPONSES_TOOL], **kw)
+    second = await call()
     text = "".join(p.text for o in second.output if o.type == "message" for p in o.content)
     assert str(sample["answer"]) in text
     env.check(s, sample, api="resp")
@@ -235,3 +246,31 @@ async def test_langgraph_react_agent_over_each_api(env: Env, api: str) -> None:
     assert any(m.type == "tool" for m in out["messages"])  # a real tool call, run by LangGraph's ToolNode
     assert str(sample["answer"]) in out["messages"][-1].text
     env.check(s, sample, api={"responses": "resp", "messages": "msg", "stream": "chatcmpl"}[api])
+
+
+# -- the OpenAI Agents SDK over the Messages API (its LiteLLM model) ------------------------------------------
+
+
+async def test_openai_agents_sdk_litellm_model_over_the_messages_api(env: Env) -> None:
+    agents = pytest.importorskip("agents")
+    litellm_model = pytest.importorskip("agents.extensions.models.litellm_model")
+    agents.set_tracing_disabled(True)
+
+    async def invoke(_ctx: Any, args: str) -> str:
+        return evaluate(json.loads(args))
+
+    calculator = agents.FunctionTool(
+        name=SCHEMA["name"],
+        description=SCHEMA["description"],
+        params_json_schema=SCHEMA["parameters"],
+        on_invoke_tool=invoke,
+        strict_json_schema=False,
+    )
+    sample = question()
+    s = env.session()
+    model = litellm_model.LitellmModel(model="anthropic/tool-model", base_url=env.root(s), api_key="unused")
+    agent = agents.Agent(name="calc", tools=[calculator], model=model)
+    settings = agents.ModelSettings(max_tokens=48)
+    result = await agents.Runner.run(agent.clone(model_settings=settings), sample["messages"][0]["content"])
+    assert str(sample["answer"]) in result.final_output
+    env.check(s, sample, api="msg")
