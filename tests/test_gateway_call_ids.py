@@ -11,6 +11,8 @@ from typing import Any
 
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollout_sdk.gateway import Gateway
 from test_gateway import Script, call, gateway_on
@@ -99,3 +101,29 @@ async def test_other_formats_keep_session_unique_gateway_ids(fake_servers, tok) 
     flat = [i for ids in s_ids for i in ids]
     assert len(flat) == len(set(flat)) == 3
     assert all(i.startswith("call_") and i.endswith(f"_{n}") for n, i in enumerate(flat))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fmt=st.sampled_from(["hermes", "mistral", "kimi_k2", "qwen3_coder", "deepseek_v31"]),
+    turns=st.lists(st.lists(st.one_of(st.none(), st.text(min_size=1, max_size=12)), max_size=4), max_size=8),
+)
+def test_generated_ids_never_repeat_in_a_session_and_written_ones_are_kept(fmt: str, turns: list[Any]) -> None:
+    """Any mix of turns, each with calls whose id the model wrote (a string) or not (None)."""
+    from rollout_sdk.agents.parsers import ToolCall, get_parser
+    from rollout_sdk.gateway.sessions import Session
+
+    parser = get_parser(fmt)
+    session = Session("s" * 20, max_turns=100)
+    generated: list[str] = []
+    for turn in turns:
+        calls = [ToolCall("f", {}, id=w or "call_0", id_in_text=w is not None) for w in turn]
+        ids = session.new_call_ids(calls, parser)
+        assert len(ids) == len(calls)
+        for written, cid in zip(turn, ids, strict=True):
+            if written is not None:
+                assert cid == written
+            else:
+                generated.append(cid)
+                assert len(cid) == 9 and cid.isalnum() if fmt == "mistral" else cid.startswith("call_sssss")
+    assert len(generated) == len(set(generated))
