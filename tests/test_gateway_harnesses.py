@@ -1,6 +1,7 @@
 """The cells of docs/integrations.md's harness table that the other gateway modules leave open (issue 42,
 item 2): LangChain streamed, langchain-anthropic over the Messages API (plain and streamed), litellm over
-the Responses and Messages APIs, and LangGraph's ReAct agent over Responses, Messages and streaming.
+the Responses and Messages APIs, LangGraph's ReAct agent over Responses, Messages and streaming, and the
+OpenAI Agents SDK over chat completions (plain and streamed) and over the Messages API.
 
 Each runs the real package against the gateway on the trained CPU tool model: a held-back calculator
 question, a real tool call answered by the harness's own loop, and the session's trajectory checked the
@@ -248,29 +249,54 @@ async def test_langgraph_react_agent_over_each_api(env: Env, api: str) -> None:
     env.check(s, sample, api={"responses": "resp", "messages": "msg", "stream": "chatcmpl"}[api])
 
 
-# -- the OpenAI Agents SDK over the Messages API (its LiteLLM model) ------------------------------------------
+# -- the OpenAI Agents SDK: chat completions (plain and streamed) and the Messages API (its LiteLLM model) -----
+
+
+def agents_calculator(agents: Any) -> Any:
+    async def invoke(_ctx: Any, args: str) -> str:
+        return evaluate(json.loads(args))
+
+    return agents.FunctionTool(
+        name=SCHEMA["name"],
+        description=SCHEMA["description"],
+        params_json_schema=SCHEMA["parameters"],
+        on_invoke_tool=invoke,
+        strict_json_schema=False,  # the tool exactly as the model was trained on it
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_openai_agents_sdk_over_chat_completions(env: Env, stream: bool) -> None:
+    agents = pytest.importorskip("agents")
+    import openai
+
+    agents.set_tracing_disabled(True)
+    sample = question()
+    s = env.session()
+    async with openai.AsyncOpenAI(base_url=s.base_url, api_key="unused", max_retries=0) as oa:
+        model = agents.OpenAIChatCompletionsModel(model=env.gw.model_name, openai_client=oa)
+        agent = agents.Agent(name="calc", tools=[agents_calculator(agents)], model=model)
+        if stream:
+            run = agents.Runner.run_streamed(agent, sample["messages"][0]["content"])
+            kinds = [e.type async for e in run.stream_events()]
+            assert "raw_response_event" in kinds  # the SDK consumed the gateway's chunks
+            final = run.final_output
+        else:
+            final = (await agents.Runner.run(agent, sample["messages"][0]["content"])).final_output
+    assert str(sample["answer"]) in final
+    env.check(s, sample, api="chatcmpl")
 
 
 async def test_openai_agents_sdk_litellm_model_over_the_messages_api(env: Env) -> None:
     agents = pytest.importorskip("agents")
     litellm_model = pytest.importorskip("agents.extensions.models.litellm_model")
     agents.set_tracing_disabled(True)
-
-    async def invoke(_ctx: Any, args: str) -> str:
-        return evaluate(json.loads(args))
-
-    calculator = agents.FunctionTool(
-        name=SCHEMA["name"],
-        description=SCHEMA["description"],
-        params_json_schema=SCHEMA["parameters"],
-        on_invoke_tool=invoke,
-        strict_json_schema=False,
-    )
     sample = question()
     s = env.session()
     model = litellm_model.LitellmModel(model="anthropic/tool-model", base_url=env.root(s), api_key="unused")
-    agent = agents.Agent(name="calc", tools=[calculator], model=model)
-    settings = agents.ModelSettings(max_tokens=48)
-    result = await agents.Runner.run(agent.clone(model_settings=settings), sample["messages"][0]["content"])
+    agent = agents.Agent(
+        name="calc", tools=[agents_calculator(agents)], model=model, model_settings=agents.ModelSettings(max_tokens=48)
+    )
+    result = await agents.Runner.run(agent, sample["messages"][0]["content"])
     assert str(sample["answer"]) in result.final_output
     env.check(s, sample, api="msg")
