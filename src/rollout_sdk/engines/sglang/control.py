@@ -219,7 +219,9 @@ class Control:
             yield kept
         finally:
             if paused and self._host.dead is None:
-                await self.call(self._tm.continue_generation(ContinueGenerationReqInput()))
+                # no empty_cache: an update allocates little on the engine's side (IPC buckets are the
+                # trainer's memory, broadcasts land in the parameters), and it would lengthen the pause
+                await self.call(self._tm.continue_generation(ContinueGenerationReqInput(torch_empty_cache=False)))
             self._open("update")
 
     async def _update(
