@@ -49,6 +49,7 @@ from ...protocol import (
     UpdateWeightsFromIpc,
 )
 from .config import SglangEngineConfig
+from .inplace import KEY
 
 __all__ = ["Control", "Flight"]
 
@@ -186,8 +187,6 @@ class Control:
 
     async def probe_inplace(self) -> bool:
         """Whether SGLang's scheduler has our in-place patch (inplace.py): its internal state says so."""
-        from .inplace import KEY
-
         states = await self.call(self._tm.get_internal_state())
         self.inplace = bool(states) and isinstance(states[0], dict) and KEY in states[0]
         return self.inplace
@@ -196,11 +195,10 @@ class Control:
     async def _in_place(self) -> AsyncIterator[list[tuple[Flight, int]] | None]:
         """SGLang paused in place within: requests that hold KV in the scheduler stay in its batch and go on
         after the resume; yields each with its output tokens at the pause (the split point).  Those still
-        queued inside SGLang (no KV yet) are checkpointed as in :meth:`_quiesced`.  Yields None, with
-        nothing paused, where the split points cannot be had (the scheduler could not record them)."""
+        queued inside SGLang (no KV yet) are checkpointed as in :meth:`_quiesced`.  Yields None for
+        the block, where the split points cannot be had (the scheduler could not record them): the caller
+        checkpoints instead, after SGLang resumes at the block's end."""
         from sglang.srt.managers.io_struct import ContinueGenerationReqInput, PauseGenerationReqInput
-
-        from .inplace import KEY
 
         self._hold("update")
         paused = False
