@@ -12,7 +12,7 @@ bumped at every weight change, so no new request reuses KV of older weights (iss
 ``pause('retract')`` and ``pause('in_place')`` hold requests the same way
 (SGLang's own ``in_place`` keeps stale KV and hides the split point); ``pause('abort')`` returns them.
 
-Other traps handled here (../shared/PITFALLS.md):
+Other traps handled here (docs/design.md, "SGLang inside our event loop"):
 
 * ``flush_cache=True`` inside a weight update asserts in the scheduler (killing it) unless idle: updates
   go with ``flush_cache=False`` and a separate ``flush_cache`` call whose result is checked.
