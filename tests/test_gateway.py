@@ -617,19 +617,9 @@ def test_cli_gateway_prints_ready_and_stops_on_sigterm(spawn_server, sdk_home: P
     server = spawn_server("--engine", "fake")
     addr_file = tmp_path / "gw.url"
     env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
+    argv = [sys.executable, "-m", "rollout_sdk", "gateway", "--servers", server.address, "--model-name", "policy"]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rollout_sdk",
-            "gateway",
-            "--servers",
-            server.address,
-            "--address-file",
-            str(addr_file),
-            "--model-name",
-            "policy",
-        ],
+        [*argv, "--address-file", str(addr_file)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

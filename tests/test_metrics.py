@@ -243,22 +243,10 @@ def test_torchrun_launch_serves_metrics_per_rank(tmp_path: Path, sdk_home: Path)
     """``--metrics-port 0`` under torchrun: each serving rank publishes its endpoint in the store."""
     report = tmp_path / "report.json"
     env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    job = [str(ROOT / "tests" / "jobs" / "metrics_job.py"), "--engine", "fake", "--metrics-port", "0"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(ROOT / "tests" / "jobs" / "metrics_job.py"),
-            "--engine",
-            "fake",
-            "--metrics-port",
-            "0",
-            "--report",
-            str(report),
-        ],
+        [*torchrun, *job, "--report", str(report)],
         capture_output=True,
         text=True,
         timeout=300,
