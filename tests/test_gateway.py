@@ -608,23 +608,15 @@ async def wait_for(cond: Callable[[], bool], timeout: float = 60) -> None:
 
 def test_cli_gateway_prints_ready_and_stops_on_sigterm(spawn_server, sdk_home: Path, tmp_path: Path) -> None:
     import os
-    import subprocess
-    import sys
     import urllib.request
 
-    from conftest import ROOT, _wait_ready
+    from conftest import _wait_ready, start_cli
 
     server = spawn_server("--engine", "fake")
     addr_file = tmp_path / "gw.url"
     env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
-    argv = [sys.executable, "-m", "rollout_sdk", "gateway", "--servers", server.address, "--model-name", "policy"]
-    proc = subprocess.Popen(
-        [*argv, "--address-file", str(addr_file)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=ROOT,
+    proc = start_cli(
+        "gateway", "--servers", server.address, "--address-file", str(addr_file), "--model-name", "policy", env=env
     )
     try:
         url = _wait_ready(proc, 120)
