@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import test_tool_formats as tool_formats  # the checks every format's tests share
@@ -23,7 +23,7 @@ from rollout_sdk.agents.parsers import (
     parser_names,
     split_reasoning,
 )
-from test_tool_formats import check_calls, check_linear, check_malformed, names_and_args
+from test_tool_formats import FAST, JSON_VALUES, check_calls, check_linear, check_malformed, names_and_args
 
 FORMATS = ["pythonic", "deepseek_v3", "deepseek_v31", "kimi_k2", "gpt_oss", "glm45"]
 
@@ -334,22 +334,10 @@ TEXTS = st.one_of(st.text(max_size=200), st.lists(st.sampled_from(PIECES), max_s
 NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,15}", fullmatch=True).filter(
     lambda s: s not in ("True", "False", "None", "true", "false", "null")
 )
-JSON_VALUES = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(10**12), 10**12)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=8,
-)
 JSON_CALLS = st.lists(st.tuples(NAMES, st.dictionaries(NAMES, JSON_VALUES, max_size=4)), min_size=1, max_size=4)
 GLM_TEXT = st.text(max_size=30).filter(lambda s: not any(m in s for m in ("</arg_value>", "<arg_key>", "<tool_call>")))
 GLM_CALLS = st.lists(st.tuples(NAMES, st.dictionaries(NAMES, GLM_TEXT, max_size=4)), min_size=1, max_size=4)
 PROSE = st.text(max_size=40).filter(lambda s: not any(p in s for p in PIECES[:20] + PIECES[21:]))
-FAST = settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
-)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
