@@ -114,6 +114,16 @@ def test_write_json_replaces_the_file_whole(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "s.json").read_text()) == {"meta": meta, "rows": [{"x": 1}]}
 
 
+def test_publish_writes_the_json_then_prints_the_table_and_where_the_numbers_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.json"
+    payload = {"meta": {"runtime_s": 12.5}, "cells": [1, 2]}
+    harness.publish(path, payload, "a | b")
+    assert json.loads(path.read_text()) == payload
+    assert capsys.readouterr().out == f"a | b\n\nruntime 12.5 s; numbers in {path}\n"
+
+
 def test_facts_name_the_machine_and_the_command() -> None:
     facts = harness.facts()
     assert {"date", "host", "cpu_model", "cores", "load_average", "versions", "command"} <= set(facts)
