@@ -745,8 +745,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = Report()
     report.meta = {
         **harness.facts((*harness.machine.DISTS, "ray")),
-        "loop": "asyncio" if args.no_uvloop else "uvloop",
-        "mode": "quick" if args.quick else "full",
+        **harness.mode_facts(args),
         "fake_history": not args.no_fake_history,
         "workload": {
             "prompt_tokens": args.prompt_tokens,

@@ -645,8 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = Report()
     report.meta = {
         **harness.facts(),
-        "loop": "asyncio" if args.no_uvloop else "uvloop",
-        "mode": "quick" if args.quick else "full",
+        **harness.mode_facts(args),
         "wait_quiet_s": args.wait_quiet,
         "cost_model": {
             "step_base_s": args.step_base_s,

@@ -648,8 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = Report()
     report.meta = {
         **harness.facts((*harness.machine.DISTS, "transformers")),
-        "loop": "asyncio" if args.no_uvloop else "uvloop",
-        "mode": "quick" if args.quick else "full",
+        **harness.mode_facts(args),
         "wait_quiet_s": args.wait_quiet,
         "rollout_sdk_home": os.environ.get("ROLLOUT_SDK_HOME"),
         "cost_model": {

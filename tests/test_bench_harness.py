@@ -94,6 +94,12 @@ def test_parser_has_the_shared_flags_asked_for() -> None:
     assert out.out == Path("/tmp/z.json")
 
 
+def test_mode_facts_name_the_loop_and_the_mode() -> None:
+    p = harness.parser("doc", quick="q", uvloop=True)
+    assert harness.mode_facts(p.parse_args([])) == {"loop": "uvloop", "mode": "full"}
+    assert harness.mode_facts(p.parse_args(["--quick", "--no-uvloop"])) == {"loop": "asyncio", "mode": "quick"}
+
+
 def test_table_aligns_columns_and_markdown_marks_numeric_ones() -> None:
     text = harness.table(["mode", "req/s"], [["sync", "1,234"], ["async", "9"]])
     lines = text.splitlines()

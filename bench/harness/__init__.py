@@ -39,7 +39,7 @@ Scripts run as ``python bench/<name>.py``, so bench/ is on ``sys.path`` and this
 
 from __future__ import annotations
 
-from harness.cli import add_quiet, by_mode, loop_runner, parser, run
+from harness.cli import add_quiet, by_mode, loop_runner, mode_facts, parser, run
 from harness.machine import QUIET_PCT, CpuMeter, ForeignCpu, cpu_model, facts, foreign_load, log, versions, wait_quiet
 from harness.passes import abba, alternate, medians, until_quiet
 from harness.procs import ServerProcs, fake_server_argv, sigterm_as_interrupt, stop_processes
@@ -66,6 +66,7 @@ __all__ = [
     "markdown",
     "median",
     "medians",
+    "mode_facts",
     "parser",
     "pct",
     "publish",
