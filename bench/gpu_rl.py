@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, HERE)
 
 import harness  # noqa: E402  (bench/harness/)
-from harness import log, write_json  # noqa: E402  (write_json: also bench/gpu_rlstep.py's)
+from harness import log, write_json  # noqa: E402
 
 WORKLOADS = ("grpo", "short", "long", "oversub")
 T0 = time.perf_counter()
