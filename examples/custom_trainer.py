@@ -18,8 +18,6 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable
-from typing import Any
 
 # a first line before torch loads (seconds; more on a busy machine): nothing a reader runs stays silent
 if __name__ == "__main__":
@@ -54,30 +52,22 @@ def response_logprobs(policy: torch.nn.Module, prompt: list[int], response: list
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
 
 
-def grpo_step(
-    optimizer: torch.optim.Optimizer, groups: list[Any], logprobs: Callable[[Any, Any], torch.Tensor]
-) -> tuple[float, list[float], list[float]]:
-    """One GRPO step on the groups' samples; ``logprobs(group, result)`` is the trainer's logprobs of the
-    result's tokens.  Returns (loss, rewards, engine/trainer logprob gaps)."""
+def policy_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: list) -> tuple:
+    """One GRPO step on the groups' samples; returns (loss, rewards, engine/trainer logprob gaps)."""
     loss_terms, rewards, gaps = [], [], []
     for g in groups:
         rs = torch.tensor([reward(r.output_ids) for r in g.results])
         adv = (rs - rs.mean()) / (rs.std() + 1e-6)  # GRPO: group-relative advantage
         rewards.extend(rs.tolist())
         for a, r in zip(adv, g.results, strict=True):
-            lp = logprobs(g, r)
+            lp = response_logprobs(policy, g.request.input_ids, r.output_ids)
             gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
             loss_terms.append(-(a * lp).mean())
     loss = torch.stack(loss_terms).mean()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return float(loss.item()), rewards, gaps
-
-
-def policy_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: list) -> tuple:
-    """One GRPO step on the groups' samples; returns (loss, rewards, engine/trainer logprob gaps)."""
-    return grpo_step(optimizer, groups, lambda g, r: response_logprobs(policy, g.request.input_ids, r.output_ids))
+    return loss.item(), rewards, gaps
 
 
 async def train(args: argparse.Namespace) -> None:

@@ -26,7 +26,6 @@ if __name__ == "__main__":
 
 import msgspec
 import torch
-from custom_trainer import grpo_step  # the same GRPO step and reward (examples/custom_trainer.py)
 
 from rollout_sdk import CpuEngineConfig, GenerateRequest, GenerateResult, RolloutClient, SamplingParams
 from rollout_sdk.demos.progress import phase
@@ -46,6 +45,10 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def reward(ids: list[int]) -> float:
+    return sum(1 for t in ids if t % 2 == 0) / max(1, len(ids))
+
+
 def response_logprobs(
     policy: torch.nn.Module, proc: ImageProcessor, r: GenerateResult, images: list[bytes]
 ) -> torch.Tensor:
@@ -60,9 +63,21 @@ def response_logprobs(
 def policy_step(
     policy: Any, proc: ImageProcessor, optimizer: torch.optim.Optimizer, groups: list[Any]
 ) -> tuple[float, list[float], list[float]]:
-    """One policy-gradient step on group-relative advantages (custom_trainer.py's GRPO step, its reward);
-    only the logprobs differ: a forward over the ids and the pixels.  Returns loss, rewards, gaps."""
-    return grpo_step(optimizer, groups, lambda g, r: response_logprobs(policy, proc, r, list(g.request.images)))
+    """One policy-gradient step on group-relative advantages (GRPO-style); returns loss, rewards, gaps."""
+    loss_terms, rewards, gaps = [], [], []
+    for g in groups:
+        rs = torch.tensor([reward(r.output_ids) for r in g.results])
+        adv = (rs - rs.mean()) / (rs.std() + 1e-6)
+        rewards.extend(rs.tolist())
+        for a, r in zip(adv, g.results, strict=True):
+            lp = response_logprobs(policy, proc, r, list(g.request.images))
+            gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
+            loss_terms.append(-(a * lp).mean())
+    loss = torch.stack(loss_terms).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return float(loss.item()), rewards, gaps
 
 
 async def train(args: argparse.Namespace) -> None:
