@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -155,8 +156,6 @@ class WeightSync:
         inflight: InflightMode = "reprefill",
     ) -> dict[str, float]:
         """Broadcast ``named`` in flattened buckets; every server loads them and takes ``version``."""
-        import time
-
         from ..weights.buckets import plan_buckets, send_buckets  # engine-side
 
         t0 = time.perf_counter()
@@ -220,8 +219,6 @@ async def update_weights_ipc(
     One bucket at a time, so the extra GPU memory is one bucket.  A failure after the first bucket leaves
     the engines part updated: they report it (``applied=None``) and are marked dead.
     """
-    import time
-
     from ..weights.buckets import plan_buckets  # engine-side
 
     t0 = time.perf_counter()
