@@ -23,6 +23,7 @@ import array
 import math
 import re
 import sys
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -91,6 +92,7 @@ __all__ = [
     "error_reply",
     "expect_sampling",
     "is_generate_frame",
+    "mixed_tokens",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -174,10 +176,22 @@ def check_inflight(inflight: Any, flush_cache: bool) -> None:
         raise _bad("flush_cache", flush_cache, "inflight='keep' goes on with the cached KV a flush would drop")
 
 
-def _expand(runs: list[tuple[int, int]]) -> Any:
-    for v, n in runs:
-        for _ in range(n):
-            yield v
+def mixed_tokens(version_runs: Sequence[tuple[int, int]], kv_runs: Sequence[tuple[int, int]]) -> int:
+    """Tokens sampled by weights other than those of the KV they attended to: ``version_runs`` (which weights
+    sampled each token) against ``kv_runs`` (the oldest weights of its KV), both ``(version, n)`` runs over the
+    same tokens; an empty ``kv_runs`` means "the same as ``version_runs``" (0)."""
+    if not kv_runs:
+        return 0
+    mixed, i, used = 0, 0, 0  # walk both run lists at once: O(runs), not O(tokens)
+    for kv, n in kv_runs:
+        while n > 0 and i < len(version_runs):
+            v, m = version_runs[i]
+            take = min(n, m - used)
+            mixed += take if v != kv else 0
+            n, used = n - take, used + take
+            if used == m:
+                i, used = i + 1, 0
+    return mixed
 
 
 def _bad(field: str, value: Any, reason: str) -> InvalidRequestError:
@@ -502,14 +516,7 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     def mixed_kv_tokens(self) -> int:
         """Output tokens sampled by weights newer than (part of) the KV they attended to: what a ``keep``
         update leaves for a trainer to filter or correct (0 under ``reprefill``)."""
-        if not self.kv_version_segments:
-            return 0
-        mixed = 0
-        sampled = iter(_expand(self.version_segments))
-        for kv in _expand(self.kv_version_segments):
-            if next(sampled, kv) != kv:
-                mixed += 1
-        return mixed
+        return mixed_tokens(self.version_segments, self.kv_version_segments)
 
 
 class Stepped(msgspec.Struct, tag="stepped", frozen=True):
