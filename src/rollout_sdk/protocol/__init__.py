@@ -717,12 +717,11 @@ _Buckets = Annotated[
 ]
 
 
-class UpdateWeightsDistributed(msgspec.Struct, tag="update_weights_dist", frozen=True, kw_only=True):
-    """Receive ``buckets`` by broadcast from the group's rank 0: one flattened tensor per bucket, the
-    tensors of a bucket laid out back to back in order (all of one dtype per bucket)."""
+class _WeightUpdate(msgspec.Struct, frozen=True, kw_only=True):
+    """What both ways of updating weights carry: the buckets' layout, the version they become, and what
+    happens to the KV cache and the requests in flight."""
 
     call_id: str
-    group_name: str
     buckets: _Buckets
     version: int | None = None
     flush_cache: bool = True
@@ -733,18 +732,17 @@ class UpdateWeightsDistributed(msgspec.Struct, tag="update_weights_dist", frozen
         check_inflight(self.inflight, self.flush_cache)
 
 
-class UpdateWeightsFromIpc(msgspec.Struct, tag="update_weights_ipc", frozen=True, kw_only=True):
+class UpdateWeightsDistributed(_WeightUpdate, tag="update_weights_dist", frozen=True, kw_only=True):
+    """Receive ``buckets`` by broadcast from the group's rank 0: one flattened tensor per bucket, the
+    tensors of a bucket laid out back to back in order (all of one dtype per bucket)."""
+
+    group_name: str
+
+
+class UpdateWeightsFromIpc(_WeightUpdate, tag="update_weights_ipc", frozen=True, kw_only=True):
     """Colocated update: CUDA IPC handles of flattened buckets on the engine's GPU, no host copy."""
 
-    call_id: str
     handles: Annotated[list[bytes], msgspec.Meta(max_length=MAX_TENSORS)]
-    buckets: _Buckets
-    version: int | None = None
-    flush_cache: bool = True
-    inflight: InflightMode = "reprefill"
-
-    def __post_init__(self) -> None:
-        check_inflight(self.inflight, self.flush_cache)
 
 
 class DestroyWeightGroup(msgspec.Struct, tag="destroy_weight_group", frozen=True):

@@ -15,7 +15,7 @@ says which tokens were sampled from KV of older weights.  Every part carries its
 (issue 41, :meth:`Control.kv_namespace`).  ``pause('retract')`` and ``pause('in_place')`` hold requests by
 checkpoint (a pause has no weights to keep KV for); ``pause('abort')`` returns them.
 
-Other traps handled here (../shared/PITFALLS.md):
+Other traps handled here (docs/design.md, "SGLang inside our event loop"):
 
 * ``flush_cache=True`` inside a weight update asserts in the scheduler (killing it) unless idle: updates
   go with ``flush_cache=False`` and a separate ``flush_cache`` call whose result is checked.

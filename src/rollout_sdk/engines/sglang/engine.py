@@ -4,7 +4,8 @@ SGLang's ``Engine`` methods other than ``async_generate`` are synchronous wrappe
 loop; inside ours we call its tokenizer manager's coroutines instead (``tm.generate_request``,
 ``tm.abort_request``, ``tm.update_weights_from_distributed``, ...), as the RL frameworks do.  This module
 holds the lifecycle and generation; :mod:`.control` the gate, pause, memory and weight updates;
-:mod:`.config` the configuration.  The traps handled here (../shared/PITFALLS.md, docs/design.md):
+:mod:`.config` the configuration.  The traps handled here (docs/design.md, "SGLang inside our event
+loop", lists them all):
 
 * ``sglang.Engine(...)`` blocks for minutes: it is built in a thread this engine owns and keeps alive
   (its scheduler processes are killed when the thread that forked them exits).  It replaces the root
