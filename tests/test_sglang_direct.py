@@ -515,8 +515,8 @@ async def test_keep_goes_on_in_place_and_every_token_names_its_weights(model: st
 
 async def test_updates_sent_together_run_one_after_the_other_and_each_split_is_exact(model: str) -> None:
     """Control calls run concurrently on a server: two ``keep`` updates and a ``reprefill`` one sent at once
-    are applied one at a time (none resumes SGLang or opens the gate while another loads), and a request
-    that runs across all three reports every switch where it happened."""
+    are applied one at a time, in order (none resumes SGLang or opens the gate while another loads), and a
+    request that runs across them reports every switch where it happened."""
     vocab = _vocab(model)
     async with engine(model, step_s=0.001, decode_window=None) as e:
         v = e.weight_version
@@ -531,4 +531,6 @@ async def test_updates_sent_together_run_one_after_the_other_and_each_split_is_e
         for rid, t in tasks.items():
             out = await t
             _check_tokens(prompts[rid], out, vocab, v)
-            assert [ver for ver, _ in out.version_segments] == [v, v + 1, v + 2, v + 3], out.version_segments
+            versions = [ver for ver, _ in out.version_segments]
+            # in order; v + 2 only if its continuation started before the third update closed the gate again
+            assert versions in ([v, v + 1, v + 2, v + 3], [v, v + 1, v + 3]), out.version_segments
