@@ -105,15 +105,18 @@ async def test_a_server_reports_an_engine_that_slows_down_and_recovers(caplog: p
         await _until(lambda: engine.progress() > 32 * 100, "the engine decodes")
         seen = engine.progress()
         await _until(lambda: engine.progress() > seen + 32 * 200, "a reference at full speed")
+        # a loaded machine can slow the fake down by itself: start from a server that reports no stall, and
+        # count from there
+        await _until(lambda: not server.stats().stalled, "no stall before the slow-down")
+        before = server.stats().stalls
         engine.step_scale = 50.0  # 50x slower steps
-        await _until(lambda: server.stats().stalled, "the stall is reported")
+        await _until(lambda: server.stats().stalls > before, "the stall is reported")
         st = server.stats()
-        assert st.stalls == 1 and "collapsed" in st.stall_reason
+        assert st.stalled and "collapsed" in st.stall_reason
         assert b"rollout_server_engine_stalled" in render_metrics(metrics.registry)[0]
         assert any("stall: engine progress collapsed" in r.getMessage() for r in caplog.records)
         engine.step_scale = 1.0
         await _until(lambda: not server.stats().stalled, "the stall is over")
-        assert server.stats().stalls == 1
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
