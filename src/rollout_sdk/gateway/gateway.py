@@ -53,6 +53,7 @@ from .config import GatewayConfig
 from .errors import GatewayError
 from .records import ExportLease, SessionRecord, session_record
 from .sampling import SessionSampling
+from .bodies import PromptLimits
 from .service import Outcome, TurnService, max_token_chars
 from .sessions import Session, SessionStore
 
@@ -279,6 +280,10 @@ class Gateway(OpenedWith):
         """Finish a session: its trajectories go to :meth:`trajectories`.  False if already finished."""
         self._check_open()
         return self.store.finish(self.store.get(session_id, create=False), reward=reward)
+
+    def prompt_limits(self) -> PromptLimits | None:
+        """The most any prompt can hold (None before the gateway is open)."""
+        return None if self._service is None else self._service.prompt_limits()
 
     async def serve_turn(
         self, session: Session, body: dict[str, Any], *, chat: bool, id_prefix: str = "chatcmpl-"

@@ -37,6 +37,7 @@ from aiohttp import web
 
 from . import messages as messages_api
 from . import responses as responses_api
+from .bodies import SHAPE_CHECK_BYTES, Api, PromptLimits, check_body
 from .config import GatewayConfig
 from .errors import GatewayError, bad_request, error_body, to_gateway_error
 from .records import ExportLease, SessionRecord
@@ -66,6 +67,7 @@ class GatewayApp(Protocol):
         self, session: Session, body: dict[str, Any], *, chat: bool, id_prefix: str = ...
     ) -> Outcome: ...
     def health(self) -> dict[str, Any]: ...
+    def prompt_limits(self) -> PromptLimits | None: ...
     def metrics(self) -> tuple[bytes, str]: ...
     def session(
         self, session_id: str | None = ..., *, metadata: dict[str, Any] | None = ..., sampling: Any = ...
@@ -199,13 +201,18 @@ async def _read(request: web.Request) -> bytearray:
         ) from None
 
 
-async def _body(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
+async def _body(request: web.Request, *, optional: bool = False, api: Api = "other") -> dict[str, Any]:
     """The request's JSON object.  ``optional``: an empty body is ``{}``.  Every way a body can be bad is
-    a 400 naming the reason (and the field, for nesting too deep): never a 5xx."""
+    a 400 naming the reason (and the field, for nesting too deep): never a 5xx.  A large body is first
+    weighed from its bytes (:func:`~.bodies.check_body`, off the loop): one whose objects would outweigh
+    it, or whose ``api`` text no prompt can hold, is refused before it is decoded."""
     raw = await _read(request)
     if optional and (not raw or raw.isspace()):
         return {}
     try:
+        if len(raw) >= SHAPE_CHECK_BYTES:
+            limits = request.app[_GATEWAY].prompt_limits() if api != "other" else None
+            await asyncio.to_thread(check_body, raw, api, limits)
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise bad_request(None, f"the request body is not valid JSON: {exc}", "invalid_json") from None
@@ -281,7 +288,7 @@ class _Routes:
             raise GatewayError(401, "this endpoint needs the gateway's admin key", code="invalid_admin_key")
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        body = await _body(request)
+        body = await _body(request, api="chat" if chat else "completions")
         with self.gw.store.call(self._session_id(request), create=self.gw.config.auto_sessions) as session:
             outcome = await self.gw.serve_turn(session, body, chat=chat)
         if outcome.options.stream:
@@ -313,7 +320,7 @@ class _Routes:
         return await self._serve(request, chat=False)
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
+        body = await _body(request, api="responses")
         with self.gw.store.call(self._session_id(request), create=self.gw.config.auto_sessions) as session:
             chat, echo = responses_api.to_chat(body, session)
             with _fields_named(responses_api.CHAT_NAMES):
@@ -323,7 +330,7 @@ class _Routes:
         return _json(responses_api.response_body(outcome, echo))
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
+        body = await _body(request, api="messages")
         chat = messages_api.to_chat(body)
         with (
             self.gw.store.call(self._session_id(request), create=self.gw.config.auto_sessions) as session,
