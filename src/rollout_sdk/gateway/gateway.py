@@ -49,11 +49,11 @@ import msgspec
 from .._aio import LifecycleGuard, OpenedWith, await_unless, cancel_and_wait
 from ..agents import Trajectory
 from ..errors import ClientStateError, ConfigError
+from .bodies import PromptLimits
 from .config import GatewayConfig
 from .errors import GatewayError
 from .records import ExportLease, SessionRecord, session_record
 from .sampling import SessionSampling
-from .bodies import PromptLimits
 from .service import Outcome, TurnService, max_token_chars
 from .sessions import Session, SessionStore
 
