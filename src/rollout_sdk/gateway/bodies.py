@@ -6,9 +6,9 @@ looked at twice before it is decoded, each look cheap and without copies of its 
 
 ::
 
-    read buffer (1x) ──▶ shape: values outside strings counted (strings cut out by one regex pass;
-                         the copy holds the structure only, never the text) ──▶ 400 too_many_values when
-                         the objects would outweigh the body
+    read buffer (1x) ──▶ shape: JSON values outside strings counted (bytes.count between the strings
+                         one regex finds; nothing copied) ──▶ 400 too_many_items when their objects
+                         would outweigh the body (naming the field that holds most of it)
                      ──▶ skeleton: msgspec.json.decode(raw, type=<API skeleton>); every counted text is a
                          msgspec.Raw (a view into the buffer), its characters bounded below from its
                          bytes ──▶ 400 context_length_exceeded when no prompt could hold them
@@ -40,7 +40,7 @@ Api = Literal["chat", "completions", "responses", "messages", "other"]
 #: bodies smaller than this skip the shape count (their objects cost at most a few dozen MB)
 SHAPE_CHECK_BYTES = 256 * 1024
 #: decoded objects may cost up to the body's own size, or this much for small bodies
-SHAPE_FLOOR_BYTES = 8 * 1024 * 1024
+SHAPE_FLOOR_BYTES = 16 * 1024 * 1024
 #: what one JSON value outside a string costs as a Python object, at most (measured with tracemalloc on
 #: msgspec's decode, CPython 3.11: ``{}`` 64 B + its slot, ``[]`` 56 B, a member's key and slot ~100 B, an
 #: element's slot and a fresh int/float ~40 B, a short string ~56 B; tests/test_gateway_bodies.py checks
@@ -68,7 +68,7 @@ class PromptLimits:
 
 def check_body(raw: bytes | bytearray, api: Api, limits: PromptLimits | None) -> None:
     """400 when ``raw`` (a whole request body, not yet decoded) would cost more than it may: its objects
-    more than its bytes (``too_many_values``), or a text no prompt can hold (``context_length_exceeded``,
+    more than its bytes (``too_many_items``), or a text no prompt can hold (``context_length_exceeded``,
     ``limits`` given).  Reads ``raw`` without copying its text; a body it cannot read is left alone."""
     if len(raw) >= SHAPE_CHECK_BYTES:
         _check_shape(raw)
@@ -107,16 +107,43 @@ def _cost(raw: bytes | bytearray, start: int, end: int, strings: int) -> int:
     )
 
 
+class _Fields(msgspec.Struct):
+    """The fields of any route that can hold many values (lists, objects), as spans of the body."""
+
+    messages: msgspec.Raw = _NULL
+    input: msgspec.Raw = _NULL
+    prompt: msgspec.Raw = _NULL
+    system: msgspec.Raw = _NULL
+    tools: msgspec.Raw = _NULL
+    stop: msgspec.Raw = _NULL
+    stop_token_ids: msgspec.Raw = _NULL
+    logit_bias: msgspec.Raw = _NULL
+    metadata: msgspec.Raw = _NULL
+    include: msgspec.Raw = _NULL
+    turn_rewards: msgspec.Raw = _NULL
+    ids: msgspec.Raw = _NULL
+    sampling: msgspec.Raw = _NULL
+
+
 def _check_shape(raw: bytes | bytearray) -> None:
     allowed = max(len(raw), SHAPE_FLOOR_BYTES)
     cost = object_cost(raw, allowed)
     if cost > allowed:
-        raise GatewayError(
-            400,
+        raise bad_request(
+            _largest_field(raw),
             f"the body's {len(raw)} bytes hold too many JSON values (objects, arrays, numbers, strings): "
             f"decoded they would take more than {allowed >> 20} MiB beyond their text; send fewer, larger values",
-            code="too_many_values",
+            "too_many_items",
         )
+
+
+def _largest_field(raw: bytes | bytearray) -> str | None:
+    """The field that holds most of the body (at least half of it), if one does."""
+    fields = _decode(raw, _Fields)
+    if fields is None:
+        return None
+    size, name = max((len(getattr(fields, f)), f) for f in _Fields.__struct_fields__)
+    return name if 2 * size >= len(raw) else None
 
 
 # -- text ----------------------------------------------------------------------------------------------
