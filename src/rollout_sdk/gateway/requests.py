@@ -1,0 +1,184 @@
+"""Request fields, typed: what each field of a request may be, said once as msgspec structs.
+
+msgspec's typed conversion does the field-by-field work (types, ranges, lengths, unknown fields) that
+was hand-written before; :func:`convert` is the one place its :class:`msgspec.ValidationError` becomes
+the gateway's 400, naming the field as the rest of the gateway does (``$.stop[0]`` -> ``stop[0]``)::
+
+    Object contains unknown field `x`        -> unsupported_parameter     param: the field
+    Object missing required field `x`        -> missing_required_parameter
+    Expected `int | null`, got `str`         -> invalid_type
+    Expected `int` >= 1, of length <= 16 ... -> invalid_value
+
+What a type cannot say (a value the engines cannot honour, ``n`` against the gateway's own ``max_n``,
+OpenAI's temperature range, worded as OpenAI words it) stays in the modules that use these types.  The
+structs convert the JSON *already decoded* (strict: no string-to-number coercion, a bool is not an
+int); bodies are weighed before that (:mod:`.bodies`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+
+from .errors import GatewayError, bad_request, unsupported
+
+__all__ = [
+    "AckRequest",
+    "ChatRequest",
+    "CompletionRequest",
+    "FinishRequest",
+    "RewardRequest",
+    "SessionRequest",
+    "SessionSamplingFields",
+    "TurnReward",
+    "convert",
+]
+
+T = TypeVar("T")
+
+MAX_STOP = 16
+MAX_STOP_CHARS = 512
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Stop = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_CHARS)]
+Stops = Annotated[list[Stop], msgspec.Meta(max_length=MAX_STOP)]
+
+
+class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The fields every completion API shares: sampling, and fields that change nothing the model sees."""
+
+    model: Any = None
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: PositiveInt | None = None
+    stop: Stop | Stops | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    logit_bias: Any = None
+    service_tier: Any = None
+    # SGLang / vLLM extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+
+
+class ChatRequest(_Sampling, kw_only=True):
+    """``POST /v1/chat/completions`` (also what Responses and Messages calls are translated into)."""
+
+    messages: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: Any = None
+    modalities: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    safety_identifier: Any = None
+    # hints to OpenAI's own models: the chat template is rendered without them (docs/gateway.md)
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    prediction: Any = None
+
+
+class CompletionRequest(_Sampling, kw_only=True):
+    """``POST /v1/completions``."""
+
+    prompt: Any = None
+    logprobs: int | None = None
+    echo: bool | None = None
+    suffix: Any = None
+    best_of: Any = None
+
+
+class SessionSamplingFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What a trainer may fix per session (``POST /v1/sessions {"sampling": {...}}``)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+
+
+class SessionRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/sessions``; other fields are ignored."""
+
+    id: str | None = None
+    metadata: dict[str, Any] | None = None
+    sampling: Any = None
+
+
+class TurnReward(msgspec.Struct, kw_only=True):
+    reward: float
+    turn: int | None = None
+    response_id: str | None = None
+
+
+class RewardRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/sessions/{id}/reward``; ``turn_rewards`` is bounded by the caller before it is converted."""
+
+    reward: float | None = None
+    finish: bool = True
+    turn_rewards: list[Any] | None = None
+
+
+class FinishRequest(msgspec.Struct, kw_only=True):
+    reward: float | None = None
+
+
+class AckRequest(msgspec.Struct, kw_only=True):
+    ids: list[str]
+
+
+def convert(value: Any, kind: type[T], *, where: str = "") -> T:
+    """``value`` (decoded JSON) as ``kind``, or a 400 naming the field (``where``: the field ``value`` is,
+    prefixed to every name)."""
+    try:
+        return msgspec.convert(value, kind, strict=True)
+    except msgspec.ValidationError as exc:
+        raise field_error(str(exc), where) from None
+
+
+_MESSAGE = re.compile(r"^(?P<what>.*?)(?: - at (?:`key` in )?`\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_NAMED = re.compile(r"^Object (?P<kind>contains unknown|missing required) field `(?P<name>[^`]*)`$")
+
+
+def field_error(message: str, where: str = "") -> GatewayError:
+    """The 400 for one of msgspec's validation messages (see the module's docstring)."""
+    match = _MESSAGE.match(message)
+    what, path = (match["what"], match["path"] or "") if match else (message, "")
+    param = _join(where, path.removeprefix("."))
+    named = _NAMED.match(what)
+    if named is not None:
+        param = _join(param, named["name"])
+        if named["kind"] == "contains unknown":
+            return unsupported(param, f"unsupported field {named['name']!r}: this gateway does not implement it")
+        return bad_request(param, f"{param} is required", "missing_required_parameter")
+    code = "invalid_type" if ", got `" in what else "invalid_value"
+    return bad_request(param or None, f"{param or 'the value'}: {what}", code)
+
+
+def _join(head: str, tail: str) -> str:
+    if not head or not tail or tail.startswith("["):
+        return head + tail
+    return f"{head}.{tail}"
