@@ -18,7 +18,7 @@ int); bodies are weighed before that (:mod:`.bodies`).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -150,6 +150,78 @@ class AckRequest(msgspec.Struct, kw_only=True):
     ids: list[str]
 
 
+# -- Anthropic Messages (``POST /v1/messages``) ----------------------------------------------------------
+
+
+class TextBlock(msgspec.Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class ToolUseBlock(msgspec.Struct, tag_field="type", tag="tool_use"):
+    id: str
+    name: str
+    input: dict[str, Any] | None = None
+
+
+class ToolResultBlock(msgspec.Struct, tag_field="type", tag="tool_result"):
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+
+
+class ThinkingBlock(msgspec.Struct, tag_field="type", tag="thinking"):
+    pass
+
+
+class RedactedThinkingBlock(msgspec.Struct, tag_field="type", tag="redacted_thinking"):
+    pass
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+
+
+class AnthropicMessage(msgspec.Struct):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class AnthropicTool(msgspec.Struct):
+    """A client tool (``type`` absent or ``custom``); server tools (``bash_...``, ``web_search_...``) run
+    on Anthropic's side and cannot run here."""
+
+    name: Any = None
+    description: Any = None
+    input_schema: Any = None
+    type: Literal["custom"] | None = None
+
+
+class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/messages``: the mapped fields typed here or by the chat call they become."""
+
+    model: Any = None
+    messages: Annotated[list[AnthropicMessage], msgspec.Meta(min_length=1)] | None = None
+    system: str | list[TextBlock] | None = None
+    max_tokens: Any = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: Any = None
+    temperature: Any = None
+    top_p: Any = None
+    top_k: Any = None
+    stop_sequences: Any = None
+    stream: Any = None
+    # accepted, change nothing the model sees
+    metadata: Any = None
+    thinking: Any = None
+    service_tier: Any = None
+    cache_control: Any = None
+    output_config: dict[str, Any] | None = None
+    container: Any = None
+    diagnostics: Any = None
+    inference_geo: Any = None
+    speed: Any = None
+    user_profile_id: Any = None
+    workspace_id: Any = None
+
+
 def convert(value: Any, kind: type[T], *, where: str = "") -> T:
     """``value`` (decoded JSON) as ``kind``, or a 400 naming the field (``where``: the field ``value`` is,
     prefixed to every name)."""
@@ -160,11 +232,14 @@ def convert(value: Any, kind: type[T], *, where: str = "") -> T:
 
 
 _MESSAGE = re.compile(r"^(?P<what>.*?)(?: - at (?:`key` in )?`\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_PART_TYPE = re.compile(r"(?:content|system|output)\[\d+\]\.type$")
 _NAMED = re.compile(r"^Object (?P<kind>contains unknown|missing required) field `(?P<name>[^`]*)`$")
 
 
 def field_error(message: str, where: str = "") -> GatewayError:
-    """The 400 for one of msgspec's validation messages (see the module's docstring)."""
+    """The 400 for one of msgspec's validation messages (see the module's docstring).  A ``type`` that
+    is not one of a union's (``Invalid value``) or a ``Literal``'s is an unsupported kind of thing; an
+    error about a content part's or block's ``type`` names the part (``messages[0].content[1]``)."""
     match = _MESSAGE.match(message)
     what, path = (match["what"], match["path"] or "") if match else (message, "")
     param = _join(where, path.removeprefix("."))
@@ -173,7 +248,15 @@ def field_error(message: str, where: str = "") -> GatewayError:
         param = _join(param, named["name"])
         if named["kind"] == "contains unknown":
             return unsupported(param, f"unsupported field {named['name']!r}: this gateway does not implement it")
-        return bad_request(param, f"{param} is required", "missing_required_parameter")
+        if not _PART_TYPE.search(param):
+            return bad_request(param, f"{param} is required", "missing_required_parameter")
+    part = _PART_TYPE.search(param)
+    if part is not None:
+        param = param.removesuffix(".type")
+    if what.startswith("Invalid value") or (what.startswith("Invalid enum value") and param.endswith(".type")):
+        return unsupported(param, f"{param}: {what.replace('Invalid value', 'unsupported type')}")
+    if part is not None:
+        return unsupported(param, f"{param}: {what}")
     code = "invalid_type" if ", got `" in what else "invalid_value"
     return bad_request(param or None, f"{param or 'the value'}: {what}", code)
 
