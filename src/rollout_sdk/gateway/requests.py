@@ -222,6 +222,97 @@ class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     workspace_id: Any = None
 
 
+# -- OpenAI Responses (``POST /v1/responses``) ----------------------------------------------------------
+
+
+class InputText(msgspec.Struct, tag_field="type", tag="input_text"):
+    text: str
+
+
+class OutputText(msgspec.Struct, tag_field="type", tag="output_text"):
+    text: str
+
+
+class PlainText(msgspec.Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class Refusal(msgspec.Struct, tag_field="type", tag="refusal"):
+    refusal: str
+
+
+TextPart = InputText | OutputText | PlainText | Refusal
+
+
+class MessageItem(msgspec.Struct, tag_field="type", tag="message"):
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[TextPart] | None = None
+
+
+class FunctionCallItem(msgspec.Struct, tag_field="type", tag="function_call"):
+    name: str
+    call_id: str
+    arguments: Any = None
+
+
+class FunctionCallOutputItem(msgspec.Struct, tag_field="type", tag="function_call_output"):
+    call_id: str
+    output: str | list[TextPart] | None = None
+
+
+class ReasoningItem(msgspec.Struct, tag_field="type", tag="reasoning"):
+    pass
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+
+
+class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/responses``: the mapped fields typed here or by the chat call they become; ``input``
+    items are converted on their own (an item with a ``role`` and no ``type`` is a message)."""
+
+    model: Any = None
+    input: str | list[Any] | None = None
+    instructions: str | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    temperature: Any = None
+    top_p: Any = None
+    max_output_tokens: Any = None
+    stream: Any = None
+    previous_response_id: str | None = None
+    include: list[Any] | None = None
+    metadata: dict[str, Any] | None = None
+    # SGLang / vLLM-style extensions, as in chat
+    seed: Any = None
+    stop: Any = None
+    top_k: Any = None
+    min_p: Any = None
+    repetition_penalty: Any = None
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    min_tokens: Any = None
+    # change nothing the model sees: accepted (those the chat call checks are passed on to it)
+    store: Any = None
+    user: Any = None
+    parallel_tool_calls: Any = None
+    truncation: Any = None
+    text: Any = None
+    reasoning: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    safety_identifier: Any = None
+    service_tier: Any = None
+    stream_options: Any = None
+    top_logprobs: Any = None
+    background: Any = None
+    background_options: Any = None
+    context_management: Any = None
+    #: a limit on built-in (hosted) tool calls: this gateway has none, so it is always kept
+    max_tool_calls: Any = None
+
+
 def convert(value: Any, kind: type[T], *, where: str = "") -> T:
     """``value`` (decoded JSON) as ``kind``, or a 400 naming the field (``where``: the field ``value`` is,
     prefixed to every name)."""
