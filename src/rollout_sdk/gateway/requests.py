@@ -150,6 +150,74 @@ class AckRequest(msgspec.Struct, kw_only=True):
     ids: list[str]
 
 
+# -- text parts (OpenAI chat and Responses) -------------------------------------------------------------
+
+
+class InputText(msgspec.Struct, tag_field="type", tag="input_text"):
+    text: str
+
+
+class OutputText(msgspec.Struct, tag_field="type", tag="output_text"):
+    text: str
+
+
+class PlainText(msgspec.Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class Refusal(msgspec.Struct, tag_field="type", tag="refusal"):
+    refusal: str
+
+
+TextPart = InputText | OutputText | PlainText | Refusal
+
+
+# -- OpenAI chat (``POST /v1/chat/completions``): messages and tools ------------------------------------
+
+MAX_TOOLS = 256
+
+
+class ToolSpec(msgspec.Struct):
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    description: Any = None
+    parameters: dict[str, Any] | None = None
+
+
+class ChatTool(msgspec.Struct):
+    type: Literal["function"]
+    function: ToolSpec
+
+
+ChatTools = Annotated[list[ChatTool], msgspec.Meta(max_length=MAX_TOOLS)]
+
+
+class ToolCallFunction(msgspec.Struct):
+    name: str
+    #: a JSON object, or a string holding one (OpenAI's format); decoded by the caller
+    arguments: Any = msgspec.field(default_factory=dict)
+
+
+class ToolCall(msgspec.Struct):
+    function: ToolCallFunction
+    id: Any = None
+
+
+class ImageUrlPart(msgspec.Struct, tag_field="type", tag="image_url"):
+    #: ``{"url": "data:image/...;base64,..."}`` or the URL itself; checked by the caller (nothing fetched)
+    image_url: Any = None
+
+
+class ChatMessage(msgspec.Struct):
+    """One chat message; fields a template does not render (``refusal``, ``audio`` ...) are ignored."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[PlainText | InputText | OutputText | ImageUrlPart] | None = None
+    #: only an assistant message's are read (converted as ``list[ToolCall]`` then)
+    tool_calls: Any = None
+    tool_call_id: Any = None
+    name: Any = None
+
+
 # -- Anthropic Messages (``POST /v1/messages``) ----------------------------------------------------------
 
 
@@ -223,25 +291,6 @@ class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 # -- OpenAI Responses (``POST /v1/responses``) ----------------------------------------------------------
-
-
-class InputText(msgspec.Struct, tag_field="type", tag="input_text"):
-    text: str
-
-
-class OutputText(msgspec.Struct, tag_field="type", tag="output_text"):
-    text: str
-
-
-class PlainText(msgspec.Struct, tag_field="type", tag="text"):
-    text: str
-
-
-class Refusal(msgspec.Struct, tag_field="type", tag="refusal"):
-    refusal: str
-
-
-TextPart = InputText | OutputText | PlainText | Refusal
 
 
 class MessageItem(msgspec.Struct, tag_field="type", tag="message"):
