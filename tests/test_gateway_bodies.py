@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollout_sdk import RolloutClient
 from rollout_sdk.engines.fake import FakeEngineConfig
 from rollout_sdk.gateway import Gateway
 from rollout_sdk.gateway.bodies import SHAPE_FLOOR_BYTES, PromptLimits, check_body, min_chars, object_cost
@@ -180,3 +181,68 @@ async def test_every_body_taking_route_refuses_both_before_decoding(fake_servers
                 assert r.status == 200 and (await r.json())["choices"][0]["message"]["content"] == "ok"
         assert gw.store.sessions.keys() == {"big"}  # only the call that was served opened one
         assert len(client.calls) == 1
+
+
+# -- a text the character bound lets through: only its first characters are decoded and tokenized -------
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.text(), st.integers(0, 64), st.booleans())
+def test_a_heads_cut_decodes_to_a_prefix_of_the_text(text: str, size: int, ascii_only: bool) -> None:
+    from rollout_sdk.gateway.bodies import _head
+
+    head = _head(msgspec.Raw(json.dumps(text, ensure_ascii=ascii_only).encode()), size)
+    assert head is None or text.startswith(head)
+    if head is not None and len(text.encode()) > size + 12 and ascii_only:
+        assert len(head) >= (size - 12) // 12  # a cut near the size asked for (escapes are <= 12 bytes)
+
+
+def test_a_long_text_within_the_character_bound_is_probed_from_a_decoded_prefix_only() -> None:
+    limits = PromptLimits(tokens=16383, chars=16383 * 128, probe_chars=16383 * 8)
+    text = "word " * 300_000  # 1.5M characters: within 16,383 x 128
+    for api, body in big_calls(text):
+        raw = bytearray(json.dumps(body).encode())
+        tracemalloc.start()
+        probe = check_body(raw, api, limits)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert probe is not None and probe.param == {"completions": "prompt", "responses": "input"}.get(api, "messages")
+        assert limits.probe_chars <= sum(len(t) for t in probe.texts) <= 2 * limits.probe_chars + 2, api
+        assert all(t in text or t in ("s", "hi") for t in probe.texts), api  # pieces of the counted texts
+        assert peak < 2 * MiB, (api, peak)  # the prefix and 256 KiB pieces of the count, never the whole text
+
+
+async def test_a_long_text_is_refused_by_its_prefix_before_the_body_is_decoded(fake_servers, tok) -> None:
+    """Context 16,384: 1.5M characters are within 16,383 x 128, so the prefix probe decides; the tokenizer
+    sees pieces of at most 8 characters per token of room, and the body is never decoded whole."""
+    from test_gateway_hardening import CountingTokenizer
+
+    counting = CountingTokenizer(tok)
+    config = FakeEngineConfig(eos_token_ids=(IM_END,), max_context=16384)
+    servers = await fake_servers(1, config, responder=Script(tok, ["ok"]))
+    decoded: list[int] = []
+    real = msgspec.json.decode
+
+    def spy(buf: Any, *args: Any, **kw: Any) -> Any:
+        if kw.get("type") is None and not args:
+            decoded.append(len(buf))
+        return real(buf, *args, **kw)
+
+    text = "word " * 300_000
+    async with RolloutClient(servers=[s.address for s in servers]) as client, Gateway(client, tokenizer=counting) as gw:
+        root = gw.url.removesuffix("/v1")
+        routes = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+        routes |= {"responses": "/v1/responses", "messages": "/v1/messages"}
+        async with aiohttp.ClientSession() as http:
+            for api, body in big_calls(text):
+                counting.encoded.clear()
+                decoded.clear()
+                raw = json.dumps({"model": gw.model_name, **body}).encode()
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr("rollout_sdk.gateway.routes.msgspec.json.decode", spy)
+                    async with http.post(root + routes[api], data=raw, headers={"x-api-key": "k"}) as r:
+                        err = (await r.json())["error"]
+                assert r.status == 400 and err["code"] == "context_length_exceeded", (api, err)
+                assert decoded == [], api  # refused before the body was decoded
+                assert counting.encoded and max(counting.encoded) <= 8 * 16384, (api, counting.encoded)
+        assert not gw.store.sessions

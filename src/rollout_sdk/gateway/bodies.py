@@ -53,27 +53,40 @@ _COST_STRING = 64
 #: a JSON string (``"..."`` with its escapes), as one regex match (the unrolled form: no backtracking)
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _CONTINUATION = bytes(range(0x80, 0xC0))
-_PIECE = 1 << 20
+_PIECE = 256 * 1024
 _NULL = msgspec.Raw(b"null")
 
 
 @dataclass(frozen=True)
 class PromptLimits:
     """The most a prompt of this gateway can hold: ``tokens`` ids, ``chars`` characters of counted text
-    (None: no character bound is known)."""
+    (None: no character bound is known); a text longer than ``probe_chars`` characters is first
+    tokenized only that far (:class:`Probe`)."""
 
     tokens: int
     chars: int | None
+    probe_chars: int | None = None
 
 
-def check_body(raw: bytes | bytearray, api: Api, limits: PromptLimits | None) -> None:
+@dataclass(frozen=True)
+class Probe:
+    """The first characters of a body's counted texts, decoded (only they): for the service's prefix
+    probe (``TurnService.probe``), which refuses them when they alone are more tokens than fit."""
+
+    param: str
+    texts: list[str]
+
+
+def check_body(raw: bytes | bytearray, api: Api, limits: PromptLimits | None) -> Probe | None:
     """400 when ``raw`` (a whole request body, not yet decoded) would cost more than it may: its objects
     more than its bytes (``too_many_items``), or a text no prompt can hold (``context_length_exceeded``,
-    ``limits`` given).  Reads ``raw`` without copying its text; a body it cannot read is left alone."""
+    ``limits`` given).  Reads ``raw`` without copying its text; a body it cannot read is left alone.
+    Returns the prefix to probe when the counted texts are longer than ``limits.probe_chars``."""
     if len(raw) >= SHAPE_CHECK_BYTES:
         _check_shape(raw)
     if limits is not None and api != "other" and len(raw) >= SHAPE_CHECK_BYTES:
-        _check_text(raw, api, limits)
+        return _check_text(raw, api, limits)
+    return None
 
 
 # -- shape -------------------------------------------------------------------------------------------
@@ -243,7 +256,7 @@ def _counted(body: _Body, api: Api) -> Iterator[msgspec.Raw]:
 
 def min_chars(text: msgspec.Raw) -> int:
     """A lower bound of the characters the JSON string ``text`` (quotes included) decodes to, from its
-    bytes, 1 MiB at a time: its UTF-8 code points, less 5.5 per backslash (an escape is at most 6 code
+    bytes, 256 KiB at a time: its UTF-8 code points, less 5.5 per backslash (an escape is at most 6 code
     points a character, a surrogate pair 12 for one)."""
     points = slashes = 0
     with memoryview(text) as view:
@@ -272,22 +285,54 @@ def _token_ids(raw: msgspec.Raw) -> int:
     return count + 1
 
 
-def _check_text(raw: bytes | bytearray, api: Api, limits: PromptLimits) -> None:
+def _check_text(raw: bytes | bytearray, api: Api, limits: PromptLimits) -> Probe | None:
     body = _decode(raw, _Body)
     if body is None:
-        return
+        return None
     param = {"completions": "prompt", "responses": "input"}.get(api, "messages")
     if api == "completions":
         ids = _token_ids(body.prompt)
         if ids > limits.tokens:
             raise _too_long(param, f"the prompt has {ids} tokens", limits)
-    if limits.chars is None:
-        return
-    chars = 0
+    size = 0
+    if limits.chars is not None:
+        chars = 0
+        for text in _counted(body, api):
+            chars += min_chars(text)
+            size += len(text)
+            if chars > limits.chars:
+                raise _too_long(param, f"the text holds more than {limits.chars} characters", limits)
+    if limits.probe_chars is None or size <= limits.probe_chars:
+        return None
+    texts, left = [], limits.probe_chars
     for text in _counted(body, api):
-        chars += min_chars(text)
-        if chars > limits.chars:
-            raise _too_long(param, f"the text holds more than {limits.chars} characters", limits)
+        head = _head(text, 2 * left)
+        if head is None:
+            return None  # not cut cleanly: left to the full path
+        texts.append(head)
+        left -= len(head)
+        if left <= 0:
+            break
+    return Probe(param, texts)
+
+
+def _head(text: msgspec.Raw, size: int) -> str | None:
+    """The JSON string ``text`` decoded from its first ``size`` bytes only, cut before an escape and at a
+    UTF-8 boundary (None: that cut does not decode, e.g. inside a surrogate pair)."""
+    with memoryview(text) as view:
+        if len(view) - 2 <= size:
+            return _decode(text, str)  # type: ignore[no-any-return]
+        end = size + 1
+        window = view[end - 12 : end].tobytes()
+        slash = window.rfind(b"\\")
+        if slash >= 0:
+            end -= len(window) - slash
+            while view[end - 1 : end].tobytes() == b"\\":
+                end -= 1
+        while 0x80 <= view[end] < 0xC0:
+            end -= 1
+        piece = b'"' + view[1:end].tobytes() + b'"'
+    return _decode(piece, str)  # type: ignore[no-any-return]
 
 
 def _too_long(param: str, what: str, limits: PromptLimits) -> GatewayError:

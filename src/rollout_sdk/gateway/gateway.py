@@ -285,6 +285,11 @@ class Gateway(OpenedWith):
         """The most any prompt can hold (None before the gateway is open)."""
         return None if self._service is None else self._service.prompt_limits()
 
+    async def probe(self, texts: list[str], param: str) -> None:
+        """Refuse a body whose first counted characters alone cannot fit (:meth:`TurnService.probe`)."""
+        if self._service is not None:
+            await self._service.probe(texts, param)
+
     async def serve_turn(
         self, session: Session, body: dict[str, Any], *, chat: bool, id_prefix: str = "chatcmpl-"
     ) -> Outcome:

@@ -69,6 +69,7 @@ class GatewayApp(Protocol):
     ) -> Outcome: ...
     def health(self) -> dict[str, Any]: ...
     def prompt_limits(self) -> PromptLimits | None: ...
+    async def probe(self, texts: list[str], param: str) -> None: ...
     def metrics(self) -> tuple[bytes, str]: ...
     def session(
         self, session_id: str | None = ..., *, metadata: dict[str, Any] | None = ..., sampling: Any = ...
@@ -212,8 +213,12 @@ async def _body(request: web.Request, *, optional: bool = False, api: Api = "oth
         return {}
     try:
         if len(raw) >= SHAPE_CHECK_BYTES:
-            limits = request.app[_GATEWAY].prompt_limits() if api != "other" else None
-            await asyncio.to_thread(check_body, raw, api, limits)
+            gw = request.app[_GATEWAY]
+            limits = gw.prompt_limits() if api != "other" else None
+            probe = await asyncio.to_thread(check_body, raw, api, limits)
+            if probe is not None:
+                await gw.probe(probe.texts, probe.param)
+                del probe
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise bad_request(None, f"the request body is not valid JSON: {exc}", "invalid_json") from None

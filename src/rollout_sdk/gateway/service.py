@@ -191,7 +191,19 @@ class TurnService:
         against before it is decoded (:mod:`.bodies`)."""
         tokens = max(self._context() - 1, 0)
         b = self.max_token_chars
-        return PromptLimits(tokens=tokens, chars=None if b is None else tokens * b)
+        return PromptLimits(
+            tokens=tokens, chars=None if b is None else tokens * b, probe_chars=tokens * PROBE_CHARS_PER_TOKEN
+        )
+
+    async def probe(self, texts: list[str], param: str) -> None:
+        """The prefix probe (:meth:`_probe`) on the first characters of a body not yet decoded
+        (:class:`~.bodies.Probe`), against the room of any call (the context less one token)."""
+        room = max(self._context() - 1, 0)
+        tok = self.tokenizer
+        await self._cpu(
+            lambda: self._probe(texts, room, lambda t: list(tok.encode(t, add_special_tokens=False)), param),
+            sum(len(t) for t in texts),
+        )
 
     def _prompt_room(self, opts: RequestOptions) -> int:
         """The most prompt tokens a call with these options can have (what :meth:`_fit` accepts)."""
