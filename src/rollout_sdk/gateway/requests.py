@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from ..protocol import MAX_STOP_TOKEN_IDS
 from .errors import GatewayError, bad_request, unsupported
 
 __all__ = [
@@ -71,7 +72,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     repetition_penalty: float | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[int], msgspec.Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
 
 
 class ChatRequest(_Sampling, kw_only=True):
