@@ -37,7 +37,7 @@ __all__ = ["Api", "PromptLimits", "check_body"]
 
 Api = Literal["chat", "completions", "responses", "messages", "other"]
 
-#: bodies smaller than this skip the shape count (their objects cost at most a few dozen MB)
+#: bodies smaller than this are not weighed (their objects cost at most ~7 MB)
 SHAPE_CHECK_BYTES = 256 * 1024
 #: decoded objects may cost up to the body's own size, or this much for small bodies
 SHAPE_FLOOR_BYTES = 16 * 1024 * 1024

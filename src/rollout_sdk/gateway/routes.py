@@ -216,9 +216,10 @@ async def _body(request: web.Request, *, optional: bool = False, api: Api = "oth
             gw = request.app[_GATEWAY]
             limits = gw.prompt_limits() if api != "other" else None
             probe = await asyncio.to_thread(check_body, raw, api, limits)
-            if probe is not None:
+            # tokenizer work only for a call that names a session (one that names none is a 401 next)
+            if probe is not None and (request.match_info.get("session") or _bearer(request)):
                 await gw.probe(probe.texts, probe.param)
-                del probe
+            del probe
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise bad_request(None, f"the request body is not valid JSON: {exc}", "invalid_json") from None
