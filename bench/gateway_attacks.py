@@ -2,7 +2,7 @@
 
 Parts (``--parts``, all by default):
 
-big     one 15 MiB call per API (chat, responses, messages) whose text cannot fit the context: wall time to
+big     one 15 MiB call per API (chat, responses, messages, completions) whose text cannot fit the context: wall time to
         the answer, its status, and the gateway process's RSS before, at its peak (``VmHWM`` after
         ``clear_refs``) and after the answer
 junk    450 calls with fresh keys and a bad body (each a 400), then the trainer's ``POST /v1/sessions``
@@ -11,6 +11,8 @@ stream  20 finished sessions; a consumer that connects to the export stream, rea
 deep    a body nested 1,000 deep on every POST route, and invalid JSON on the session endpoints: statuses
 slow    300 connections that send a request body one byte a second: the gateway's open fds while they
         trickle, and how long until the gateway has closed them
+shapes  15 MiB bodies of many tiny values (``[{},{},...]`` messages, token-id prompts, stop_token_ids,
+        ``[[],[],...]`` input): the same columns as big (not in the default parts)
 bind    ``rollout-sdk gateway --host 0.0.0.0`` without ``--admin-key``: exit code, first line, seconds
 
     python bench/gateway_attacks.py                                      # this checkout
@@ -90,19 +92,58 @@ async def model_name(http: Any, url: str) -> str:
 async def part_big(http: Any, url: str, pid: int, apis: list[str], mib: float) -> list[dict[str, Any]]:
     name = await model_name(http, url)
     text = "word " * (int(mib * MiB) // 5 - 40)
-    rows = []
+    cases = []
     for api in apis:
         path, body = {
             "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
             "responses": ("/v1/responses", {"input": text}),
             "messages": ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": text}]}),
+            "completions": ("/v1/completions", {"prompt": text}),
+            # not counted before decoding (a template may drop part of an assistant's text): the residue
+            "chat-assistant": (
+                "/v1/chat/completions",
+                {"messages": [{"role": "assistant", "content": text}, {"role": "user", "content": "hi"}]},
+            ),
         }[api]
-        raw = json.dumps({"model": name, **body}).encode()
+        cases.append((api, path, json.dumps({"model": name, **body}).encode()))
+    return await _measure(http, url, pid, "big", cases)
+
+
+async def part_shapes(http: Any, url: str, pid: int, mib: float) -> list[dict[str, Any]]:
+    """Bodies of ``mib`` MiB made of many tiny JSON values (each a Python object of ~10-70x its bytes)."""
+    name = await model_name(http, url)
+    n = int(mib * MiB) // 3
+    head = b'{"model": ' + json.dumps(name).encode()
+    cases = [
+        ("chat: messages of {}", "/v1/chat/completions", head + b', "messages": [' + b",".join([b"{}"] * n) + b"]}"),
+        (
+            "completions: prompt of ids",
+            "/v1/completions",
+            head + b', "prompt": [' + b",".join([b"1"] * (n * 3 // 2)) + b"]}",
+        ),
+        (
+            "chat: stop_token_ids",
+            "/v1/chat/completions",
+            head
+            + b', "messages": [{"role": "user", "content": "hi"}], "stop_token_ids": ['
+            + b",".join([b"7"] * (n * 3 // 2))
+            + b"]}",
+        ),
+        ("responses: input of []", "/v1/responses", head + b', "input": [' + b",".join([b"[]"] * n) + b"]}"),
+    ]
+    return await _measure(http, url, pid, "shapes", cases)
+
+
+async def _measure(
+    http: Any, url: str, pid: int, part: str, cases: list[tuple[str, str, bytes]]
+) -> list[dict[str, Any]]:
+    rows = []
+    for api, path, raw in cases:
         before = rss_kb(pid)
         reset_peak(pid)
         t0 = time.perf_counter()
         async with http.post(
-            url + path, data=raw, headers={"Content-Type": "application/json", "x-api-key": f"big-{api}"}
+            url + path, data=raw, headers={"Content-Type": "application/json", "x-api-key": f"{part}-{len(rows)}"}
         ) as r:
             answer = await r.json()
             status = r.status
@@ -110,7 +151,7 @@ async def part_big(http: Any, url: str, pid: int, apis: list[str], mib: float) -
         peak, right_after = rss_kb(pid, "VmHWM"), rss_kb(pid)
         await asyncio.sleep(3)  # what stays once the call is over
         row = {
-            "part": "big",
+            "part": part,
             "api": api,
             "body_MiB": round(len(raw) / MiB, 2),
             "status": status,
@@ -309,6 +350,8 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
         async with aiohttp.ClientSession(timeout=timeout) as http:
             if "big" in served:
                 rows += await part_big(http, url, pid, args.apis.split(","), args.big_mib)
+            if "shapes" in served:
+                rows += await part_shapes(http, url, pid, args.big_mib)
             if "junk" in served:
                 rows += await part_junk(http, url)
             if "deep" in served:

@@ -553,7 +553,9 @@ async def test_image_expansions_run_at_most_max_image_expansions_at_once(tiny_mo
     assert proc.running == 2 and engine._expansions.locked()
     proc.release.set()
     await asyncio.gather(*tasks[1:])
-    assert proc.peak == 2 and proc.running == 0 and not engine._expansions.locked()
+    # the cancelled request's thread may still be finishing: its slot is given back when it does
+    await wait_for(lambda: proc.running == 0 and not engine._expansions.locked())
+    assert proc.peak == 2
 
 
 async def test_records_unacknowledged_when_the_gateway_closes_go_to_trajectories(fake_servers, tok) -> None:

@@ -49,6 +49,7 @@ import msgspec
 from .._aio import LifecycleGuard, OpenedWith, await_unless, cancel_and_wait
 from ..agents import Trajectory
 from ..errors import ClientStateError, ConfigError
+from .bodies import PromptLimits
 from .config import GatewayConfig
 from .errors import GatewayError
 from .records import ExportLease, SessionRecord, session_record
@@ -279,6 +280,15 @@ class Gateway(OpenedWith):
         """Finish a session: its trajectories go to :meth:`trajectories`.  False if already finished."""
         self._check_open()
         return self.store.finish(self.store.get(session_id, create=False), reward=reward)
+
+    def prompt_limits(self) -> PromptLimits | None:
+        """The most any prompt can hold (None before the gateway is open)."""
+        return None if self._service is None else self._service.prompt_limits()
+
+    async def probe(self, texts: list[str], param: str) -> None:
+        """Refuse a body whose first counted characters alone cannot fit (:meth:`TurnService.probe`)."""
+        if self._service is not None:
+            await self._service.probe(texts, param)
 
     async def serve_turn(
         self, session: Session, body: dict[str, Any], *, chat: bool, id_prefix: str = "chatcmpl-"

@@ -26,6 +26,15 @@ import json
 from typing import Any
 
 from .errors import bad_request, unsupported
+from .requests import (
+    AnthropicMessage,
+    AnthropicTool,
+    MessagesRequest,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    convert,
+)
 from .service import Outcome
 
 __all__ = ["CHAT_NAMES", "message_body", "message_events", "to_chat"]
@@ -33,58 +42,26 @@ __all__ = ["CHAT_NAMES", "message_body", "message_events", "to_chat"]
 #: chat fields an error may name -> the Messages field they came from
 CHAT_NAMES = {"stop": "stop_sequences"}
 
-_FIELDS = {
-    "model",
-    "messages",
-    "system",
-    "max_tokens",
-    "tools",
-    "tool_choice",
-    "temperature",
-    "top_p",
-    "top_k",
-    "stop_sequences",
-    "stream",
-    # accepted, change nothing the model sees
-    "metadata",
-    "thinking",
-    "service_tier",
-    "cache_control",
-    "output_config",
-    "container",
-    "diagnostics",
-    "inference_geo",
-    "speed",
-    "user_profile_id",
-    "workspace_id",
-}
-
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat body a Messages call means.  400s name the Messages field."""
-    for key in body:
-        if key not in _FIELDS:
-            raise unsupported(key, f"unsupported field {key!r}: this gateway does not implement it")
-    config = body.get("output_config")
-    if config is not None and (not isinstance(config, dict) or config.get("format") is not None):
+    """The chat body a Messages call means.  400s name the Messages field (types:
+    :class:`~.requests.MessagesRequest`; the sampling fields are checked as the chat call's)."""
+    req = convert(body, MessagesRequest)
+    if req.output_config is not None and req.output_config.get("format") is not None:
         raise unsupported("output_config.format", "output formats (JSON schemas) cannot be enforced on the model")
     messages: list[dict[str, Any]] = []
-    system = body.get("system")
-    if system is not None:
-        messages.append({"role": "system", "content": _blocks_text(system, "system")})
-    raw = body.get("messages")
-    if raw is None:
+    if req.system is not None:
+        messages.append({"role": "system", "content": _text(req.system)})
+    if req.messages is None:
         raise bad_request("messages", "messages is required", "missing_required_parameter")
-    if not isinstance(raw, list) or not raw:
-        raise bad_request("messages", "messages must be a non-empty list", "invalid_type")
-    for i, m in enumerate(raw):
+    for i, m in enumerate(req.messages):
         messages.extend(_message(m, f"messages[{i}]"))
-    if body.get("max_tokens") is None:  # required by Anthropic's API, answered as Anthropic does
+    if req.max_tokens is None:  # required by Anthropic's API, answered as Anthropic does
         raise bad_request("max_tokens", "max_tokens: Field required", "missing_required_parameter")
-    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
-    if body.get("tools"):
-        chat["tools"] = _tools(body["tools"])
-    choice = body.get("tool_choice")
+    chat: dict[str, Any] = {"model": req.model, "messages": messages}
+    if req.tools:
+        chat["tools"] = [_tool(t) for t in req.tools]
+    choice = req.tool_choice
     if choice is not None:
         kind = choice.get("type") if isinstance(choice, dict) else None
         if kind not in ("auto", "none"):
@@ -92,90 +69,56 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         if choice.get("disable_parallel_tool_use"):
             raise unsupported("tool_choice.disable_parallel_tool_use", "cannot be enforced on the model")
         chat["tool_choice"] = kind
-    if body.get("stop_sequences") is not None:
-        chat["stop"] = body["stop_sequences"]
+    if req.stop_sequences is not None:
+        chat["stop"] = req.stop_sequences
     for key in ("max_tokens", "temperature", "top_p", "top_k", "stream"):
-        if body.get(key) is not None:
-            chat[key] = body[key]
+        if (value := getattr(req, key)) is not None:
+            chat[key] = value
     return chat
 
 
-def _blocks_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(where, "content must be a string or a list of blocks", "invalid_type")
-    texts = []
-    for k, block in enumerate(content):
-        kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-        if kind != "text" or not isinstance(block.get("text"), str):
-            raise unsupported(f"{where}[{k}]", f"block of type {kind!r}: only text blocks are supported here")
-        texts.append(block["text"])
-    return "".join(texts)
+def _text(content: str | list[TextBlock] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(b.text for b in content)
 
 
-def _message(m: Any, where: str) -> list[dict[str, Any]]:
-    if not isinstance(m, dict):
-        raise bad_request(where, "each message must be an object", "invalid_type")
-    role = m.get("role")
-    if role not in ("user", "assistant"):
-        raise bad_request(f"{where}.role", f"role {role!r} is not one of user, assistant")
-    content = m.get("content")
-    if isinstance(content, str):
-        return [{"role": role, "content": content}]
-    if not isinstance(content, list):
-        raise bad_request(f"{where}.content", "content must be a string or a list of blocks", "invalid_type")
-    if role == "assistant":
+def _message(m: AnthropicMessage, where: str) -> list[dict[str, Any]]:
+    if isinstance(m.content, str):
+        return [{"role": m.role, "content": m.content}]
+    if m.role == "assistant":
         parts: list[str] = []
         calls: list[dict[str, Any]] = []
-        for k, block in enumerate(content):
-            kind = block.get("type") if isinstance(block, dict) else None
-            if kind == "text":
-                parts.append(_blocks_text([block], f"{where}.content"))
-            elif kind == "tool_use":
-                if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                    raise bad_request(f"{where}.content[{k}]", "a tool_use block needs a string id and name")
-                fn = {"name": block["name"], "arguments": block.get("input") or {}}
-                calls.append({"id": block["id"], "type": "function", "function": fn})
-            elif kind in ("thinking", "redacted_thinking"):
-                continue
-            else:
-                raise unsupported(f"{where}.content[{k}]", f"block of type {kind!r} is not supported")
+        for k, block in enumerate(m.content):
+            if isinstance(block, TextBlock):
+                parts.append(block.text)
+            elif isinstance(block, ToolUseBlock):
+                fn = {"name": block.name, "arguments": block.input or {}}
+                calls.append({"id": block.id, "type": "function", "function": fn})
+            elif isinstance(block, ToolResultBlock):
+                raise unsupported(f"{where}.content[{k}]", "block of type 'tool_result' is not supported here")
         msg: dict[str, Any] = {"role": "assistant", "content": "".join(parts)}
         if calls:
             msg["tool_calls"] = calls
         return [msg]
     out: list[dict[str, Any]] = []
-    for k, block in enumerate(content):
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
-            text = _blocks_text([block], f"{where}.content")
+    for k, block in enumerate(m.content):
+        if isinstance(block, TextBlock):
             if out and out[-1]["role"] == "user":
-                out[-1]["content"] += text
+                out[-1]["content"] += block.text
             else:
-                out.append({"role": "user", "content": text})
-        elif kind == "tool_result":
-            if not isinstance(block.get("tool_use_id"), str):
-                raise bad_request(f"{where}.content[{k}].tool_use_id", "a tool_result block needs a tool_use_id")
-            result = block.get("content")
-            text = "" if result is None else _blocks_text(result, f"{where}.content[{k}].content")
-            out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
+                out.append({"role": "user", "content": block.text})
+        elif isinstance(block, ToolResultBlock):
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _text(block.content)})
         else:
-            raise unsupported(f"{where}.content[{k}]", f"block of type {kind!r} is not supported")
+            kind = type(block).__struct_config__.tag
+            raise unsupported(f"{where}.content[{k}]", f"block of type {kind!r} is not supported here")
     return out
 
 
-def _tools(tools: Any) -> list[dict[str, Any]]:
-    if not isinstance(tools, list):
-        raise bad_request("tools", "tools must be a list", "invalid_type")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") not in (None, "custom"):
-            kind = t.get("type") if isinstance(t, dict) else type(t).__name__
-            raise unsupported(f"tools[{i}].type", f"tools of type {kind!r}: only custom (client) tools are supported")
-        fn = {"name": t.get("name"), "description": t.get("description"), "parameters": t.get("input_schema")}
-        out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
-    return out
+def _tool(t: AnthropicTool) -> dict[str, Any]:
+    fn = {"name": t.name, "description": t.description, "parameters": t.input_schema}
+    return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
 
 
 # -- the answer ----------------------------------------------------------------------------------

@@ -30,6 +30,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import GatewayError, bad_request, unsupported
+from .requests import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputItem,
+    MessageItem,
+    Refusal,
+    ResponsesRequest,
+    TextPart,
+    convert,
+)
 from .service import Choice, Outcome
 from .sessions import Session
 
@@ -37,53 +47,6 @@ __all__ = ["CHAT_NAMES", "Echo", "response_body", "response_events", "to_chat"]
 
 #: chat fields an error may name -> the Responses field they came from
 CHAT_NAMES = {"max_tokens": "max_output_tokens"}
-
-#: fields mapped onto the chat call
-_MAPPED = {
-    "model",
-    "input",
-    "instructions",
-    "tools",
-    "tool_choice",
-    "temperature",
-    "top_p",
-    "max_output_tokens",
-    "stream",
-    "previous_response_id",
-    "include",
-    "metadata",
-    # SGLang / vLLM-style extensions, as in chat
-    "seed",
-    "stop",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "min_tokens",
-}
-#: fields that change nothing the model sees: accepted, echoed where the API echoes them
-_IGNORED = {
-    "store",
-    "user",
-    "parallel_tool_calls",
-    "truncation",
-    "text",
-    "reasoning",
-    "prompt_cache_key",
-    "prompt_cache_retention",
-    "prompt_cache_options",
-    "safety_identifier",
-    "service_tier",
-    "stream_options",
-    "top_logprobs",
-    "background",
-    "background_options",
-    "context_management",
-    # a limit on built-in (hosted) tool calls: this gateway has none, so it is always kept
-    "max_tool_calls",
-}
-_TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
 @dataclass(kw_only=True)
@@ -100,32 +63,26 @@ class Echo:
 
 
 def to_chat(body: dict[str, Any], session: Session) -> tuple[dict[str, Any], Echo]:
-    """The chat body a Responses call means, and what its answer echoes.  400s name the Responses field."""
-    for key in body:
-        if key not in _MAPPED and key not in _IGNORED:
-            raise unsupported(key, f"unsupported field {key!r}: this gateway does not implement it")
-    _check_ignored(body)
-    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
-        raise bad_request("metadata", "metadata must be an object", "invalid_type")
-    if body.get("tools") is not None and not isinstance(body["tools"], list):
-        raise bad_request("tools", "tools must be a list", "invalid_type")
+    """The chat body a Responses call means, and what its answer echoes.  400s name the Responses field
+    (types: :class:`~.requests.ResponsesRequest`; the sampling fields are checked as the chat call's)."""
+    req = convert(body, ResponsesRequest)
+    if req.background:
+        raise unsupported("background", "background responses are not supported")
+    fmt = req.text.get("format") if isinstance(req.text, dict) else None
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise unsupported("text.format", "only the text format {'type': 'text'} is supported")
     echo = Echo(
-        instructions=body.get("instructions"),
-        tools=list(body.get("tools") or []),
-        tool_choice=body.get("tool_choice") or "auto",
-        previous_response_id=body.get("previous_response_id"),
-        metadata=dict(body.get("metadata") or {}),
-        max_output_tokens=body.get("max_output_tokens"),
+        instructions=req.instructions,
+        tools=list(req.tools or []),
+        tool_choice=req.tool_choice or "auto",
+        previous_response_id=req.previous_response_id,
+        metadata=dict(req.metadata or {}),
+        max_output_tokens=req.max_output_tokens,
+        logprobs="message.output_text.logprobs" in (req.include or []),
     )
-    include = body.get("include") or []
-    if not isinstance(include, list):
-        raise bad_request("include", "include must be a list", "invalid_type")
-    echo.logprobs = "message.output_text.logprobs" in include
     messages: list[dict[str, Any]] = []
-    prev = body.get("previous_response_id")
+    prev = req.previous_response_id
     if prev is not None:
-        if not isinstance(prev, str):
-            raise bad_request("previous_response_id", "previous_response_id must be a string", "invalid_type")
         try:
             messages = [dict(m) for m in session.response_node(prev).messages]
         except GatewayError:
@@ -134,121 +91,89 @@ def to_chat(body: dict[str, Any], session: Session) -> tuple[dict[str, Any], Ech
                 f"no response {prev!r} in this session (responses chain within one session)",
                 "previous_response_not_found",
             ) from None
-    instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise bad_request("instructions", "instructions must be a string", "invalid_type")
-        system = {"role": "system", "content": instructions}
+    if req.instructions is not None:
+        system = {"role": "system", "content": req.instructions}
         if messages and messages[0].get("role") == "system":
             messages[0] = system
         else:
             messages.insert(0, system)
-    messages.extend(input_messages(body.get("input")))
-    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
-    if body.get("tools"):
-        chat["tools"] = chat_tools(body["tools"])
-    choice = body.get("tool_choice")
-    if choice is not None:
-        chat["tool_choice"] = choice
-    if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
-    for key in ("temperature", "top_p", "stream", "seed", "stop", "top_k", "min_p", "repetition_penalty"):
-        if body.get(key) is not None:
-            chat[key] = body[key]
+    messages.extend(input_messages(req.input))
+    chat: dict[str, Any] = {"model": req.model, "messages": messages}
+    if req.tools:
+        chat["tools"] = [_chat_tool(t) for t in req.tools]
+    if req.max_output_tokens is not None:
+        chat["max_tokens"] = req.max_output_tokens
     # checked by the chat path with the same names (parallel_tool_calls=false, top_logprobs > 0 ... are 400s)
-    for key in ("frequency_penalty", "presence_penalty", "min_tokens", "parallel_tool_calls", "service_tier"):
-        if body.get(key) is not None:
-            chat[key] = body[key]
-    if body.get("top_logprobs") is not None:
-        chat["top_logprobs"] = body["top_logprobs"]
+    for key in _PASSED_ON:
+        if (value := getattr(req, key)) is not None:
+            chat[key] = value
     if echo.logprobs:
         chat["logprobs"] = True
     return chat, echo
 
 
-def _check_ignored(body: dict[str, Any]) -> None:
-    if body.get("background"):
-        raise unsupported("background", "background responses are not supported")
-    text = body.get("text")
-    fmt = text.get("format") if isinstance(text, dict) else None
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise unsupported("text.format", "only the text format {'type': 'text'} is supported")
+#: fields the chat call takes as they are
+_PASSED_ON = (
+    "tool_choice",
+    "temperature",
+    "top_p",
+    "stream",
+    "seed",
+    "stop",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "min_tokens",
+    "parallel_tool_calls",
+    "service_tier",
+    "top_logprobs",
+)
 
 
-def chat_tools(tools: Any) -> Any:
-    """Responses function tools as chat tools (``strict`` dropped); anything else is left for the chat
+def _chat_tool(tool: Any) -> Any:
+    """A Responses function tool as a chat tool (``strict`` dropped); anything else is left for the chat
     path to refuse by name."""
-    if not isinstance(tools, list):
-        return tools
-    out = []
-    for t in tools:
-        if isinstance(t, dict) and t.get("type") == "function" and "function" not in t:
-            fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
-            out.append({"type": "function", "function": fn})
-        else:
-            out.append(t)
-    return out
+    if isinstance(tool, dict) and tool.get("type") == "function" and "function" not in tool:
+        fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+        return {"type": "function", "function": fn}
+    return tool
 
 
-def _parts_text(content: Any, where: str) -> str:
+def _text(content: str | list[TextPart] | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    if not isinstance(content, list):
-        raise bad_request(where, "content must be a string or a list of text parts", "invalid_type")
-    texts = []
-    for k, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-        if kind not in _TEXT_PARTS:
-            raise unsupported(f"{where}[{k}]", f"content part of type {kind!r}: only text is supported")
-        text = part.get("text", part.get("refusal"))
-        if not isinstance(text, str):
-            raise bad_request(f"{where}[{k}].text", "a text part needs a string 'text'")
-        texts.append(text)
-    return "".join(texts)
+    return "".join(p.refusal if isinstance(p, Refusal) else p.text for p in content)
 
 
-def input_messages(items: Any) -> list[dict[str, Any]]:
+def input_messages(items: str | list[Any] | None) -> list[dict[str, Any]]:
     """Responses ``input`` as chat messages (a function call joins the assistant message it follows)."""
     if items is None:
         raise bad_request("input", "input is required", "missing_required_parameter")
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
-    if not isinstance(items, list):
-        raise bad_request("input", "input must be a string or a list of items", "invalid_type")
+    # an item with a role and no type is a message (the typed union needs its tag)
+    tagged = [
+        {**item, "type": "message"} if isinstance(item, dict) and not item.get("type") and "role" in item else item
+        for item in items
+    ]
     out: list[dict[str, Any]] = []
     joinable = False  # the last message is an assistant message that later function calls belong to
-    for i, item in enumerate(items):
-        where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise bad_request(where, "each input item must be an object", "invalid_type")
-        kind = item.get("type") or ("message" if "role" in item else None)
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "system", "developer", "assistant"):
-                raise bad_request(f"{where}.role", f"role {role!r} is not one of user, system, developer, assistant")
-            out.append({"role": role, "content": _parts_text(item.get("content"), f"{where}.content")})
-            joinable = role == "assistant"
-        elif kind == "function_call":
-            name, call_id = item.get("name"), item.get("call_id")
-            if not isinstance(name, str) or not isinstance(call_id, str):
-                raise bad_request(where, "a function_call item needs a string name and call_id")
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": item.get("arguments")}}
+    for item in convert(tagged, list[InputItem], where="input"):
+        if isinstance(item, MessageItem):
+            out.append({"role": item.role, "content": _text(item.content)})
+            joinable = item.role == "assistant"
+        elif isinstance(item, FunctionCallItem):
+            fn = {"name": item.name, "arguments": item.arguments}
             if not joinable:
                 out.append({"role": "assistant", "content": ""})
                 joinable = True
-            out[-1].setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str):
-                raise bad_request(f"{where}.call_id", "a function_call_output item needs a string call_id")
-            out.append(
-                {"role": "tool", "tool_call_id": call_id, "content": _parts_text(item.get("output"), f"{where}.output")}
-            )
+            out[-1].setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": fn})
+        elif isinstance(item, FunctionCallOutputItem):
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
             joinable = False
-        elif kind == "reasoning":
-            continue  # already in the recorded tokens of the turn that produced it
-        else:
-            raise unsupported(f"{where}.type", f"input items of type {kind!r} are not supported")
+        # reasoning: already in the recorded tokens of the turn that produced it
     return out
 
 

@@ -37,9 +37,11 @@ from aiohttp import web
 
 from . import messages as messages_api
 from . import responses as responses_api
+from .bodies import SHAPE_CHECK_BYTES, Api, PromptLimits, check_body
 from .config import GatewayConfig
 from .errors import GatewayError, bad_request, error_body, to_gateway_error
 from .records import ExportLease, SessionRecord
+from .requests import AckRequest, FinishRequest, RewardRequest, SessionRequest, TurnReward, convert
 from .sampling import SessionSampling
 from .service import Outcome
 from .sessions import Session, SessionStore
@@ -66,6 +68,8 @@ class GatewayApp(Protocol):
         self, session: Session, body: dict[str, Any], *, chat: bool, id_prefix: str = ...
     ) -> Outcome: ...
     def health(self) -> dict[str, Any]: ...
+    def prompt_limits(self) -> PromptLimits | None: ...
+    async def probe(self, texts: list[str], param: str) -> None: ...
     def metrics(self) -> tuple[bytes, str]: ...
     def session(
         self, session_id: str | None = ..., *, metadata: dict[str, Any] | None = ..., sampling: Any = ...
@@ -199,13 +203,23 @@ async def _read(request: web.Request) -> bytearray:
         ) from None
 
 
-async def _body(request: web.Request, *, optional: bool = False) -> dict[str, Any]:
+async def _body(request: web.Request, *, optional: bool = False, api: Api = "other") -> dict[str, Any]:
     """The request's JSON object.  ``optional``: an empty body is ``{}``.  Every way a body can be bad is
-    a 400 naming the reason (and the field, for nesting too deep): never a 5xx."""
+    a 400 naming the reason (and the field, for nesting too deep): never a 5xx.  A large body is first
+    weighed from its bytes (:func:`~.bodies.check_body`, off the loop): one whose objects would outweigh
+    it, or whose ``api`` text no prompt can hold, is refused before it is decoded."""
     raw = await _read(request)
     if optional and (not raw or raw.isspace()):
         return {}
     try:
+        if len(raw) >= SHAPE_CHECK_BYTES:
+            gw = request.app[_GATEWAY]
+            limits = gw.prompt_limits() if api != "other" else None
+            probe = await asyncio.to_thread(check_body, raw, api, limits)
+            # tokenizer work only for a call that names a session (one that names none is a 401 next)
+            if probe is not None and (request.match_info.get("session") or _bearer(request)):
+                await gw.probe(probe.texts, probe.param)
+            del probe
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise bad_request(None, f"the request body is not valid JSON: {exc}", "invalid_json") from None
@@ -281,7 +295,7 @@ class _Routes:
             raise GatewayError(401, "this endpoint needs the gateway's admin key", code="invalid_admin_key")
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        body = await _body(request)
+        body = await _body(request, api="chat" if chat else "completions")
         with self.gw.store.call(self._session_id(request), create=self.gw.config.auto_sessions) as session:
             outcome = await self.gw.serve_turn(session, body, chat=chat)
         if outcome.options.stream:
@@ -313,7 +327,7 @@ class _Routes:
         return await self._serve(request, chat=False)
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
+        body = await _body(request, api="responses")
         with self.gw.store.call(self._session_id(request), create=self.gw.config.auto_sessions) as session:
             chat, echo = responses_api.to_chat(body, session)
             with _fields_named(responses_api.CHAT_NAMES):
@@ -323,7 +337,7 @@ class _Routes:
         return _json(responses_api.response_body(outcome, echo))
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
+        body = await _body(request, api="messages")
         chat = messages_api.to_chat(body)
         with (
             self.gw.store.call(self._session_id(request), create=self.gw.config.auto_sessions) as session,
@@ -357,14 +371,9 @@ class _Routes:
 
     async def create_session(self, request: web.Request) -> web.StreamResponse:
         self._admin(request)
-        body = await _body(request, optional=True)
-        meta = body.get("metadata")
-        if meta is not None and not isinstance(meta, dict):
-            raise bad_request("metadata", "metadata must be an object", "invalid_type")
-        sid = body.get("id")
-        if sid is not None and not isinstance(sid, str):
-            raise bad_request("id", "id must be a string", "invalid_type")
-        handle = self.gw.session(sid, metadata=meta, sampling=SessionSampling.from_json(body.get("sampling")))
+        body = convert(await _body(request, optional=True), SessionRequest)
+        sampling = SessionSampling.from_json(body.sampling)
+        handle = self.gw.session(body.id, metadata=body.metadata, sampling=sampling)
         return _json({"id": handle.id, "base_url": handle.base_url, "api_key": handle.api_key}, 201)
 
     async def session_info(self, request: web.Request) -> web.StreamResponse:
@@ -376,28 +385,21 @@ class _Routes:
         """``{"reward": x}`` the session's reward; ``{"turn_rewards": [{"turn": k | "response_id": id,
         "reward": x}, ...]}`` turns' own.  Finishes the session unless ``"finish": false``."""
         self._admin(request)
-        body = await _body(request)
-        value = body.get("reward")
-        turns = body.get("turn_rewards")
-        if value is None and turns is None:
+        body = convert(await _body(request), RewardRequest)
+        if body.reward is None and body.turn_rewards is None:
             raise bad_request("reward", "give a 'reward' or 'turn_rewards'", "missing_required_parameter")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise bad_request("reward", f"reward must be a number, got {value!r}", "invalid_type")
-        finish = body.get("finish", True)
-        if not isinstance(finish, bool):
-            raise bad_request("finish", "finish must be a boolean", "invalid_type")
         sid = request.match_info["session"]
-        for k, item in enumerate(_turn_rewards(turns, self.gw.config.max_turns_per_session)):
+        for k, item in enumerate(_turn_rewards(body.turn_rewards, self.gw.config.max_turns_per_session)):
             try:
-                self.gw.turn_reward(sid, item["reward"], turn=item.get("turn"), response_id=item.get("response_id"))
+                self.gw.turn_reward(sid, item.reward, turn=item.turn, response_id=item.response_id)
             except GatewayError as exc:
                 exc.param = f"turn_rewards[{k}].{exc.param}" if exc.param else f"turn_rewards[{k}]"
                 raise
-        if value is not None:
-            done = self.gw.reward(sid, float(value), finish=finish)
+        if body.reward is not None:
+            done = self.gw.reward(sid, body.reward, finish=body.finish)
         else:
-            done = self.gw.finish(sid) if finish else False
-        return _json({"id": sid, "reward": None if value is None else float(value), "finished": done})
+            done = self.gw.finish(sid) if body.finish else False
+        return _json({"id": sid, "reward": body.reward, "finished": done})
 
     async def trajectory(self, request: web.Request) -> web.StreamResponse:
         self._admin(request)
@@ -488,22 +490,16 @@ class _Routes:
     async def ack(self, request: web.Request) -> web.StreamResponse:
         """``{"ids": [session, ...]}``: these records were delivered; they leave the gateway."""
         self._admin(request)
-        body = await _body(request)
-        ids = body.get("ids")
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise bad_request("ids", "ids must be a list of session ids (strings)", "invalid_type")
+        ids = convert(await _body(request), AckRequest).ids
         if len(ids) > self.gw.config.max_sessions:
             raise bad_request("ids", f"at most max_sessions ({self.gw.config.max_sessions}) ids", "too_many_items")
         return _json(self.gw.ack(ids))
 
     async def finish(self, request: web.Request) -> web.StreamResponse:
         self._admin(request)
-        body = await _body(request, optional=True)
-        value = body.get("reward")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise bad_request("reward", f"reward must be a number, got {value!r}", "invalid_type")
+        body = convert(await _body(request, optional=True), FinishRequest)
         sid = request.match_info["session"]
-        self.gw.finish(sid, reward=None if value is None else float(value))
+        self.gw.finish(sid, reward=body.reward)
         return _json({"id": sid, "finished": True})
 
 
@@ -574,32 +570,18 @@ def _query_int(request: web.Request, name: str) -> int | None:
     return int(value)
 
 
-def _turn_rewards(items: Any, max_items: int) -> list[dict[str, Any]]:
-    """The checked items; at most ``max_items`` (a session serves no more turns than that)."""
+def _turn_rewards(items: list[Any] | None, max_items: int) -> list[TurnReward]:
+    """The checked items; at most ``max_items`` (a session serves no more turns than that), counted
+    before any is converted."""
     if items is None:
         return []
-    if not isinstance(items, list):
-        raise bad_request("turn_rewards", "turn_rewards must be a list", "invalid_type")
     if len(items) > max_items:
         raise bad_request(
             "turn_rewards",
             f"{len(items)} turn rewards: a session has at most {max_items} turns (max_turns_per_session)",
             "too_many_items",
         )
-    out = []
-    for k, item in enumerate(items):
-        where = f"turn_rewards[{k}]"
-        if not isinstance(item, dict):
-            raise bad_request(where, "each turn reward is an object", "invalid_type")
-        value, turn, rid = item.get("reward"), item.get("turn"), item.get("response_id")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad_request(f"{where}.reward", f"reward must be a number, got {value!r}", "invalid_type")
-        if turn is not None and (isinstance(turn, bool) or not isinstance(turn, int)):
-            raise bad_request(f"{where}.turn", f"turn must be an integer, got {turn!r}", "invalid_type")
-        if rid is not None and not isinstance(rid, str):
-            raise bad_request(f"{where}.response_id", "response_id must be a string", "invalid_type")
-        out.append({"reward": value, "turn": turn, "response_id": rid})
-    return out
+    return convert(items, list[TurnReward], where="turn_rewards")
 
 
 # -- response shapes --------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from ..agents.parsers import ReasoningParser, get_reasoning_parser, split_reason
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams
 from ..rollouts.continuation import Continuation
 from ..rollouts.seeds import sample_seed
+from .bodies import PromptLimits
 from .config import GatewayConfig
 from .errors import GatewayError, bad_request, unsupported
 from .sampling import RequestOptions, parse_options
@@ -184,6 +185,25 @@ class TurnService:
 
     def _context(self) -> int:
         return min((i.limits.max_context for i in self.client.server_info()), default=1 << 30)
+
+    def prompt_limits(self) -> PromptLimits:
+        """The most any prompt can hold here (whatever a call's ``max_tokens``): what a body is weighed
+        against before it is decoded (:mod:`.bodies`)."""
+        tokens = max(self._context() - 1, 0)
+        b = self.max_token_chars
+        return PromptLimits(
+            tokens=tokens, chars=None if b is None else tokens * b, probe_chars=tokens * PROBE_CHARS_PER_TOKEN
+        )
+
+    async def probe(self, texts: list[str], param: str) -> None:
+        """The prefix probe (:meth:`_probe`) on the first characters of a body not yet decoded
+        (:class:`~.bodies.Probe`), against the room of any call (the context less one token)."""
+        room = max(self._context() - 1, 0)
+        tok = self.tokenizer
+        await self._cpu(
+            lambda: self._probe(texts, room, lambda t: list(tok.encode(t, add_special_tokens=False)), param),
+            sum(len(t) for t in texts),
+        )
 
     def _prompt_room(self, opts: RequestOptions) -> int:
         """The most prompt tokens a call with these options can have (what :meth:`_fit` accepts)."""

@@ -22,37 +22,26 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from ..agents import ParsedTurn
 from ..protocol import MAX_IMAGE_BYTES
 from .errors import bad_request, unsupported
+from .requests import ChatMessage, ChatTools, ImageUrlPart, ToolCall, convert
 
 __all__ = ["assistant_reply", "canonical", "parse_tool_choice", "template_messages", "template_tools"]
 
-MAX_TOOLS = 256
-_ROLES = ("system", "user", "assistant", "tool")
-
 
 def template_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """The request's ``tools``, checked (function tools only), as the template renders them."""
+    """The request's ``tools``, checked (function tools only: :data:`~.requests.ChatTools`), as the
+    template renders them."""
     if tools is None or tools == []:
         return None
-    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
-        raise bad_request("tools", f"tools must be a list of at most {MAX_TOOLS} tools", "invalid_type")
-    out = []
-    for i, t in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(t, dict) or t.get("type") != "function":
-            raise unsupported(f"{where}.type", "only tools of type 'function' are supported")
-        fn = t.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"{where}.function.name", "a function tool needs a non-empty name")
-        params = fn.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise bad_request(f"{where}.function.parameters", "parameters must be a JSON schema object")
-        # only what a template renders, in one order: client-side fields ("strict") never reach the prompt
-        rendered = {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
-        out.append({"type": "function", "function": rendered})
-    return out
+    # only what a template renders, in one order: client-side fields ("strict") never reach the prompt
+    return [
+        {"type": "function", "function": {k: v for k, v in msgspec.structs.asdict(t.function).items() if v is not None}}
+        for t in convert(tools, ChatTools, where="tools")
+    ]
 
 
 def parse_tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> bool:
@@ -65,10 +54,9 @@ def parse_tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> bool:
     raise unsupported("tool_choice", f"tool_choice {value!r}: only 'auto' and 'none' can be honoured")
 
 
-def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
-    """An OpenAI ``image_url`` part holding a data URL, as the template's ``{"type": "image", "image": bytes}``.
-    Nothing is fetched: any other URL is refused."""
-    spec = part.get("image_url")
+def _image(spec: Any, where: str) -> dict[str, Any]:
+    """An OpenAI ``image_url`` part's ``image_url`` holding a data URL, as the template's ``{"type": "image",
+    "image": bytes}``.  Nothing is fetched: any other URL is refused."""
     if not isinstance(spec, dict | str):
         raise bad_request(where, "an image_url part needs an 'image_url' with a data URL (data:image/png;base64,...)")
     url = spec.get("url") if isinstance(spec, dict) else spec
@@ -91,33 +79,20 @@ def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
     return {"type": "image", "image": raw}
 
 
-def _text(content: Any, where: str, *, images: bool = False) -> Any:
+def _content(content: str | list[Any] | None, where: str, *, images: bool) -> Any:
     """A message's content as the template renders it: a string, or (``images``: user and tool messages
     with ``image_url`` parts) a list of text and image parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        if images and any(isinstance(p, dict) and p.get("type") == "image_url" for p in content):
-            out: list[dict[str, Any]] = []
-            for i, part in enumerate(content):
-                if isinstance(part, dict) and part.get("type") == "image_url":
-                    out.append(_image(part, f"{where}[{i}]"))
-                else:
-                    out.append({"type": "text", "text": _text([part], f"{where}[{i}]")})
-            return out
-        parts = []
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not images or not any(isinstance(p, ImageUrlPart) for p in content):
         for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text", "output_text"):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise unsupported(f"{where}[{i}]", f"content part of type {kind!r}: only text is supported")
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise bad_request(f"{where}[{i}].text", "a text part needs a string 'text'")
-            parts.append(text)
-        return "".join(parts)
-    raise bad_request(where, "content must be a string, a list of text parts, or null", "invalid_type")
+            if isinstance(part, ImageUrlPart):
+                raise unsupported(f"{where}[{i}]", "content part of type 'image_url': only text is supported here")
+        return "".join(p.text for p in content)
+    return [
+        _image(p.image_url, f"{where}[{i}]") if isinstance(p, ImageUrlPart) else {"type": "text", "text": p.text}
+        for i, p in enumerate(content)
+    ]
 
 
 def _arguments(value: Any, where: str) -> dict[str, Any]:
@@ -134,29 +109,22 @@ def _arguments(value: Any, where: str) -> dict[str, Any]:
 
 
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
-    if not isinstance(calls, list):
-        raise bad_request(where, "tool_calls must be a list", "invalid_type")
     out = []
-    for j, c in enumerate(calls):
-        w = f"{where}[{j}]"
-        fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise bad_request(f"{w}.function", "a tool call needs a function with a name")
-        call: dict[str, Any] = {
-            "type": "function",
-            "function": {
-                "name": fn["name"],
-                "arguments": _arguments(fn.get("arguments", {}), f"{w}.function.arguments"),
-            },
+    for j, c in enumerate(convert(calls, list[ToolCall], where=where)):
+        fn = {
+            "name": c.function.name,
+            "arguments": _arguments(c.function.arguments, f"{where}[{j}].function.arguments"),
         }
-        if isinstance(c.get("id"), str):
-            call["id"] = c["id"]
+        call: dict[str, Any] = {"type": "function", "function": fn}
+        if isinstance(c.id, str):
+            call["id"] = c.id
         out.append(call)
     return out
 
 
 def template_messages(messages: Any, *, max_messages: int) -> list[dict[str, Any]]:
-    """Check the request's ``messages`` and normalise them into what the chat template renders."""
+    """Check the request's ``messages`` (:class:`~.requests.ChatMessage`) and normalise them into what
+    the chat template renders."""
     if messages is None:
         raise bad_request("messages", "messages is required", "missing_required_parameter")
     if not isinstance(messages, list) or not messages:
@@ -164,26 +132,20 @@ def template_messages(messages: Any, *, max_messages: int) -> list[dict[str, Any
     if len(messages) > max_messages:
         raise bad_request("messages", f"at most {max_messages} messages per request on this gateway")
     out: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
+    for i, m in enumerate(convert(messages, list[ChatMessage], where="messages")):
         where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad_request(where, "each message must be an object", "invalid_type")
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        if role not in _ROLES:
-            raise bad_request(
-                f"{where}.role", f"role {m.get('role')!r} is not one of system, developer, user, assistant, tool"
-            )
-        content = _text(m.get("content"), f"{where}.content", images=role in ("user", "tool"))
-        msg: dict[str, Any] = {"role": role, "content": content}
-        if role == "assistant" and m.get("tool_calls"):
-            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        role = "system" if m.role == "developer" else m.role
+        msg: dict[str, Any] = {
+            "role": role,
+            "content": _content(m.content, f"{where}.content", images=role in ("user", "tool")),
+        }
+        if role == "assistant" and m.tool_calls:
+            msg["tool_calls"] = _tool_calls(m.tool_calls, f"{where}.tool_calls")
         if role == "tool":
-            if isinstance(m.get("tool_call_id"), str):
-                msg["tool_call_id"] = m["tool_call_id"]
-            if isinstance(m.get("name"), str):
-                msg["name"] = m["name"]
+            if isinstance(m.tool_call_id, str):
+                msg["tool_call_id"] = m.tool_call_id
+            if isinstance(m.name, str):
+                msg["name"] = m.name
         out.append(msg)
     return out
 
