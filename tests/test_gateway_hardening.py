@@ -208,17 +208,25 @@ async def test_a_consumer_that_vanishes_loses_nothing_for_the_next(fake_servers,
                 assert r.status == 400 and (await r.json())["error"]["param"] == "ids"
 
 
-async def test_a_record_never_acknowledged_is_sent_again_and_the_window_bounds_a_stream(fake_servers, tok) -> None:
+async def test_a_record_never_acknowledged_is_sent_again(fake_servers, tok) -> None:
     async with gateway_on(fake_servers, tok, Script(tok, ["x"]), export_ack_timeout_s=0.2) as (gw, _):
         ids = await _finished_sessions(gw, 3)
         async with aiohttp.ClientSession() as http:
-            # a consumer that reads (limit=2, window=2) and dies before acknowledging: after the ack timeout
-            # its records go back, and the next consumer gets all three
+            # a consumer that reads (limit=2, window=2) and never acknowledges: after the ack timeout its
+            # records go back to the queue, and the next consumer gets all three (read at most once here:
+            # nothing of it is leased, so no timeout can move a record while it reads)
             first = await _read_records(http, f"{root(gw)}/v1/trajectories/stream?limit=2&window=2")
             assert len(first) == 2
-            await wait_for(lambda: gw.redelivered_sessions == 2)
-            again = await _read_records(http, f"{root(gw)}/v1/trajectories/stream?limit=3")
+            await wait_for(lambda: gw.redelivered_sessions == 2 and gw.store.finished.qsize() == 3)
+            again = await _read_records(http, f"{root(gw)}/v1/trajectories/stream?limit=3&ack=false")
             assert sorted(again) == sorted(ids)
+
+
+async def test_the_window_bounds_a_stream_and_ack_false_exports_at_once(fake_servers, tok) -> None:
+    # the default ack timeout (60 s): no record goes back to the queue while the test looks at it
+    async with gateway_on(fake_servers, tok, Script(tok, ["x"])) as (gw, _):
+        ids = await _finished_sessions(gw, 3)
+        async with aiohttp.ClientSession() as http:
             # a stream holds at most `window` unacknowledged records, then takes no more
             async with http.get(f"{root(gw)}/v1/trajectories/stream?window=1") as r:
                 line = await r.content.readline()
