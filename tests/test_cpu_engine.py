@@ -268,3 +268,14 @@ async def test_probation_requests_report_their_first_step_before_they_end(engine
         engine.step_listener = None
     assert all(len(r.output_ids) == 3 for r in results)  # type: ignore[attr-defined]
     assert sorted(stepped) == [("p0", False), ("p2", False)]
+
+
+async def test_progress_counts_prefilled_tokens_as_work(engine: CpuEngine) -> None:
+    """The stall detector's counter (server/stall.py) grows with every token a step forwards, prefilled
+    ones too: a one-token request with a 300-token prompt is 300 tokens of work, not one (issue 37: the
+    demo's engine, prefilling its trajectories' second turns, was reported as stalled)."""
+    rnd = random.Random(37)
+    prompt = [rnd.randrange(100, 150000) for _ in range(300)]
+    before = engine.progress()
+    await engine.generate(_req(prompt, "progress-prefill", max_new_tokens=1))
+    assert engine.progress() - before >= len(prompt)

@@ -241,8 +241,9 @@ class Engine(abc.ABC):
     def load(self) -> EngineLoad: ...
 
     def progress(self) -> int | None:
-        """A counter that grows with the tokens the engine decodes (running requests included), for the
-        server's stall detector (server/stall.py); None where the engine cannot tell.  Cheap and sync."""
+        """A counter that grows with the work the engine does, tokens decoded and prefilled (a step that
+        prefills a batch of next turns is work too), for the server's stall detector (server/stall.py);
+        None where the engine cannot tell.  Cheap and sync."""
         return None
 
     # -- lifecycle hooks for trainers (optional) ---------------------------------------------------------
