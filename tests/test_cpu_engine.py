@@ -270,12 +270,12 @@ async def test_probation_requests_report_their_first_step_before_they_end(engine
     assert sorted(stepped) == [("p0", False), ("p2", False)]
 
 
-async def test_progress_counts_prefilled_tokens_as_work(engine: CpuEngine) -> None:
-    """The stall detector's counter (server/stall.py) grows with every token a step forwards, prefilled
-    ones too: a one-token request with a 300-token prompt is 300 tokens of work, not one (issue 37: the
-    demo's engine, prefilling its trajectories' second turns, was reported as stalled)."""
+async def test_prefill_progress_counts_the_prompt_tokens_prefilled(engine: CpuEngine) -> None:
+    """The stall detector's prefill counter (server/stall.py) grows by the tokens a step prefills, and
+    progress() by the tokens it decodes: a one-token request with a 300-token prompt is 300 and 1."""
     rnd = random.Random(37)
     prompt = [rnd.randrange(100, 150000) for _ in range(300)]
-    before = engine.progress()
+    decoded, prefilled = engine.progress(), engine.prefill_progress()
     await engine.generate(_req(prompt, "progress-prefill", max_new_tokens=1))
-    assert engine.progress() - before >= len(prompt)
+    assert engine.prefill_progress() - prefilled == len(prompt)
+    assert engine.progress() - decoded == 1

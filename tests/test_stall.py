@@ -61,6 +61,43 @@ def test_nothing_running_is_never_a_stall_and_ends_one() -> None:
     assert not d.stalled
 
 
+def feed_mix(
+    d: StallDetector, start: float, seconds: int, *, rate: float, prefill: float, running: int, p0: tuple[int, int]
+) -> tuple[tuple[int, int], list]:
+    """As ``feed``, with ``prefill`` prompt tokens/s per running request counted too."""
+    (p, q), lines = p0, []
+    for i in range(seconds):
+        p, q = p + int(rate * running), q + int(prefill * running)
+        line = d.observe(Sample(t=start + i, progress=p, running=running, prefilled=q))
+        if line:
+            lines.append(line)
+    return (p, q), lines
+
+
+def test_a_prefill_burst_is_not_compared_with_decoding() -> None:
+    """Issue 37: the demo's CPU engine decodes ~5x fewer tokens per request while it prefills 128 second
+    turns; that window is compared only with windows of a similar prefill share, so it is no stall, and
+    neither is the decoding after a prefill-heavy start; a collapse at the same mix still is."""
+    d = StallDetector(window_s=5, ratio=0.25, history_s=60)
+    pq, lines = feed_mix(d, 0, 15, rate=2, prefill=40, running=128, p0=(0, 0))  # first turns' prefill
+    pq, more = feed_mix(d, 15, 15, rate=20, prefill=0, running=128, p0=pq)  # decoding
+    lines += more
+    pq, more = feed_mix(d, 30, 15, rate=3, prefill=60, running=100, p0=pq)  # second turns' prefill
+    lines += more
+    assert not d.stalled and lines == [] and d.stalls == 0
+    _, lines = feed_mix(d, 45, 15, rate=2, prefill=0, running=100, p0=pq)  # decoding collapses
+    assert d.stalled and len(lines) == 1 and "collapsed" in lines[0]
+
+
+def test_without_a_prefill_count_the_burst_is_a_stall() -> None:
+    """The same burst from an engine that does not count its prefills (progress only): the rule cannot
+    tell it from a collapse; why the CPU engine counts them."""
+    d = StallDetector(window_s=5, ratio=0.25, history_s=60)
+    p, _ = feed(d, 0, 15, rate=20, running=128)
+    _, lines = feed(d, 15, 15, rate=3, running=100, p0=p)
+    assert d.stalled and len(lines) == 1
+
+
 def test_a_late_tick_is_a_loop_stall_until_the_next_timely_one() -> None:
     d = StallDetector(window_s=5, loop_lag_s=2.0, history_s=60)
     assert d.observe(Sample(t=0, progress=None, running=3, lag_s=0.01)) is None

@@ -241,9 +241,15 @@ class Engine(abc.ABC):
     def load(self) -> EngineLoad: ...
 
     def progress(self) -> int | None:
-        """A counter that grows with the work the engine does, tokens decoded and prefilled (a step that
-        prefills a batch of next turns is work too), for the server's stall detector (server/stall.py);
-        None where the engine cannot tell.  Cheap and sync."""
+        """A counter that grows with the tokens the engine decodes (running requests included), for the
+        server's stall detector (server/stall.py); None where the engine cannot tell.  Cheap and sync."""
+        return None
+
+    def prefill_progress(self) -> int | None:
+        """A counter of the prompt tokens the engine has prefilled (cache hits not counted), or None.  The
+        stall detector compares a window only with earlier windows of a similar prefill share: a CPU step
+        that prefills a batch of next turns decodes far fewer tokens per second than a decode step, and is
+        work, not a stall.  Cheap and sync."""
         return None
 
     # -- lifecycle hooks for trainers (optional) ---------------------------------------------------------

@@ -530,7 +530,13 @@ class EngineServer:
             now = loop.time()
             lag, due = now - due, now + every
             line = self._stall.observe(
-                Sample(t=now, progress=self.engine.progress(), running=self.engine.load().running, lag_s=lag)
+                Sample(
+                    t=now,
+                    progress=self.engine.progress(),
+                    running=self.engine.load().running,
+                    lag_s=lag,
+                    prefilled=self.engine.prefill_progress(),
+                )
             )
             if line is not None:
                 (log.warning if self._stall.stalled else log.info)("server %s: %s", self.server_id, line)

@@ -100,7 +100,8 @@ class CpuEngine(Engine):
         self.config = config or CpuEngineConfig()
         self._runner = ModelRunner(self.config)
         self._scheduler = Scheduler(self.config)
-        self._computed = 0  # tokens forwarded, decoded and prefilled (progress())
+        self._decoded = 0  # tokens emitted (progress())
+        self._prefilled = 0  # tokens prefilled, cache hits excluded (prefill_progress())
         self._limits: EngineLimits | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._wake = asyncio.Event()
@@ -279,11 +280,10 @@ class CpuEngine(Engine):
         return self._scheduler.load()
 
     def progress(self) -> int:
-        """Tokens forwarded: decoded *and* prefilled.  On a CPU a prefilled token costs about what a decoded
-        one does, so a step that prefills a batch of second turns is work, not a stall (counting decoded
-        tokens alone, the demo's engine looked stalled each time its 128 trajectories' tool results came
-        in).  SGLang's counter (the growth of the KV its running requests hold) counts prefills too."""
-        return self._computed
+        return self._decoded
+
+    def prefill_progress(self) -> int:
+        return self._prefilled
 
     def _finish(self, seq: Sequence, reason: FinishReason, matched: int | None = None) -> None:
         if seq.done:
@@ -342,11 +342,12 @@ class CpuEngine(Engine):
 
     def _record(self, out: StepOutput) -> list[str]:
         """Apply one step's tokens; return the rids of probation requests this step admitted (base.py)."""
-        version, emitted, failed, computed = out
+        version, emitted, failed, prefilled = out
         for seq, exc in failed:
             self._fail(seq, exc)
         now = time.perf_counter()
-        self._computed += computed
+        self._decoded += len(emitted)
+        self._prefilled += prefilled
         stepped: list[str] = []
         for seq, tok, lp in emitted:
             if seq.done:
