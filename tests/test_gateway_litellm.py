@@ -34,6 +34,7 @@ async def env(tool_model: Path) -> AsyncIterator[tuple[Gateway, Any]]:
     async with RolloutClient(engine=CpuEngineConfig(model_path=str(tool_model), seed=0)) as client:
         async with Gateway(client, model_name="tool-model") as gw:
             yield gw, load_tokenizer(str(tool_model))
+            await litellm.close_litellm_async_clients()  # its cached clients' sockets, else open until exit
 
 
 async def _call(gw: Gateway, key: str, messages: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
