@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
-from .._aio import cancel_and_wait
+from .._aio import blocking_phase, cancel_and_wait
 
 __all__ = ["blocking_phase", "phase", "rollout_progress"]
 
@@ -125,37 +124,6 @@ async def phase(label: str, *, every_s: float = 4.0, out: Any = None) -> AsyncIt
         yield
     finally:
         await cancel_and_wait(ticker)
-    print(f"{label}: done in {time.perf_counter() - t0:.1f}s", file=stream, flush=True)
-
-
-@contextlib.contextmanager
-def blocking_phase(label: str, *, every_s: float = 4.0, out: Any = None, enabled: bool = True) -> Iterator[None]:
-    """:func:`phase` for a block that holds its thread, an example's ``import torch`` (14-20 s on a machine
-    at a load of 7, issue 37): a thread, not a task, says every ``every_s`` seconds that it still runs.  It is
-    joined on the way out, whatever the block raised.  ``enabled=False`` says nothing (an example imported
-    by a test, not run)."""
-    import sys
-    import time
-
-    if not enabled:
-        yield
-        return
-    stream = out or sys.stdout
-    t0 = time.perf_counter()
-    print(f"{label} ...", file=stream, flush=True)
-    stop = threading.Event()
-
-    def tick() -> None:
-        while not stop.wait(every_s):
-            print(f"{label} ... still running ({time.perf_counter() - t0:.0f}s)", file=stream, flush=True)
-
-    ticker = threading.Thread(target=tick, name=f"phase-{label}")
-    ticker.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        ticker.join()
     print(f"{label}: done in {time.perf_counter() - t0:.1f}s", file=stream, flush=True)
 
 
