@@ -170,6 +170,7 @@ def main() -> int:
     p.add_argument("--readme-tests", action="store_true", help="last, the README's second line (pytest) as written")
     p.add_argument("--burner", action="store_true", help="one CPU burner beside each command (not pip, not pytest)")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still kills its burner (finally)
     Path(args.home).mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, ROLLOUT_SDK_HOME=args.home, PYTHONUNBUFFERED="1")
     env.pop("ROLLOUT_SDK_TEST_HOME", None)

@@ -125,9 +125,13 @@ async def _until(cond, what: str, timeout: float = 120.0) -> None:
     assert cond(), what
 
 
-async def test_a_server_reports_an_engine_that_slows_down_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("warns", [True, False])
+async def test_a_server_reports_an_engine_that_slows_down_and_recovers(
+    caplog: pytest.LogCaptureFixture, warns: bool
+) -> None:
     """A fake engine decoding 32 long requests is slowed 50x mid-run: stats, metrics and one log line say
-    so; sped up again, the stall is over.  The requests all finish."""
+    so (a WARNING, or INFO with ``stall_warns=False``, as the embedded default logs it: issue 37); sped up
+    again, the stall is over.  The requests all finish."""
     from rollout_sdk.metrics import render_metrics
     from rollout_sdk.server.metrics import ServerMetrics
 
@@ -135,7 +139,8 @@ async def test_a_server_reports_an_engine_that_slows_down_and_recovers(caplog: p
     config = FakeEngineConfig(step_base_s=0.004, max_batch=64)
     engine = FakeEngine(config)
     metrics = ServerMetrics()
-    server = EngineServer(engine, ServerConfig(stall_window_s=0.5, server_id="stall-test"), metrics=metrics)
+    config = ServerConfig(stall_window_s=0.5, server_id="stall-test", stall_warns=warns)
+    server = EngineServer(engine, config, metrics=metrics)
     async with server, RolloutClient(servers=[server.address]) as client:
         sp = SamplingParams(max_new_tokens=100_000, ignore_eos=True)
         tasks = [asyncio.create_task(client.generate([1, 2, 3], sampling=sp)) for _ in range(32)]
@@ -147,10 +152,13 @@ async def test_a_server_reports_an_engine_that_slows_down_and_recovers(caplog: p
         st = server.stats()
         assert st.stalls == 1 and "collapsed" in st.stall_reason
         assert b"rollout_server_engine_stalled" in render_metrics(metrics.registry)[0]
-        assert any("stall: engine progress collapsed" in r.getMessage() for r in caplog.records)
+        said = [r for r in caplog.records if "stall: engine progress collapsed" in r.getMessage()]
+        assert [r.levelno for r in said] == [logging.WARNING if warns else logging.INFO]
         engine.step_scale = 1.0
         await _until(lambda: not server.stats().stalled, "the stall is over")
-        assert server.stats().stalls == 1
+        # no exact count after the recovery: on a loaded machine (a load of 10) the fast reference makes a
+        # second, real collapse possible before the requests are cancelled (seen 2 of 5 runs)
+        assert server.stats().stalls >= 1
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
