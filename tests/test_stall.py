@@ -162,3 +162,18 @@ async def test_a_server_reports_an_engine_that_slows_down_and_recovers(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_the_embedded_default_logs_a_stall_as_information(tiny_model) -> None:
+    """RolloutClient()'s embedded engine shares the user's machine: its stalls are INFO (issue 37: the demo
+    printed a WARNING whenever the machine's other load slowed it); a served engine's stay WARNING."""
+    from rollout_sdk import CpuEngineConfig
+    from rollout_sdk.discovery import EmbeddedServers
+
+    assert ServerConfig().stall_warns
+    embedded = EmbeddedServers(CpuEngineConfig(model_path=str(tiny_model)))
+    await embedded.open(300)
+    try:
+        assert [s.config.stall_warns for s in embedded.servers] == [False]
+    finally:
+        await embedded.close()
