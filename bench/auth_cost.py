@@ -28,7 +28,6 @@ import asyncio
 import os
 import resource
 import subprocess
-import sys
 from pathlib import Path
 
 import harness
@@ -62,13 +61,7 @@ async def server_instructions(procs: ServerProcs, out: Path, auth: bool, n: int,
         "--tool=callgrind",
         f"--callgrind-out-file={out}/{tag}.%p",
         "--dump-instr=no",
-        sys.executable,
-        "-m",
-        "rollout_sdk",
-        "serve",
-        "--engine",
-        "fake",
-        *(("--secret-file", str(secret_file)) if auth else ()),
+        *harness.fake_server_argv(*(("--secret-file", str(secret_file)) if auth else ())),
     ]
     proc, address = await asyncio.to_thread(procs.spawn, tag, argv, 600.0)
     try:

@@ -55,12 +55,13 @@ for step in "$@"; do
             --plan agent:${SIDES:-raw,sdk} \
             --json $OUT/agent-7b-default.json --log-dir $OUT 2>$OUT/agent-7b-default.log | quiet
           grep -a "rep \|ready\|Traceback\|Error" $OUT/agent-7b-default.log | tail -20 ;;
-    inf7) timeout 540 python3 bench/gpu_inflight.py --shape 7b --reps ${REPS:-3} --duration-s ${DUR:-60} --every-s 10 \
-            --budget-s 500 --json $OUT/inflight-7b.json 2>$OUT/inflight-7b.log | quiet
-          grep -a "pass \|ready\|Traceback\|Error\|update 1:" $OUT/inflight-7b.log | tail -30 ;;
-    inf05) timeout 400 python3 bench/gpu_inflight.py --shape 0.5b --reps ${REPS:-3} --duration-s ${DUR:-40} --every-s 10 \
-            --budget-s 380 --json $OUT/inflight-0.5b.json 2>$OUT/inflight-0.5b.log | quiet
-          grep -a "pass \|ready\|Traceback\|Error\|update 1:" $OUT/inflight-0.5b.log | tail -30 ;;
+    inf7) timeout 560 python3 bench/gpu_inflight.py --shape 7b --reps ${REPS:-2} --warmup-s ${WARM:-45} --window-s ${WIN:-30} \
+            --every-s 10 --json $OUT/inflight-7b.json 2>$OUT/inflight-7b.log | quiet
+          grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-7b.log | tail -30 ;;
+    inf05) timeout 560 python3 bench/gpu_inflight.py --shape 0.5b --reps ${REPS:-3} --warmup-s ${WARM:-30} --window-s ${WIN:-30} \
+            --every-s 10 --json $OUT/inflight-0.5b.json 2>$OUT/inflight-0.5b.log | quiet
+          grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-0.5b.log | tail -30 ;;
+    inftest) timeout 400 python3 -m pytest -n 0 -q -p no:cacheprovider tests/gpu/test_sglang_inflight.py 2>&1 | tail -15 ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -75,7 +75,6 @@ from typing import Any
 import harness
 from harness import CpuMeter, ServerProcs, foreign_load, log, pct, wait_quiet
 
-ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 151936
 TARGET_RATIO = 5.0
 TARGET_P50_MS = 0.5
@@ -746,8 +745,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = Report()
     report.meta = {
         **harness.facts((*harness.machine.DISTS, "ray")),
-        "loop": "asyncio" if args.no_uvloop else "uvloop",
-        "mode": "quick" if args.quick else "full",
+        **harness.mode_facts(args),
         "fake_history": not args.no_fake_history,
         "workload": {
             "prompt_tokens": args.prompt_tokens,
@@ -770,9 +768,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ray.shutdown()
     report.meta["runtime_s"] = round(time.perf_counter() - t0, 1)
     payload = {"meta": report.meta, "cells": [asdict(c) for c in report.cells], "memory": report.memory}
-    harness.write_json(args.json, payload)
-    print(render(report))
-    print(f"\nruntime {report.meta['runtime_s']} s; numbers in {args.json}")
+    harness.publish(args.json, payload, render(report))
     return 0
 
 

@@ -90,6 +90,24 @@ def model_dir(shape: str) -> str:
     return d
 
 
+def dummy_engine_config(a: argparse.Namespace, model_path: str, *, extra: dict[str, Any], **fields: Any) -> Any:
+    """The SglangEngineConfig the GPU benches start: dummy weights of ``model_path``, the bench's ``--attn``,
+    ``--sampling``, ``--mem-fraction`` and ``--graph-bs``, seed 0, prefill CUDA graphs off (plus ``extra``);
+    ``fields`` set or override any other field."""
+    from rollout_sdk.engines.sglang import SglangEngineConfig
+
+    base: dict[str, Any] = dict(
+        model_path=model_path,
+        load_format="dummy",
+        attention_backend=a.attn,
+        sampling_backend=a.sampling,
+        mem_fraction_static=a.mem_fraction,
+        cuda_graph_max_bs=a.graph_bs,
+        random_seed=0,
+    )
+    return SglangEngineConfig(**(base | fields), extra={"disable_prefill_cuda_graph": True, **extra})
+
+
 def hf_named(shape: str, device: str) -> list[tuple[str, Any]]:
     """Random bf16 weights under the HF parameter names of the shape (norms 1): the trainer's side."""
     import torch

@@ -1,22 +1,26 @@
 """Issue 41: weight updates with requests in flight, ``inflight="reprefill"`` (today's exact mode) against
 ``inflight="keep"``, in a fully asynchronous loop on one SGLang engine.
 
-``--sessions`` workers each keep one request in flight for ``--duration-s`` seconds: a fresh random prompt of
-``--prompt`` tokens, ``--max-new`` tokens (ignore_eos), then the next.  Every ``--every-s`` seconds the weights
-change: a real update through the engine's update path (``update_weights_from_ipc``: checkpoint, CUDA IPC
-bucket, version, continuation), with one small tensor (``model.norm.weight``) so the time measured is the
-mechanism's, not a transfer's.  Right after each update a *probe* sends the prompt of a request that ran
-before it (cached under the old weights): a stale prefix hit is a probe with ``cached_tokens > 0``.
+First an exactness check per mode (``--check``): greedy requests, an update mid-way to weights that sample a
+known token, every token's reported version checked (see :func:`exactness`).
 
-Per pass: output tokens/s over the loop, prompt tokens re-prefilled per update (continuations' computed
-prompt: engine.reprefilled_tokens), the update call's time, stale hits, and inter-token gaps: every token's
+Then passes of a fully asynchronous loop, the mode alternating (``--reps`` each): ``--sessions`` workers each
+keep one request in flight (a fresh random prompt of ``--prompt`` tokens, ``--max-new``/4 to ``--max-new``
+tokens, ignore_eos, then the next); after ``--warmup-s`` comes the measured window of ``--window-s`` with an update
+every ``--every-s`` seconds: a real update through the engine's update path (``update_weights_from_ipc``:
+CUDA IPC bucket, version, in-flight handling), with one small tensor (``model.norm.weight``) so the time
+measured is the mechanism's, not a transfer's.  Right after each update a *probe* sends a prompt prefilled
+before the loop (cached under older weights): a stale prefix hit is a probe with ``cached_tokens > 0``.
+
+Per pass (its window): output tokens/s, prompt tokens re-prefilled per update (engine.reprefilled_tokens), requests kept
+in place / checkpointed per update, the update call's time, stale hits, and inter-token gaps: every token's
 arrival is recorded on the engine's direct path (``SGLANG_FORCE_STREAM_INTERVAL=1`` so each step reports;
-both modes pay it alike), the gap of a token is the time since the previous token of the same request (across
-its parts), and "around an update" means tokens arriving from the update's start to 2 s after its end.
+both modes pay it alike); the gap of a token is the time since the previous token of the same request;
+"around an update": tokens arriving from the update's start to 2 s after its end; "straddle": the gap of a
+request across an update (its first token after it minus its last before).
 
-Passes alternate reprefill/keep, ``--reps`` each, one engine start, warm (no flush between passes; the
-namespaces keep them apart).  ``--engine standin --quick`` runs it on a CPU (SGLang's tokenizer manager over
-the stand-in scheduler; the IPC update is replaced by the engine's own quiesce + finish path there).
+``--engine standin --quick`` runs it on a CPU (SGLang's tokenizer manager over the stand-in scheduler, which
+answers SGLang's weight call and then samples with other weights).
 
     python bench/gpu_inflight.py --shape 7b --reps 3 --json out.json
     python bench/gpu_inflight.py --engine standin --quick
@@ -56,6 +60,10 @@ class Tracker:
         self.rid_of: dict[str, str] = {}
         self.last: dict[str, float] = {}
         self.gaps: list[tuple[float, float]] = []  # (arrival, gap)
+        self.seen: set[str] = set()  # requests that have had a part
+        self.parts: dict[str, tuple[float, int]] = {}  # continuation sid -> (submitted at, tokens fed)
+        #: (continuation submitted at, prompt tokens it computed again): attributed to the update before it
+        self.recomputed: list[tuple[float, int]] = []
         tm = eng._tm
         orig_batch = tm._handle_batch_output  # the direct path's hook (it passes foreign rids on)
         orig_submit = eng._submit
@@ -65,7 +73,12 @@ class Tracker:
             now = time.perf_counter()
             rids = getattr(recv, "rids", None) or []
             outs = getattr(recv, "output_ids", None) or []
+            ends = getattr(recv, "finished_reasons", None) or []
+            cached = getattr(recv, "cached_tokens", None) or []
             for i, sid in enumerate(rids):
+                if sid in tracker.parts and i < len(ends) and ends[i] is not None:
+                    t_sub, fed = tracker.parts.pop(sid)
+                    tracker.recomputed.append((t_sub, max(0, fed - 1 - int(cached[i] or 0))))
                 rid = tracker.rid_of.get(sid)
                 if rid is None or i >= len(outs) or not outs[i]:
                     continue
@@ -79,6 +92,9 @@ class Tracker:
 
         def submit(sid: str, inputs: Any, sp: Any, req: Any, **kw: Any) -> Any:
             tracker.rid_of[sid] = req.rid
+            if req.rid in tracker.seen:  # a continuation after a checkpoint
+                tracker.parts[sid] = (time.perf_counter(), len(inputs["input_ids"]))
+            tracker.seen.add(req.rid)
             return orig_submit(sid, inputs, sp, req, **kw)
 
         tm._handle_batch_output = on_batch
@@ -86,15 +102,24 @@ class Tracker:
 
     def forget(self, rid: str) -> None:
         self.last.pop(rid, None)
+        self.seen.discard(rid)
 
 
 async def update(a: argparse.Namespace, eng: Any, version: int, inflight: str, norm: Any) -> float:
-    """One real update of the engine's weights (SGLang: CUDA IPC; the stand-in: the engine's own quiesce and
-    finish path, as tests/test_sglang_direct.py drives it)."""
+    """One real update of the engine's weights through the engine's update path (SGLang: a CUDA IPC bucket
+    of ``model.norm.weight``; the stand-in: the same path with SGLang's weight call answered by the
+    stand-in scheduler, which then samples with other weights)."""
     t0 = time.perf_counter()
     if a.engine == "standin":
-        async with eng._control._quiesced():
-            await eng._control._finish_update(version, False, inflight)
+        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+
+        async def load() -> None:
+            ok, text = await eng._tm.update_weights_from_tensor(
+                UpdateWeightsFromTensorReqInput(serialized_named_tensors=[b""], flush_cache=False), None
+            )
+            assert ok, text
+
+        await eng._control._update(load, version, False, inflight)
     else:
         from rollout_sdk.protocol import UpdateWeightsFromIpc
         from rollout_sdk.weights.buckets import plan_buckets
@@ -114,111 +139,193 @@ async def update(a: argparse.Namespace, eng: Any, version: int, inflight: str, n
     return time.perf_counter() - t0
 
 
-async def one_pass(a: argparse.Namespace, eng: Any, tr: Tracker, inflight: str, rep: int, vocab: int) -> dict[str, Any]:
+def norm_tensor(a: argparse.Namespace, value: float) -> Any:
+    if a.engine == "standin":
+        return None
+    import torch
+
+    return torch.full((a.hidden,), value, dtype=torch.bfloat16, device="cuda")
+
+
+async def exactness(a: argparse.Namespace, eng: Any, inflight: str, vocab: int) -> dict[str, Any]:
+    """Per-token versions checked on the engine itself.  Greedy requests run; mid-way the weights change to
+    ones that sample a *known* token: ``model.norm.weight = 0`` zeroes the last hidden state, so every logit
+    is 0 and greedy picks one fixed token Z (the stand-in: its sampler with the new weights, recomputed).
+    Exact means: every token the result puts under the new version is Z, and the last one it puts under the
+    old version is not (an off-by-one split in either direction shows).  The weights go back afterwards."""
     from rollout_sdk.protocol import GenerateRequest, SamplingParams
 
-    rnd = random.Random(f"{inflight}-{rep}")
-    stop = asyncio.Event()
-    produced = 0
-    done_reqs = 0
-    recent: list[list[int]] = []  # prompts that ran before an update (probe material)
-    sp = SamplingParams(max_new_tokens=a.max_new, ignore_eos=True, temperature=1.0)
-    n = 0
+    rnd = random.Random(f"exact-{inflight}")
+    k, n_new = (8, 120) if a.quick else (64, 160)
+    greedy = SamplingParams(max_new_tokens=n_new, ignore_eos=True, temperature=0.0)
+    prompts = {f"x-{inflight}-{i}": [rnd.randrange(10, vocab - 10) for _ in range(256)] for i in range(k)}
+    tasks = {
+        r: asyncio.ensure_future(eng.generate(GenerateRequest(rid=r, input_ids=p, sampling=greedy)))
+        for r, p in prompts.items()
+    }
 
-    async def worker(w: int) -> None:
-        nonlocal produced, done_reqs, n
-        while not stop.is_set():
-            n += 1
-            prompt = [rnd.randrange(10, vocab - 10) for _ in range(a.prompt)]
-            rid = f"{inflight}{rep}-{w}-{n}"
-            recent.append(prompt)
-            del recent[:-256]
-            task = asyncio.ensure_future(eng.generate(GenerateRequest(rid=rid, input_ids=prompt, sampling=sp)))
-            stopper = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done():
-                eng.abort(rid)
-            stopper.cancel()
-            out = await task
-            produced += len(out.output_ids)
-            done_reqs += 1
-            tr.forget(rid)
+    def made(rid: str) -> int:
+        f = eng.flights.get(rid)
+        part = eng._path._reqs.get(f.sid) if f is not None else None
+        return len(part.ids) if part is not None else 0
 
-    # probe material: one prompt per update, prefilled now (cached under the weights the pass starts on) and
-    # never sent again until its update's probe; a control probe shows that a probe can see a hit
-    n_updates = int(a.duration_s // a.every_s) + 1
-    seeds = [[rnd.randrange(10, vocab - 10) for _ in range(a.prompt)] for _ in range(n_updates + 1)]
-    one = SamplingParams(max_new_tokens=1)
-    await asyncio.gather(
-        *(
-            eng.generate(GenerateRequest(rid=f"seed{rep}{inflight}{i}", input_ids=p, sampling=one))
-            for i, p in enumerate(seeds)
-        )
-    )
-    control = await eng.generate(GenerateRequest(rid=f"ctl{rep}{inflight}", input_ids=seeds[-1], sampling=one))
-    probes: list[tuple[int, Any]] = []
-    base_reprefill = eng.reprefilled_tokens
-    t0 = time.perf_counter()
-    workers = [asyncio.create_task(worker(w)) for w in range(a.sessions)]
-    updates: list[dict[str, Any]] = []
-    windows: list[tuple[float, float]] = []
-    version = eng.weight_version
-    import_norm = None
-    if a.engine != "standin":
-        import torch
+    async with asyncio.timeout(300):
+        while not all(made(r) >= 10 for r in prompts):
+            await asyncio.sleep(0.005)
+    v = eng.weight_version
+    kept0, ckpt0 = eng._control.kept_in_place, eng._control.checkpointed
+    took = await update(a, eng, v + 1, inflight, norm_tensor(a, 0.0))
+    outs = {r: await t for r, t in tasks.items()}
+    kept, ckpt = eng._control.kept_in_place - kept0, eng._control.checkpointed - ckpt0
+    if a.engine == "standin":
+        from rollout_sdk.engines.sglang.standin import standin_next, standin_seed
 
-        import_norm = torch.ones(a.hidden, dtype=torch.bfloat16, device="cuda")
-    k = 0
-    while True:
-        k += 1
-        at = t0 + k * a.every_s
-        if at >= t0 + a.duration_s:
-            break
-        await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        # a prompt that ran before this update, cached under the old weights
-        before = eng.reprefilled_tokens
-        version += 1
-        u0 = time.perf_counter()
-        took = await update(a, eng, version, inflight, import_norm)
-        windows.append((u0, time.perf_counter() + 2.0))
-        row: dict[str, Any] = {
-            "version": version,
-            "took_s": round(took, 4),
-            "reprefilled": eng.reprefilled_tokens - before,
-        }
-        probe = eng.generate(GenerateRequest(rid=f"probe{rep}{inflight}{k}", input_ids=seeds[k - 1], sampling=one))
-        probes.append((len(updates), asyncio.ensure_future(probe)))
-        updates.append(row)
-        log(f"  {inflight} rep {rep} update {k}: {row} (probe pending)")
-    await asyncio.sleep(max(0.0, t0 + a.duration_s - time.perf_counter()))
-    stop.set()
-    await asyncio.gather(*workers)
-    wall = time.perf_counter() - t0
-    for i, fut in probes:
-        updates[i]["probe_cached"] = (await fut).cached_tokens
-    # the reprefill counter may still move while the last continuations end: take it after the workers
-    gaps_all = [g for t, g in tr.gaps if t0 <= t]
-    around = [g for t, g in tr.gaps if any(lo <= t <= hi for lo, hi in windows)]
-    tr.gaps.clear()
+        def sampled_ok(rid: str, out: Any) -> bool:
+            h, ws = standin_seed(prompts[rid]), [ver - v for ver, n in out.version_segments for _ in range(n)]
+            for tok, w in zip(out.output_ids, ws, strict=True):
+                want, h = standin_next(h, vocab, w + eng._stand_weights0)
+                if tok != want:
+                    return False
+            return True
+
+        z = None
+        exact = sum(sampled_ok(r, o) for r, o in outs.items())
+    else:
+        probe = await eng.generate(GenerateRequest(rid=f"z-{inflight}", input_ids=[11, 12, 13], sampling=greedy))
+        z = probe.output_ids[0] if len(set(probe.output_ids)) == 1 else None
+
+        def split_ok(out: Any) -> bool:
+            segs = out.version_segments
+            if z is None or len(segs) != 2 or segs[0][0] != v or segs[1][0] != v + 1:
+                return False
+            old, new = out.output_ids[: segs[0][1]], out.output_ids[segs[0][1] :]
+            return bool(old) and old[-1] != z and all(t == z for t in new)
+
+        exact = sum(split_ok(o) for o in outs.values())
+    await update(a, eng, v + 2, "reprefill", norm_tensor(a, 1.0))  # back to the loop's weights
+    if a.engine == "standin":
+        eng._stand_weights0 += 2
+    splits = sorted(o.version_segments[0][1] for o in outs.values() if len(o.version_segments) == 2)
     res = {
         "inflight": inflight,
-        "rep": rep,
-        "wall_s": round(wall, 2),
-        "tokens": produced,
-        "tok_s": round(produced / wall, 1),
-        "requests": done_reqs,
-        "updates": updates,
-        "reprefilled_per_update": round((eng.reprefilled_tokens - base_reprefill) / max(1, len(updates))),
-        "update_s_median": round(statistics.median([u["took_s"] for u in updates]), 4) if updates else None,
-        "stale_hits": sum(1 for u in updates if u.get("probe_cached", 0) > 0),
-        "control_probe_cached": control.cached_tokens,
-        "gap_p50_ms": round(1000 * (pct(gaps_all, 0.5) or 0), 2),
-        "gap_p99_ms": round(1000 * (pct(gaps_all, 0.99) or 0), 2),
-        "gap_p99_around_update_ms": round(1000 * (pct(around, 0.99) or 0), 2),
-        "gap_max_around_update_ms": round(1000 * (max(around) if around else 0), 2),
+        "requests": k,
+        "exact": exact,
+        "z_token": z,
+        "split_median": splits[len(splits) // 2] if splits else None,
+        "kept_in_place": kept,
+        "checkpointed": ckpt,
+        "mixed_kv_tokens": sum(o.mixed_kv_tokens for o in outs.values()),
+        "update_s": round(took, 4),
     }
-    log(f"pass {inflight} rep {rep}: " + json.dumps({k: v for k, v in res.items() if k != "updates"}))
+    log(f"exactness {inflight}: {res}")
     return res
+
+
+async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> list[dict[str, Any]]:
+    """The asynchronous loop, once per pass: ``--sessions`` workers each keep a request in flight (output
+    lengths drawn from ``--max-new``/4 .. ``--max-new``, so requests end at different times); after
+    ``--warmup-s`` (the first prefills; not measured) comes the measured window of ``--window-s`` with an
+    update every ``--every-s`` seconds, then the workers stop.  Passes alternate the mode (reprefill, keep /
+    keep, reprefill per rep) and a rep's two passes draw the same requests."""
+    from rollout_sdk.protocol import GenerateRequest, SamplingParams
+
+    plan = [
+        (rep, m) for rep in range(a.reps) for m in (("reprefill", "keep") if rep % 2 == 0 else ("keep", "reprefill"))
+    ]
+    per_window = max(1, int(a.window_s // a.every_s))
+    rnd = random.Random("seeds")
+    # probe material: one prompt per update, prefilled now (cached under the weights then) and sent again
+    # only right after its update; a control probe (sent again at once) shows that a probe can see a hit
+    seeds = [[rnd.randrange(10, vocab - 10) for _ in range(a.prompt)] for _ in range(len(plan) * per_window + 1)]
+    one = SamplingParams(max_new_tokens=1)
+    await asyncio.gather(
+        *(eng.generate(GenerateRequest(rid=f"seed{i}", input_ids=p, sampling=one)) for i, p in enumerate(seeds))
+    )
+    control = await eng.generate(GenerateRequest(rid="ctl", input_ids=seeds[-1], sampling=one))
+    log(f"control probe: {control.cached_tokens} cached of {a.prompt}")
+    norm = norm_tensor(a, 1.0)
+    rows: list[dict[str, Any]] = []
+    probe_no = 0
+    for rep, inflight in plan:
+        rnd = random.Random(f"pass-{rep}")
+        stop = asyncio.Event()
+        n = 0
+
+        async def worker(
+            w: int, stop: asyncio.Event = stop, inflight: str = inflight, rep: int = rep, rnd: random.Random = rnd
+        ) -> None:
+            nonlocal n
+            while not stop.is_set():
+                n += 1
+                rid = f"{inflight}{rep}-{w}-{n}"
+                prompt = [rnd.randrange(10, vocab - 10) for _ in range(a.prompt)]
+                sp = SamplingParams(max_new_tokens=rnd.randint(a.max_new // 4, a.max_new), ignore_eos=True)
+                task = asyncio.ensure_future(eng.generate(GenerateRequest(rid=rid, input_ids=prompt, sampling=sp)))
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if not task.done():
+                    eng.abort(rid)
+                stopper.cancel()
+                await task
+                tr.forget(rid)
+
+        workers = [asyncio.create_task(worker(w)) for w in range(a.sessions)]
+        try:
+            await asyncio.sleep(a.warmup_s)
+            w0 = time.perf_counter()
+            tr.gaps.clear()
+            kept0, ckpt0 = eng._control.kept_in_place, eng._control.checkpointed
+            updates: list[dict[str, Any]] = []
+            spans: list[tuple[float, float]] = []
+            probes = []
+            for k in range(per_window):
+                await asyncio.sleep(max(0.0, w0 + (k + 0.5) * a.every_s - time.perf_counter()))
+                u0 = time.perf_counter()
+                took = await update(a, eng, eng.weight_version + 1, inflight, norm)
+                spans.append((u0, time.perf_counter()))
+                probe = GenerateRequest(rid=f"probe{probe_no}", input_ids=seeds[probe_no], sampling=one)
+                probes.append(asyncio.ensure_future(eng.generate(probe)))
+                probe_no += 1
+                updates.append({"took_s": round(took, 4)})
+            await asyncio.sleep(max(0.0, w0 + per_window * a.every_s - time.perf_counter()))
+            w1 = time.perf_counter()
+            arrivals = [(t, g) for t, g in tr.gaps if w0 <= t <= w1]
+        finally:
+            stop.set()
+            await asyncio.gather(*workers, return_exceptions=True)
+        around = [g for t, g in arrivals if any(lo <= t <= hi + 2.0 for lo, hi in spans)]
+        # the gap of a request across an update: its first token after the update minus its last before
+        straddle = [g for t, g in arrivals if any(t >= hi and t - g <= lo for lo, hi in spans)]
+        for u, p in zip(updates, probes, strict=True):
+            u["probe_cached"] = (await p).cached_tokens
+        gaps = [g for _, g in arrivals]
+        row = {
+            "inflight": inflight,
+            "rep": rep,
+            "wall_s": round(w1 - w0, 2),
+            "tokens": len(arrivals),
+            "tok_s": round(len(arrivals) / (w1 - w0), 1),
+            "updates": updates,
+            "update_s_median": round(statistics.median(u["took_s"] for u in updates), 4),
+            # every continuation has ended (the workers stopped): what this window's updates made
+            # its requests compute again
+            "reprefilled_per_update": round(sum(m for t, m in tr.recomputed if w0 <= t <= w1 + 60) / len(updates)),
+            "kept_in_place_per_update": round((eng._control.kept_in_place - kept0) / len(updates), 1),
+            "checkpointed_per_update": round((eng._control.checkpointed - ckpt0) / len(updates), 1),
+            "stale_hits": sum(1 for u in updates if u["probe_cached"] > 0),
+            "gap_p50_ms": round(1000 * (pct(gaps, 0.5) or 0), 2),
+            "gap_p99_ms": round(1000 * (pct(gaps, 0.99) or 0), 2),
+            "gap_p99_around_update_ms": round(1000 * (pct(around, 0.99) or 0), 2),
+            "straddle_p50_ms": round(1000 * (pct(straddle, 0.5) or 0), 2),
+            "straddle_p99_ms": round(1000 * (pct(straddle, 0.99) or 0), 2),
+            "straddling": len(straddle),
+        }
+        tr.recomputed.clear()
+        log(f"pass {inflight} rep {rep}: " + json.dumps({k: v for k, v in row.items() if k != "updates"}))
+        rows.append(row)
+        if a.json_path:
+            a.partial(rows)
+    return rows
 
 
 async def main_async(a: argparse.Namespace) -> dict[str, Any]:
@@ -229,11 +336,12 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
         from rollout_sdk.models import ensure_tiny_model
 
         model = str(await asyncio.to_thread(ensure_tiny_model))
+        vocab = 151000
         eng = SglangEngine(
             SglangEngineConfig(model_path=model, freeze_gc=False, decode_window=None),
-            launcher=StandinEngine.launcher(StandinScheduler(step_s=0.002, max_running=4096)),
+            launcher=StandinEngine.launcher(StandinScheduler(step_s=0.002, max_running=4096, vocab_size=vocab)),
         )
-        vocab = 151000
+        eng._stand_weights0 = 0  # the stand-in's weights at version 0 (the exactness check's reference)
     else:
         import gpu_check
 
@@ -253,54 +361,52 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
         vocab = 151000
     t0 = time.perf_counter()
     await eng.start()
-    log(f"engine ready in {time.perf_counter() - t0:.1f}s")
+    log(f"engine ready in {time.perf_counter() - t0:.1f}s; in place: {eng._control.inplace}")
     tr = Tracker(eng)
     res: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "argv": sys.argv,
         "shape": a.shape,
         "engine": a.engine,
+        "in_place": eng._control.inplace,
+        "exactness": [],
         "passes": [],
     }
-    deadline = time.perf_counter() + a.budget_s
     try:
-        # warm-up (CUDA graphs, allocator): a short pass not counted
-        for rep in range(a.reps):
-            for inflight in ("reprefill", "keep") if rep % 2 == 0 else ("keep", "reprefill"):
-                if time.perf_counter() + a.duration_s + 30 > deadline:
-                    log("budget reached")
-                    raise StopIteration
-                res["passes"].append(await one_pass(a, eng, tr, inflight, rep, vocab))
+        if a.check:
+            for inflight in ("keep", "reprefill"):
+                res["exactness"].append(await exactness(a, eng, inflight, vocab))
                 if a.json:
                     write(a.json, res)
-    except StopIteration:
-        pass
+        if a.reps:
+            a.json_path = a.json
+            a.partial = lambda rows: write(a.json, res | {"passes": rows}) if a.json else None
+            res["passes"] = await passes(a, eng, tr, vocab)
     finally:
         await eng.close()
     res["summary"] = summary(res["passes"])
     return res
 
 
-def summary(passes: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    keys = (
+        "tok_s",
+        "reprefilled_per_update",
+        "kept_in_place_per_update",
+        "checkpointed_per_update",
+        "update_s_median",
+        "stale_hits",
+        "gap_p50_ms",
+        "gap_p99_ms",
+        "gap_p99_around_update_ms",
+        "straddle_p50_ms",
+        "straddle_p99_ms",
+    )
     for mode in ("reprefill", "keep"):
-        ps = [p for p in passes if p["inflight"] == mode]
-        if not ps:
-            continue
-        out[mode] = {
-            k: statistics.median([p[k] for p in ps])
-            for k in (
-                "tok_s",
-                "reprefilled_per_update",
-                "update_s_median",
-                "stale_hits",
-                "gap_p99_ms",
-                "gap_p99_around_update_ms",
-                "gap_max_around_update_ms",
-            )
-            if all(p.get(k) is not None for p in ps)
-        }
-        out[mode]["reps"] = len(ps)
+        ws = [w for w in rows if w["inflight"] == mode]
+        if ws:
+            out[mode] = {k: statistics.median([w[k] for w in ws]) for k in keys} | {"passes": len(ws)}
     if "reprefill" in out and "keep" in out and out["reprefill"].get("tok_s"):
         out["keep_over_reprefill_tok_s"] = round(out["keep"]["tok_s"] / out["reprefill"]["tok_s"], 3)
     return out
@@ -319,20 +425,21 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=4096)
     ap.add_argument("--max-new", type=int, default=1024)
-    ap.add_argument("--duration-s", type=float, default=60.0)
+    ap.add_argument("--warmup-s", type=float, default=45.0, help="each pass runs this long before its window")
+    ap.add_argument("--window-s", type=float, default=30.0, help="each pass's measured window")
     ap.add_argument("--every-s", type=float, default=10.0)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="passes per mode (alternating); 0: the check alone")
+    ap.add_argument("--check", type=int, default=1, help="run the per-token exactness check first (1)")
     ap.add_argument("--flush", type=int, default=0, help="reprefill passes also flush (0: the namespace alone)")
     ap.add_argument("--attn", default="triton")
     ap.add_argument("--mem-fraction", type=float, default=0.85)
     ap.add_argument("--max-total-tokens", type=int, default=1_600_000)
     ap.add_argument("--graph-bs", type=int, default=256)
     ap.add_argument("--hidden", type=int, default=0, help="model.norm.weight size (default: the shape's)")
-    ap.add_argument("--budget-s", type=float, default=1e9)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.quick:
-        a.sessions, a.prompt, a.max_new, a.duration_s, a.every_s, a.reps = 16, 64, 400, 4.0, 1.0, 1
+        a.sessions, a.prompt, a.max_new, a.warmup_s, a.window_s, a.every_s, a.reps = 16, 64, 400, 1.0, 2.0, 1.0, 1
     if not a.hidden:
         a.hidden = 3584 if a.shape == "7b" else 896
     os.environ.setdefault("SGLANG_FORCE_STREAM_INTERVAL", "1")  # every token's arrival (module docstring)

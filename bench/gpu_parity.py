@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
 import os
 import statistics
 import sys
@@ -34,6 +33,9 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
+sys.path.insert(0, HERE)
+
+import harness  # noqa: E402  (bench/harness/)
 
 TEXTS = [
     "The capital of France is",
@@ -177,7 +179,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__)
     ap.add_argument("--engine", default="sglang", choices=["sglang", "cpu"])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--attn", default="triton")
@@ -201,14 +203,10 @@ def main() -> None:
         except EngineStartupError as exc:  # e.g. a kernel that does not take the tiny model's head_dim 16
             log(f"SGLang did not start with attention_backend={attn}: {exc}")
             res = {"failed": {attn: str(exc)[-2000:]}}
-    if "before" not in res:
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(res, f, indent=1)
-        raise SystemExit("parity: no engine started")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+        harness.write_json(a.json, res, indent=1)
+    if "before" not in res:
+        raise SystemExit("parity: no engine started")
     for k in ("before", "after"):
         r = res[k]
         print(

@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, HERE)
 
 import harness  # noqa: E402  (bench/harness/)
-from harness import log, write_json  # noqa: E402  (write_json: also bench/gpu_rlstep.py's)
+from harness import log, write_json  # noqa: E402
 
 WORKLOADS = ("grpo", "short", "long", "oversub")
 T0 = time.perf_counter()
@@ -380,7 +380,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
     if a.engine == "sglang":
         import gpu_check  # bench/gpu_check.py: the config-only model dirs
 
-        from rollout_sdk.engines.sglang import SglangEngine, SglangEngineConfig
+        from rollout_sdk.engines.sglang import SglangEngine
 
         model = gpu_check.model_dir(a.shape)
         if a.http:  # first, so the in-process engine sizes itself from what the HTTP server left free
@@ -398,17 +398,12 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
             res["http_start_s"] = round(time.perf_counter() - t0, 1)
             log(f"HTTP server ready in {res['http_start_s']}s at {http_url}")
         engine: Any = SglangEngine(
-            SglangEngineConfig(
-                model_path=model,
-                load_format="dummy",
-                attention_backend=a.attn,
-                sampling_backend=a.sampling,
-                mem_fraction_static=a.mem_fraction,
-                cuda_graph_max_bs=a.graph_bs,
-                random_seed=0,
+            gpu_check.dummy_engine_config(
+                a,
+                model,
                 max_running_requests=a.max_running or None,
                 request_path=a.request_path,
-                extra={"disable_prefill_cuda_graph": True, "max_total_tokens": max_total_tokens},
+                extra={"max_total_tokens": max_total_tokens},
             )
         )
     else:

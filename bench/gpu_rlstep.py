@@ -75,6 +75,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, HERE)
 
 import gpu_rl  # noqa: E402  (bench/gpu_rl.py: client process plumbing, the HTTP server's argv)
+import harness  # noqa: E402  (bench/harness/)
 
 T0 = time.perf_counter()
 MODES = ("raw", "rawcap", "http", "sdk", "sdkoff", "sdkflat", "sdkpin")
@@ -897,21 +898,14 @@ def main() -> None:
     if a.plan is None:
         a.plan = ["grpo2048x8:raw,rawcap,http,sdk,sdkoff", "grpo:raw,sdk", "long:raw,rawcap,http,sdk", "short:raw,sdk",
                   "agent:raw,sdk", "update:raw,sdk"]  # fmt: skip
-    try:
-        import uvloop
-
-        run = uvloop.run
-    except ImportError:
-        run = asyncio.run
+    run = harness.loop_runner()
     if a.client:
         run(client_main(a))
         return
-    from _machine import sigterm_as_interrupt
-
-    with sigterm_as_interrupt():
+    with harness.sigterm_as_interrupt():
         res = run(server_main(a))
     if a.json:
-        gpu_rl.write_json(a.json, res)
+        harness.write_json(a.json, res)
     print(table(res), flush=True)
 
 

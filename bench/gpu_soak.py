@@ -329,19 +329,13 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
     if a.engine == "sglang":
         import gpu_check
 
-        from rollout_sdk.engines.sglang import SglangEngine, SglangEngineConfig
+        from rollout_sdk.engines.sglang import SglangEngine
 
         engine: Any = SglangEngine(
-            SglangEngineConfig(
-                model_path=gpu_check.model_dir(a.shape),
-                load_format="dummy",
-                attention_backend=a.attn,
-                sampling_backend=a.sampling,
-                mem_fraction_static=a.mem_fraction,
-                cuda_graph_max_bs=a.graph_bs,
-                random_seed=0,
-                extra={"disable_prefill_cuda_graph": True}
-                | ({"max_total_tokens": a.max_total_tokens} if a.max_total_tokens else {}),
+            gpu_check.dummy_engine_config(
+                a,
+                gpu_check.model_dir(a.shape),
+                extra={"max_total_tokens": a.max_total_tokens} if a.max_total_tokens else {},
             )
         )
     else:

@@ -109,7 +109,6 @@ import harness
 from harness import ServerProcs, interpolate, log
 from harness.stats import StepFn
 
-ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 151936
 TARGET_RATIO = 0.75
 PROMPT_TOKENS = 16
@@ -646,8 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = Report()
     report.meta = {
         **harness.facts(),
-        "loop": "asyncio" if args.no_uvloop else "uvloop",
-        "mode": "quick" if args.quick else "full",
+        **harness.mode_facts(args),
         "wait_quiet_s": args.wait_quiet,
         "cost_model": {
             "step_base_s": args.step_base_s,
@@ -672,9 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lower_bounds_s": report.bounds,
         "runs": [asdict(r) for r in report.runs],
     }
-    harness.write_json(args.json, payload)
-    print(render(report, rows))
-    print(f"\nruntime {report.meta['runtime_s']} s; numbers in {args.json}")
+    harness.publish(args.json, payload, render(report, rows))
     return 0
 
 

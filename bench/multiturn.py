@@ -101,7 +101,6 @@ if TYPE_CHECKING:
     from rollout_sdk.agents import Agent, RolloutContext, ToolRegistry, Trajectory
     from rollout_sdk.protocol import GenerateRequest, GenerateResult, SamplingParams
 
-ROOT = Path(__file__).resolve().parent.parent
 TARGET_RATIO = 0.5
 IM_START = 151644
 IM_END = 151645
@@ -649,8 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = Report()
     report.meta = {
         **harness.facts((*harness.machine.DISTS, "transformers")),
-        "loop": "asyncio" if args.no_uvloop else "uvloop",
-        "mode": "quick" if args.quick else "full",
+        **harness.mode_facts(args),
         "wait_quiet_s": args.wait_quiet,
         "rollout_sdk_home": os.environ.get("ROLLOUT_SDK_HOME"),
         "cost_model": {
@@ -679,9 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         d["model_ratio"] = c.model_agent_s / c.model_sync_s if c.model_agent_s and c.model_sync_s else None
         cells.append(d)
     payload = {"meta": report.meta, "calibration": report.calibration, "cells": cells}
-    harness.write_json(args.json, payload)
-    print(render(report, args))
-    print(f"\nruntime {report.meta['runtime_s']} s; numbers in {args.json}")
+    harness.publish(args.json, payload, render(report, args))
     return 0
 
 

@@ -380,6 +380,19 @@ def _wait_ready(proc: subprocess.Popen[str], timeout: float) -> str:
     raise RuntimeError(f"server did not become ready; output:\n{seen.decode(errors='replace')}")
 
 
+def start_cli(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """``python -m rollout_sdk <args>`` from the repository root, its stdout and stderr merged into one text
+    pipe (read it with :func:`_wait_ready` or the caller's own reader); the caller stops it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "rollout_sdk", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+
+
 class _Spawner:
     """Starts ``python -m rollout_sdk serve ...`` processes; ``close()`` stops every one.
 
@@ -392,14 +405,7 @@ class _Spawner:
 
     def start(self, *args: str) -> subprocess.Popen[str]:
         env = dict(os.environ, ROLLOUT_SDK_HOME=str(self.sdk_home), PYTHONUNBUFFERED="1")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rollout_sdk", "serve", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
+        proc = start_cli("serve", *args, env=env)
         self.procs.append(proc)
         return proc
 

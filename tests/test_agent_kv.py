@@ -20,7 +20,7 @@ from rollout_sdk.engines.fake import FakeEngineConfig
 from rollout_sdk.engines.sessions import SessionBook
 from rollout_sdk.errors import ConfigError, InvalidRequestError, ProtocolError
 from rollout_sdk.protocol import MAX_KEEP_KV_S, SessionHint, SessionHints, decode_client_message, encode
-from test_group_prefill import until  # a condition polled to a deadline, never a sleep-then-assert
+from test_scheduler import until  # a condition polled to a deadline, never a sleep-then-assert
 
 HANG_GUARD_S = 120.0
 

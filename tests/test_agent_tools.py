@@ -596,6 +596,9 @@ async def test_unknown_tool_lists_the_available_names() -> None:
     )
     empty = await ToolRegistry().execute(call("x"))
     assert empty.content == "unknown tool 'x'; no tools are available"
+    # the name is checked before the arguments (no schema to check them against): unknown_tool wins
+    both = await registry.execute(call("serach", "call_4", nope=[1], q=3))
+    assert both.error_kind == "unknown_tool" and both.content.startswith("unknown tool 'serach'")
 
 
 async def test_bad_arguments_become_an_error_result() -> None:

@@ -94,6 +94,12 @@ def test_parser_has_the_shared_flags_asked_for() -> None:
     assert out.out == Path("/tmp/z.json")
 
 
+def test_mode_facts_name_the_loop_and_the_mode() -> None:
+    p = harness.parser("doc", quick="q", uvloop=True)
+    assert harness.mode_facts(p.parse_args([])) == {"loop": "uvloop", "mode": "full"}
+    assert harness.mode_facts(p.parse_args(["--quick", "--no-uvloop"])) == {"loop": "asyncio", "mode": "quick"}
+
+
 def test_table_aligns_columns_and_markdown_marks_numeric_ones() -> None:
     text = harness.table(["mode", "req/s"], [["sync", "1,234"], ["async", "9"]])
     lines = text.splitlines()
@@ -112,6 +118,16 @@ def test_write_json_replaces_the_file_whole(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]
     meta = harness.save_results(tmp_path / "s.json", [{"x": 1}], {"quick": True})
     assert json.loads((tmp_path / "s.json").read_text()) == {"meta": meta, "rows": [{"x": 1}]}
+
+
+def test_publish_writes_the_json_then_prints_the_table_and_where_the_numbers_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.json"
+    payload = {"meta": {"runtime_s": 12.5}, "cells": [1, 2]}
+    harness.publish(path, payload, "a | b")
+    assert json.loads(path.read_text()) == payload
+    assert capsys.readouterr().out == f"a | b\n\nruntime 12.5 s; numbers in {path}\n"
 
 
 def test_facts_name_the_machine_and_the_command() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -159,40 +158,14 @@ def test_field_help_reads_the_configs_comments() -> None:
 def test_ctrl_c_during_serve_start_up_ends_it_without_ready(tmp_path: Path) -> None:
     """A script waiting for READY must never see a server that is already going away: a SIGINT while the
     engine starts (the fake engine holds its start until cancelled) ends the process without READY."""
-    from conftest import default_sigint
-    from test_first_use import _read_until
+    from test_first_use import interrupt_when
 
     addr = tmp_path / "addr"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rollout_sdk",
-            "serve",
-            "--engine",
-            "fake",
-            "--fake-hang-start",
-            "--address-file",
-            str(addr),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=ROOT,
-        preexec_fn=default_sigint,
-    )
-    try:
-        seen = _read_until(proc, b"start() held", guard_s=120)
-        assert b"start() held" in seen, seen.decode(errors="replace")
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)  # a hang guard: unfixed, the start never ends
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out = (seen + rest).decode(errors="replace")
-    assert proc.returncode == 0, out
+    argv = [sys.executable, "-m", "rollout_sdk", "serve", "--engine", "fake", "--fake-hang-start", "--address-file"]
+    # the guard: unfixed, the start never ends
+    code, out = interrupt_when([*argv, str(addr)], b"start() held", env=env, guard_s=120)
+    assert code == 0, out
     assert "READY" not in out
     assert "Traceback" not in out
     assert not addr.exists()

@@ -43,17 +43,14 @@ def _read_until(proc: subprocess.Popen[bytes], needle: bytes, guard_s: float) ->
     return seen
 
 
-def test_ctrl_c_during_training_stops_it_and_caches_nothing(tmp_path: Path, tiny_model: Path) -> None:
-    """``rollout-sdk demo`` on a cache without the tool model trains it in a worker thread; SIGINT must end
-    the process at the next step (not when training ends) and leave no model, whole or partial.  The
-    cache holds the session's tiny model (a link): what is built before training is not under test."""
+def interrupt_when(argv: list[str], needle: bytes, *, env: dict[str, str], guard_s: float) -> tuple[int, str]:
+    """Start ``argv``, send it SIGINT once ``needle`` is in its output; its exit status and whole output.
+
+    ``guard_s`` is a hang guard for the wait and for the exit after the signal, not a timing assertion."""
     from conftest import default_sigint
 
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / tiny_model.name).symlink_to(tiny_model, target_is_directory=True)
-    env = dict(os.environ, ROLLOUT_SDK_HOME=str(tmp_path), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rollout_sdk", "demo"],
+        argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
@@ -63,16 +60,29 @@ def test_ctrl_c_during_training_stops_it_and_caches_nothing(tmp_path: Path, tiny
         preexec_fn=default_sigint,
     )
     try:
-        seen = _read_until(proc, b"training the tool model", guard_s=240)
-        assert b"training the tool model" in seen, seen.decode(errors="replace")
+        seen = _read_until(proc, needle, guard_s=guard_s)
+        assert needle in seen, seen.decode(errors="replace")
         proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=240)  # a hang guard: unfixed, training runs on for minutes
+        rest, _ = proc.communicate(timeout=guard_s)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    out = (seen + rest).decode(errors="replace")
-    assert proc.returncode == 130, out
+    return proc.returncode, (seen + rest).decode(errors="replace")
+
+
+def test_ctrl_c_during_training_stops_it_and_caches_nothing(tmp_path: Path, tiny_model: Path) -> None:
+    """``rollout-sdk demo`` on a cache without the tool model trains it in a worker thread; SIGINT must end
+    the process at the next step (not when training ends) and leave no model, whole or partial.  The
+    cache holds the session's tiny model (a link): what is built before training is not under test."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / tiny_model.name).symlink_to(tiny_model, target_is_directory=True)
+    env = dict(os.environ, ROLLOUT_SDK_HOME=str(tmp_path), PYTHONUNBUFFERED="1")
+    # the guard: unfixed, training runs on for minutes after the signal
+    code, out = interrupt_when(
+        [sys.executable, "-m", "rollout_sdk", "demo"], b"training the tool model", env=env, guard_s=240
+    )
+    assert code == 130, out
     assert "interrupted" in out
     assert "Traceback" not in out
     models = tmp_path / "models"

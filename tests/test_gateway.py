@@ -283,7 +283,8 @@ async def test_cpu_engine_multi_turn_agent_exact_ids_and_a_branch(tiny_model, to
 # -- a real agent framework ------------------------------------------------------------------------------
 
 
-async def test_openai_agents_sdk_drives_a_rollout_end_to_end(fake_servers, tok) -> None:
+def agents_sdk_and_add_tool() -> tuple[Any, Any]:
+    """The OpenAI Agents SDK (the test is skipped without it), tracing off, and an ``add`` function tool."""
     agents = pytest.importorskip("agents")
     agents.set_tracing_disabled(True)
 
@@ -292,6 +293,11 @@ async def test_openai_agents_sdk_drives_a_rollout_end_to_end(fake_servers, tok) 
         """Add two integers."""
         return a + b
 
+    return agents, add
+
+
+async def test_openai_agents_sdk_drives_a_rollout_end_to_end(fake_servers, tok) -> None:
+    agents, add = agents_sdk_and_add_tool()
     script = Script(tok, [call("add", a=20, b=22), "The sum is 42."])
     async with gateway_on(fake_servers, tok, script) as (gw, client):
         s = gw.session()
@@ -602,33 +608,15 @@ async def wait_for(cond: Callable[[], bool], timeout: float = 60) -> None:
 
 def test_cli_gateway_prints_ready_and_stops_on_sigterm(spawn_server, sdk_home: Path, tmp_path: Path) -> None:
     import os
-    import subprocess
-    import sys
     import urllib.request
 
-    from conftest import ROOT, _wait_ready
+    from conftest import _wait_ready, start_cli
 
     server = spawn_server("--engine", "fake")
     addr_file = tmp_path / "gw.url"
     env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rollout_sdk",
-            "gateway",
-            "--servers",
-            server.address,
-            "--address-file",
-            str(addr_file),
-            "--model-name",
-            "policy",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=ROOT,
+    proc = start_cli(
+        "gateway", "--servers", server.address, "--address-file", str(addr_file), "--model-name", "policy", env=env
     )
     try:
         url = _wait_ready(proc, 120)

@@ -19,7 +19,7 @@ from rollout_sdk.agents import ChatTemplate
 from rollout_sdk.gateway import Gateway
 from rollout_sdk.gateway.records import SessionRecord, discounted_returns
 from rollout_sdk.rollouts.seeds import sample_seed
-from test_gateway import IM_END, Script, call, check_alignment, collect, gateway_on, model_runs
+from test_gateway import IM_END, Script, agents_sdk_and_add_tool, call, check_alignment, collect, gateway_on, model_runs
 
 
 @pytest.fixture(scope="module")
@@ -470,15 +470,8 @@ async def test_a_record_whose_write_fails_goes_back_for_the_next_consumer(fake_s
 
 
 async def test_agents_sdk_streamed_run_and_langchain_on_the_responses_api(fake_servers, tok) -> None:
-    agents = pytest.importorskip("agents")
+    agents, add = agents_sdk_and_add_tool()
     lc_openai = pytest.importorskip("langchain_openai")
-    agents.set_tracing_disabled(True)
-
-    @agents.function_tool
-    def add(a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
-
     script = Script(tok, [call("add", a=20, b=22), "The sum is 42."])
     async with gateway_on(fake_servers, tok, script) as (gw, client):
         s = gw.session()
@@ -570,13 +563,11 @@ def test_any_json_body_is_translated_or_refused_with_a_gateway_error() -> None:
 # -- issue 42: the request's tools reach the parser; think tags inside arguments; unknown tools ------------
 
 
-async def test_qwen3_coder_arguments_are_typed_by_the_requests_tools(fake_servers, tok) -> None:
-    params = "<parameter=a>\n3\n</parameter>\n<parameter=ok>\nTrue\n</parameter>\n"
-    xml = f"<tool_call>\n<function=add>\n{params}</function>\n</tool_call>"
-    unknown = "<tool_call>\n<function=nope>\n<parameter=a>\n3\n</parameter>\n</function>\n</tool_call>"
-    props = {"a": {"type": "integer"}, "ok": {"type": "boolean"}}
-    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": props}}}]
-    async with gateway_on(fake_servers, tok, Script(tok, [xml + "\n" + unknown]), parser="qwen3_coder") as (gw, _):
+async def _one_turn_with_tools(
+    fake_servers: Any, tok: Any, text: str, tools: list[dict[str, Any]], **gateway: Any
+) -> Any:
+    """One chat completion offering ``tools``, through a gateway whose model answers ``text``."""
+    async with gateway_on(fake_servers, tok, Script(tok, [text]), **gateway) as (gw, _):
         oa = openai.AsyncOpenAI(base_url=gw.session().base_url, api_key="x", max_retries=0)
         chat = await oa.chat.completions.create(
             model=gw.model_name,
@@ -584,6 +575,16 @@ async def test_qwen3_coder_arguments_are_typed_by_the_requests_tools(fake_server
             tools=tools,  # type: ignore[arg-type]
         )
         await oa.close()
+    return chat
+
+
+async def test_qwen3_coder_arguments_are_typed_by_the_requests_tools(fake_servers, tok) -> None:
+    params = "<parameter=a>\n3\n</parameter>\n<parameter=ok>\nTrue\n</parameter>\n"
+    xml = f"<tool_call>\n<function=add>\n{params}</function>\n</tool_call>"
+    unknown = "<tool_call>\n<function=nope>\n<parameter=a>\n3\n</parameter>\n</function>\n</tool_call>"
+    props = {"a": {"type": "integer"}, "ok": {"type": "boolean"}}
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": props}}}]
+    chat = await _one_turn_with_tools(fake_servers, tok, xml + "\n" + unknown, tools, parser="qwen3_coder")
     calls = chat.choices[0].message.tool_calls or []
     # typed as the request's schema says (3, true), not strings; a tool the request did not offer is still
     # returned to the client (the client decides), its values untyped text since no schema names them
@@ -597,14 +598,7 @@ async def test_think_tags_inside_a_calls_arguments_are_the_arguments(fake_server
     args = {"path": "a.md", "content": "x </think> y <think> z"}
     text = "<tool_call>\n" + json.dumps({"name": "write_file", "arguments": args}) + "\n</tool_call>"
     tools = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object"}}}]
-    async with gateway_on(fake_servers, tok, Script(tok, [text]), reasoning_parser="think") as (gw, _):
-        oa = openai.AsyncOpenAI(base_url=gw.session().base_url, api_key="x", max_retries=0)
-        chat = await oa.chat.completions.create(
-            model=gw.model_name,
-            messages=[{"role": "user", "content": "a"}],
-            tools=tools,  # type: ignore[arg-type]
-        )
-        await oa.close()
+    chat = await _one_turn_with_tools(fake_servers, tok, text, tools, reasoning_parser="think")
     msg = chat.choices[0].message
     [c] = msg.tool_calls or []
     assert json.loads(c.function.arguments) == args  # type: ignore[union-attr]

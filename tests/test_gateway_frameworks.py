@@ -87,9 +87,14 @@ async def check_recorded(env: Env, http: aiohttp.ClientSession, sid: str, sample
         assert sum(traj.loss_mask[sl.start - len(traj.prompt_ids) :][: len(sl.output_ids)]) == len(sl.output_ids)
     # the turns' context: tokens added after each turn, like ToolAgent counts them
     assert traj.turns[0].context_tokens == len(record.turns[0][1].context_ids) and traj.turns[-1].context_tokens == 0
-    # the re-rendered conversation is exactly the recorded tokens
+    # the re-rendered conversation is exactly the recorded tokens, the mask exactly the model's tokens, and
+    # the logprobs 0 off the mask and the engine's on it
     chat = ChatTemplate(env.tokenizer, tools=[{"type": "function", "function": SCHEMA}])
-    assert chat.check_drift(traj.messages, traj.ids).ok
+    report = chat.check_drift(traj.messages, traj.ids, loss_mask=traj.loss_mask, prompt_len=len(traj.prompt_ids))
+    assert report.ok, str(report)
+    assert sum(traj.loss_mask) == sum(t.model_tokens for t in traj.turns)
+    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m == 0)
+    assert any(lp < 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m == 1)
     # the JSONL writer exports the same trajectory
     async with asyncio.timeout(120):
         while not (exported := [t for t in _read(env.jsonl) if t.id == sid]):

@@ -4,38 +4,24 @@ fresh rendering, with the loss mask, logprobs and the trainer's per-turn reward.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 
-from rollout_sdk import CpuEngineConfig, RolloutClient
-from rollout_sdk.agents import ChatTemplate
 from rollout_sdk.gateway import Gateway
 from rollout_sdk.tasks import calculator as calc
+from tool_model_gateway import TOOLS, check_tool_loop_recorded, env  # noqa: F401  (env: a fixture)
 
 prebuilt = pytest.importorskip("langgraph.prebuilt")
 lc_openai = pytest.importorskip("langchain_openai")
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-TOOLS = calc.make_registry().schemas()  # the tool exactly as the model was trained on it
 SCHEMA = TOOLS[0]["function"]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def env(tool_model: Path) -> AsyncIterator[tuple[Gateway, Any]]:
-    from rollout_sdk.models import load_tokenizer
-
-    async with RolloutClient(engine=CpuEngineConfig(model_path=str(tool_model), seed=0)) as client:
-        async with Gateway(client, model_name="tool-model") as gw:
-            yield gw, load_tokenizer(str(tool_model))
-
-
-async def test_langgraph_react_agent_is_exact_tokens(env: tuple[Gateway, Any]) -> None:
+async def test_langgraph_react_agent_is_exact_tokens(env: tuple[Gateway, Any]) -> None:  # noqa: F811
     from langchain_core.tools import StructuredTool
 
     gw, tok = env
@@ -62,15 +48,5 @@ async def test_langgraph_react_agent_is_exact_tokens(env: tuple[Gateway, Any]) -
         out = await agent.ainvoke({"messages": [("user", sample["messages"][0]["content"])]})
     assert any(m.type == "tool" for m in out["messages"])  # a real tool call, run by LangGraph
     assert str(sample["answer"]) in str(out["messages"][-1].content)
-    gw.turn_reward(s.id, 0.25, turn=0)
-    gw.reward(s.id, 1.0)
-    [t] = gw.session_record(s.id).trajectories
-    report = ChatTemplate(tok, tools=TOOLS).check_drift(
-        t.messages, t.ids, loss_mask=t.loss_mask, prompt_len=len(t.prompt_ids)
-    )
-    assert report.ok, str(report)
-    assert len(t.loss_mask) == len(t.response_ids) == len(t.logprobs) and len(t.turns) == 2
-    assert sum(t.loss_mask) == sum(u.model_tokens for u in t.turns)
-    assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m == 0)
-    assert t.reward == 1.0 and [u.reward for u in t.turns] == [0.25, None]
+    check_tool_loop_recorded(gw, s, tok)
     gw.ack([s.id])

@@ -9,25 +9,15 @@ in tests/test_sglang_direct.py.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 
 import pytest
 
 from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
 from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
 from rollout_sdk.engines.prefill import PrefillOnce
+from test_scheduler import HANG_GUARD_S, until  # a condition polled to a deadline, never a sleep-then-assert
 
 P = 512  # prompt tokens: above the default prefill-once threshold (256)
-HANG_GUARD_S = 120.0
-
-
-async def until(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.005)
 
 
 def _prompts(n: int) -> list[list[int]]:

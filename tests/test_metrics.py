@@ -185,14 +185,9 @@ def _empty_stats():
 def test_serve_cli_metrics_endpoint(sdk_home: Path) -> None:
     """``rollout-sdk serve --metrics-port 0`` serves /metrics; a client's requests show up in it."""
     env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rollout_sdk", "serve", "--engine", "fake", "--metrics-port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
+    from conftest import start_cli
+
+    proc = start_cli("serve", "--engine", "fake", "--metrics-port", "0", env=env)
     try:
         lines = _read_until(proc, "READY ", 90)
         url = next(ln.split()[1] for ln in lines if ln.startswith("METRICS "))
@@ -243,22 +238,10 @@ def test_torchrun_launch_serves_metrics_per_rank(tmp_path: Path, sdk_home: Path)
     """``--metrics-port 0`` under torchrun: each serving rank publishes its endpoint in the store."""
     report = tmp_path / "report.json"
     env = dict(os.environ, ROLLOUT_SDK_HOME=str(sdk_home), PYTHONUNBUFFERED="1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    job = [str(ROOT / "tests" / "jobs" / "metrics_job.py"), "--engine", "fake", "--metrics-port", "0"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(ROOT / "tests" / "jobs" / "metrics_job.py"),
-            "--engine",
-            "fake",
-            "--metrics-port",
-            "0",
-            "--report",
-            str(report),
-        ],
+        [*torchrun, *job, "--report", str(report)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -20,30 +20,36 @@ from rollout_sdk.models.qwen_tokenizer import (
     build_qwen25_tokenizer,
 )
 
-# Qwen2.5's added tokens as its tokenizer.json / tokenizer_config.json list them: (id, content, special).
+# Qwen2.5's added tokens as its tokenizer.json / tokenizer_config.json list them: ids on from the last BPE
+# rank, the first 14 special (the tool-call and fill-in-the-middle markers are not).
 EXPECTED_ADDED_TOKENS = [
-    (151643, "<|endoftext|>", True),
-    (151644, "<|im_start|>", True),
-    (151645, "<|im_end|>", True),
-    (151646, "<|object_ref_start|>", True),
-    (151647, "<|object_ref_end|>", True),
-    (151648, "<|box_start|>", True),
-    (151649, "<|box_end|>", True),
-    (151650, "<|quad_start|>", True),
-    (151651, "<|quad_end|>", True),
-    (151652, "<|vision_start|>", True),
-    (151653, "<|vision_end|>", True),
-    (151654, "<|vision_pad|>", True),
-    (151655, "<|image_pad|>", True),
-    (151656, "<|video_pad|>", True),
-    (151657, "<tool_call>", False),
-    (151658, "</tool_call>", False),
-    (151659, "<|fim_prefix|>", False),
-    (151660, "<|fim_middle|>", False),
-    (151661, "<|fim_suffix|>", False),
-    (151662, "<|fim_pad|>", False),
-    (151663, "<|repo_name|>", False),
-    (151664, "<|file_sep|>", False),
+    (151643 + i, content, i < 14)
+    for i, content in enumerate(
+        [
+            "<|endoftext|>",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|object_ref_start|>",
+            "<|object_ref_end|>",
+            "<|box_start|>",
+            "<|box_end|>",
+            "<|quad_start|>",
+            "<|quad_end|>",
+            "<|vision_start|>",
+            "<|vision_end|>",
+            "<|vision_pad|>",
+            "<|image_pad|>",
+            "<|video_pad|>",
+            "<tool_call>",
+            "</tool_call>",
+            "<|fim_prefix|>",
+            "<|fim_middle|>",
+            "<|fim_suffix|>",
+            "<|fim_pad|>",
+            "<|repo_name|>",
+            "<|file_sep|>",
+        ]
+    )
 ]
 
 # The first 30 lines of Qwen2/Qwen2.5's published merges.txt (after "#version: 0.2").

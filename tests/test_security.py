@@ -164,7 +164,7 @@ async def _attack(address: str, setup: Any) -> tuple[int, list[bytes]]:
         sock.disable_monitor()
         mon.close(0)
         sock.close(0)
-        ctx.term()
+        ctx.destroy(linger=0)  # closes what is left and terminates without waiting on a peer
 
 
 def _no_keys(sock: zmq.Socket[Any]) -> None:
@@ -280,7 +280,7 @@ async def test_generate_credential_is_refused_every_control_message(guarded) -> 
         assert g.server.stats().in_flight == 1
     finally:
         sock.close(0)
-        ctx.term()
+        ctx.destroy(linger=0)  # closes what is left and terminates without waiting on a peer
     g.gate.set()
     assert (await victim).finish_reason == "length"
 
@@ -434,7 +434,7 @@ def test_client_routing_ids_are_random_so_no_peer_can_claim_anothers_replies() -
             asyncio.run(ch.close())
         assert len(ids) == 3 and all(len(i) == 16 and i[0] != 0 for i in ids)
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)  # closes what is left and terminates without waiting on a peer
 
 
 def test_authorize_refuses_unknown_roles_everything() -> None:

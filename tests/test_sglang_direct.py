@@ -35,13 +35,19 @@ LONG = 4000  # tokens: runs for seconds in the stand-in (context 4096)
 
 @contextlib.asynccontextmanager
 async def engine(
-    model: str, path: str = "direct", *, step_s: float = 0.0005, max_running: int = 1024, **config: object
+    model: str,
+    path: str = "direct",
+    *,
+    step_s: float = 0.0005,
+    max_running: int = 1024,
+    inplace: bool = True,
+    **config: object,
 ) -> AsyncIterator[SglangEngine]:
     cfg = SglangEngineConfig(model_path=model, request_path=path, freeze_gc=False, **config)  # type: ignore[arg-type]
     eng = SglangEngine(
         cfg,
         launcher=StandinEngine.launcher(
-            StandinScheduler(step_s=step_s, max_running=max_running, vocab_size=_vocab(model))
+            StandinScheduler(step_s=step_s, max_running=max_running, vocab_size=_vocab(model), inplace=inplace)
         ),
     )
     await eng.start()
@@ -447,3 +453,84 @@ async def test_the_prefix_cache_is_keyed_by_weight_version_and_keep_continues_on
         # new requests after either update: nothing from older weights
         late = await e.generate(req("ns-late", prompt, 4))
         assert late.cached_tokens == 0
+
+
+def _check_tokens(prompt: list[int], out: object, vocab: int, w0: int) -> None:
+    """Every token of ``out`` is the one the stand-in samples from its state with the weights its version run
+    names (the stand-in's weights: the updates it received; version ``w0`` is weights 0): an off-by-one
+    split point fails here (a token sampled by other weights differs)."""
+    ids = out.output_ids  # type: ignore[attr-defined]
+    weights = [v - w0 for v, n in out.version_segments for _ in range(n)]  # type: ignore[attr-defined]
+    assert len(weights) == len(ids)
+    h = standin_seed(prompt)
+    for i, (tok, w) in enumerate(zip(ids, weights, strict=True)):
+        want, h = standin_next(h, vocab, w)
+        assert tok == want, f"token {i} was not sampled by weights {w}: {out.version_segments}"  # type: ignore[attr-defined]
+
+
+async def _send_weights(e: SglangEngine) -> None:
+    """SGLang's own weight call, as the IPC update makes it (the stand-in bumps its weights)."""
+    from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+
+    ok, text = await e._tm.update_weights_from_tensor(
+        UpdateWeightsFromTensorReqInput(serialized_named_tensors=[b""], flush_cache=False, abort_all_requests=False),
+        None,
+    )
+    assert ok, text
+
+
+@pytest.mark.parametrize("inplace", [True, False], ids=["scheduler-patched", "plain-scheduler"])
+async def test_keep_goes_on_in_place_and_every_token_names_its_weights(model: str, inplace: bool) -> None:
+    """Issue 41: ``keep`` pauses SGLang in place where the scheduler has our patch (inplace.py): the two
+    running requests stay in its batch (no abort, no resubmission, nothing prefilled again) and switch
+    weights at the recorded token; the one still queued inside SGLang is checkpointed and starts on the new
+    weights.  Without the patch the same update checkpoints all three.  Either way each token is the one
+    its reported weights sample (checked token by token against the stand-in's sampler)."""
+    vocab = _vocab(model)
+    async with engine(model, step_s=0.001, max_running=2, inplace=inplace, decode_window=None) as e:
+        assert e._control.inplace is inplace
+        v = e.weight_version
+        prompts = {f"ip-{k}": [7, 7, k, 3, 1 + k] for k in range(3)}
+        tasks = {rid: asyncio.create_task(e.generate(req(rid, p, 2500))) for rid, p in prompts.items()}
+        await _until(lambda: started(e, "ip-0") and started(e, "ip-1"))
+        assert not started(e, "ip-2")  # max_running=2: queued inside SGLang
+        sent, before = e._path.sent, e.reprefilled_tokens  # type: ignore[union-attr]
+
+        await e._control._update(lambda: _send_weights(e), v + 1, False, "keep")
+        outs = {rid: await t for rid, t in tasks.items()}
+
+        for rid, out in outs.items():
+            _check_tokens(prompts[rid], out, vocab, v)
+            assert len(out.output_ids) == 2500 and out.weight_version == v + 1
+        for rid in ("ip-0", "ip-1"):  # ran across the update: split, their KV of the old weights
+            (v_a, n_a), (v_b, n_b) = outs[rid].version_segments
+            assert (v_a, v_b) == (v, v + 1) and n_a > 0 and n_b > 0
+            assert outs[rid].kv_version_segments == [(v, 2500)] and outs[rid].mixed_kv_tokens == n_b
+        # queued: no KV yet, so it starts on the new weights (only a cache hit would make its KV older)
+        assert outs["ip-2"].version_segments == [(v + 1, 2500)]
+        assert e.reprefilled_tokens == before  # keep: nothing computed again
+        # in place, only the queued one went to SGLang again; without the patch all three did
+        assert e._path.sent - sent == (1 if inplace else 3)  # type: ignore[union-attr]
+
+
+async def test_updates_sent_together_run_one_after_the_other_and_each_split_is_exact(model: str) -> None:
+    """Control calls run concurrently on a server: two ``keep`` updates and a ``reprefill`` one sent at once
+    are applied one at a time, in order (none resumes SGLang or opens the gate while another loads), and a
+    request that runs across them reports every switch where it happened."""
+    vocab = _vocab(model)
+    async with engine(model, step_s=0.001, decode_window=None) as e:
+        v = e.weight_version
+        prompts = {f"multi-{k}": [9, k, 4, 4, 2 + k] for k in range(4)}
+        tasks = {rid: asyncio.create_task(e.generate(req(rid, p, 4000))) for rid, p in prompts.items()}
+        await _until(lambda: all(started(e, rid) for rid in prompts))
+        modes = ("keep", "reprefill", "keep")
+        await asyncio.gather(
+            *(e._control._update(lambda: _send_weights(e), v + 1 + k, False, m) for k, m in enumerate(modes))
+        )
+        assert e.weight_version == v + 3
+        for rid, t in tasks.items():
+            out = await t
+            _check_tokens(prompts[rid], out, vocab, v)
+            versions = [ver for ver, _ in out.version_segments]
+            # in order; v + 2 only if its continuation started before the third update closed the gate again
+            assert versions in ([v, v + 1, v + 2, v + 3], [v, v + 1, v + 3]), out.version_segments

@@ -116,3 +116,17 @@ def test_patched_eviction_cost_does_not_grow_with_the_leaves(toggle: Path) -> No
         cache.evict(EvictParams(num_tokens=64))
         touched.append(before - len(cache._rsdk_heap))
     assert touched == [8, 8]  # 64 tokens = 8 leaves of 8, whatever the size of the cache
+
+
+def test_the_plugin_patches_sglangs_scheduler_for_in_place_updates(toggle: Path) -> None:
+    """The same plugin that fixes eviction gives SGLang 0.5.16's real ``Scheduler`` the in-place hooks
+    (engines/sglang/inplace.py): what it wraps exists there and is wrapped, once."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from rollout_sdk.engines.sglang import inplace
+
+    assert Scheduler.__dict__.get("_rollout_sdk_inplace") is True
+    for name in ("pause_generation", "process_batch_result", "get_internal_state"):
+        assert getattr(Scheduler, name).__module__ == inplace.__name__, name
+    assert inplace.apply(Scheduler)  # idempotent: wrapped once
+    assert Scheduler.pause_generation.__module__ == inplace.__name__

@@ -76,9 +76,10 @@ def names_and_args(calls: list[ToolCall]) -> list[tuple[str, dict[str, Any]]]:
 OPENERS = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "{")
 
 
-def check_invariants(text: str, turn: Any, parser: ToolCallParser | None = None) -> None:
+def check_invariants(text: str, turn: Any, parser: ToolCallParser | None = None, *, model_ids: bool = False) -> None:
     """What every parse of every text must satisfy; with ``parser``, a call parsed again from its own
-    text (when that text is a whole call of the format) is the same call."""
+    text (when that text is a whole call of the format) is the same call; ``model_ids``: ids the model
+    wrote itself (``functions.NAME:N``, Kimi-K2) may repeat."""
     assert isinstance(turn.content, str)
     assert len(turn.order) == len(turn.calls) + len(turn.errors)
     small = len(text) < 100_000  # (a substring search per item would make this check quadratic)
@@ -93,7 +94,39 @@ def check_invariants(text: str, turn: Any, parser: ToolCallParser | None = None)
         assert call.raw and (not small or call.raw in text)
         if parser is not None and call.raw.startswith(OPENERS):
             assert (call.name, call.arguments) in names_and_args(parser.parse(call.raw).calls), call.raw
-    assert len({c.id for c in turn.calls}) == len(turn.calls)
+    assert len({c.id for c in turn.calls}) == len(turn.calls) or (
+        model_ids and any(c.id.startswith("functions.") for c in turn.calls)
+    )
+
+
+def check_calls(text: str, calls: list[tuple[str, dict[str, Any]]], by: ToolCallParser, /, **invariants: Any) -> Any:
+    """``text`` parsed ``by`` a parser is exactly ``calls``, no error, and every invariant holds; the turn."""
+    turn = by.parse(text)
+    assert turn.errors == []
+    assert names_and_args(turn.calls) == calls
+    check_invariants(text, turn, **invariants)
+    return turn
+
+
+def check_malformed(parser: ToolCallParser, bad: str, good: str | None, kind: str, needle: str) -> None:
+    """``bad`` is one error of ``kind`` whose message holds ``needle``, no call; after ``good`` (a call
+    ``ok(v="1")``) it costs that call nothing; the error's feedback names the format."""
+    for full in (bad,) if good is None else (bad, f"{good}\n{bad}"):
+        turn = parser.parse(full)
+        assert [e.kind for e in turn.errors] == [kind], (full, turn.errors)
+        assert needle in turn.errors[0].message, turn.errors[0].message
+        assert names_and_args(turn.calls) == ([] if full == bad else [("ok", {"v": "1"})])
+        check_invariants(full, turn)
+    assert format_tool_error(turn.errors[0], parser.call_format).endswith(parser.call_format)  # type: ignore[attr-defined]
+
+
+def check_linear(parser: ToolCallParser, unit: str, tail: str, repeats: int) -> None:
+    """Parsing ``unit`` repeated then ``tail`` costs work linear in the text (counted, not timed)."""
+    small, large = unit * repeats + tail, unit * 16 * repeats + tail
+    work_small, work_large = parsers._scan_work(parser, small), parsers._scan_work(parser, large)
+    assert work_large <= 40 * len(large)  # a bounded number of passes over the text
+    assert work_large / max(work_small, 1) <= 2 * len(large) / len(small)  # 16x the text, not 256x the work
+    check_invariants(large, parser.parse(large))
 
 
 # -- the registry ---------------------------------------------------------------------------------
@@ -127,11 +160,8 @@ def test_a_factory_gets_the_tool_schemas_only_when_it_takes_them(monkeypatch: py
 def test_calls_in_text_order_with_prose_before(fmt: str) -> None:
     calls = [("get_weather", {"city": "Paris"}), ("search", {"q": "北京 天气 🌦"})]
     text = "Let me look that up. " + render(fmt, calls)
-    turn = get_parser(fmt).parse(text)
-    assert turn.errors == []
-    assert names_and_args(turn.calls) == calls
+    turn = check_calls(text, calls, get_parser(fmt))
     assert turn.content == "Let me look that up."
-    check_invariants(text, turn)
     assert get_parser(fmt).parse(text) == turn  # deterministic, ids included
 
 
@@ -281,15 +311,8 @@ MALFORMED: list[tuple[str, str, str, str]] = [
 
 @pytest.mark.parametrize(("fmt", "text", "kind", "needle"), MALFORMED)
 def test_malformed_calls_become_precise_errors(fmt: str, text: str, kind: str, needle: str) -> None:
-    parser = get_parser(fmt)
-    good = render(fmt, [("ok", {"v": "1"})])
-    for full in (text, f"{good}\n{text}" if fmt != "llama3_json" else text):  # a bad call never costs a good one
-        turn = parser.parse(full)
-        assert [e.kind for e in turn.errors] == [kind], turn.errors
-        assert needle in turn.errors[0].message, turn.errors[0].message
-        assert names_and_args(turn.calls) == ([] if full == text else [("ok", {"v": "1"})])
-        check_invariants(full, turn)
-    assert format_tool_error(turn.errors[0], parser.call_format).endswith(parser.call_format)
+    good = render(fmt, [("ok", {"v": "1"})]) if fmt != "llama3_json" else None  # (llama: a whole-text format)
+    check_malformed(get_parser(fmt), text, good, kind, needle)
 
 
 def test_qwen3_coder_unclosed_and_stray_tags_never_swallow_the_next_call() -> None:
@@ -371,10 +394,7 @@ def test_any_text_never_raises_and_every_call_is_sound(fmt: str, text: str) -> N
 def test_json_calls_round_trip(fmt: str, calls: list[tuple[str, dict[str, Any]]], prose: str) -> None:
     text = render(fmt, calls) if fmt == "llama3_json" else prose + render(fmt, calls)
     parser = get_parser(fmt)
-    turn = parser.parse(text)
-    assert turn.errors == []
-    assert names_and_args(turn.calls) == calls
-    check_invariants(text, turn, parser)
+    check_calls(text, calls, parser, parser=parser)
 
 
 @FAST
@@ -411,12 +431,7 @@ ADVERSARIAL = {
 @pytest.mark.parametrize("shape", sorted(ADVERSARIAL))
 def test_parsing_is_linear_on_adversarial_input(fmt: str, shape: str) -> None:
     unit, tail = ADVERSARIAL[shape]
-    parser = get_parser(fmt)
-    small, large = unit * 1_000 + tail, unit * 16_000 + tail
-    work_small, work_large = parsers._scan_work(parser, small), parsers._scan_work(parser, large)
-    assert work_large <= 40 * len(large)  # a bounded number of passes over the text
-    assert work_large / max(work_small, 1) <= 2 * len(large) / len(small)  # 16x the text, not 256x the work
-    check_invariants(large, parser.parse(large))
+    check_linear(get_parser(fmt), unit, tail, 1_000)
 
 
 # -- reasoning ------------------------------------------------------------------------------------

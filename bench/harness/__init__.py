@@ -13,7 +13,8 @@ that lives here, one noun a module:
   charged to one side), their medians, and a cell measured again when other people's load disturbed it.
 * :mod:`harness.stats` -- percentiles, medians, median [min-max], piecewise-linear step costs.
 * :mod:`harness.table` -- aligned text and Markdown tables.
-* :mod:`harness.results` -- JSON results with the machine facts beside the numbers.
+* :mod:`harness.results` -- JSON results with the machine facts beside the numbers; :func:`publish`, a
+  benchmark's last lines (the JSON written, the table, the runtime and where the numbers are).
 
 A new benchmark, whole::
 
@@ -38,11 +39,11 @@ Scripts run as ``python bench/<name>.py``, so bench/ is on ``sys.path`` and this
 
 from __future__ import annotations
 
-from harness.cli import add_quiet, by_mode, loop_runner, parser, run
+from harness.cli import add_quiet, by_mode, loop_runner, mode_facts, parser, run
 from harness.machine import QUIET_PCT, CpuMeter, ForeignCpu, cpu_model, facts, foreign_load, log, versions, wait_quiet
 from harness.passes import abba, alternate, medians, until_quiet
 from harness.procs import ServerProcs, fake_server_argv, sigterm_as_interrupt, stop_processes
-from harness.results import save_results, write_json
+from harness.results import publish, save_results, write_json
 from harness.stats import interpolate, median, pct, spread
 from harness.table import markdown, table
 
@@ -65,8 +66,10 @@ __all__ = [
     "markdown",
     "median",
     "medians",
+    "mode_facts",
     "parser",
     "pct",
+    "publish",
     "run",
     "save_results",
     "sigterm_as_interrupt",

@@ -86,6 +86,11 @@ def by_mode(args: argparse.Namespace, **defaults: tuple[Any, Any]) -> argparse.N
     return args
 
 
+def mode_facts(args: argparse.Namespace) -> dict[str, str]:
+    """The shared flags' part of a result's meta: the event loop (``--no-uvloop``) and the mode (``--quick``)."""
+    return {"loop": "asyncio" if args.no_uvloop else "uvloop", "mode": "quick" if args.quick else "full"}
+
+
 def run(main: Coroutine[Any, Any, T], *, uvloop: bool = True) -> T:
     """Run the workload's coroutine (on uvloop unless told not to, or not installed).  SIGTERM unwinds like
     Ctrl-C, so the ``finally`` blocks stop every process the benchmark started; then the script exits 130."""

@@ -30,3 +30,11 @@ def write_json(path: str | Path, payload: Any, *, indent: int = 2) -> Path:
     tmp.write_text(json.dumps(payload, indent=indent, default=str) + "\n")
     os.replace(tmp, out)
     return out
+
+
+def publish(path: str | Path, payload: dict[str, Any], text: str) -> None:
+    """Write ``payload`` (its ``meta`` holds ``runtime_s``) as JSON to ``path``, print ``text`` (the table),
+    then the runtime and where the numbers are: the last lines a benchmark prints."""
+    write_json(path, payload)
+    print(text)
+    print(f"\nruntime {payload['meta']['runtime_s']} s; numbers in {path}")

@@ -60,6 +60,7 @@ def trajectory_from_result(
         logprobs=list(result.logprobs) if result.logprobs is not None else [0.0] * n,
         finish_reason=result.finish_reason,
         weight_versions=segments,
+        kv_weight_versions=list(result.kv_version_segments),
         reward=reward,
         metadata=dict(metadata or {}),
         metrics={"model_tokens": float(n)},

@@ -76,7 +76,7 @@ from .connection import ServerConnection
 from .fleet import Fleet
 from .scheduler import Scheduler
 from .stats import ClientStats, ServerStatus, percentile, server_status
-from .weight_sync import WeightSync, broadcast_control, update_weights_ipc
+from .weight_sync import WeightSync, WeightSyncSettings, broadcast_control, update_weights_ipc
 
 if TYPE_CHECKING:
     from .metrics import ClientMetrics
@@ -168,7 +168,7 @@ class RolloutClient(OpenedWith):
         self._rid_prefix = uuid.uuid4().hex[:10]
         self._rid_counter = itertools.count()
         self._weight_sync: WeightSync | None = None
-        self._weight_sync_args: dict[str, Any] | None = None
+        self._weight_sync_settings: WeightSyncSettings | None = None
         self._weight_sync_generation = 0
         #: the last weight version pushed through this client
         self.weight_version = 0
@@ -609,24 +609,24 @@ class RolloutClient(OpenedWith):
     async def init_weight_sync(
         self,
         *,
-        backend: str = "gloo",
-        master_address: str = "127.0.0.1",
-        group_name: str = "rollout_weights",
-        device: Any = None,
-        timeout_s: float = 300.0,
+        backend: str = WeightSyncSettings.backend,
+        master_address: str = WeightSyncSettings.master_address,
+        group_name: str = WeightSyncSettings.group_name,
+        device: Any = WeightSyncSettings.device,
+        timeout_s: float = WeightSyncSettings.timeout_s,
     ) -> WeightSync:
         """Join this process (rank 0) and every live engine in a weight-update group.
 
         ``backend="nccl"`` with ``device="cuda:N"`` on GPUs; ``gloo`` moves CPU tensors.  Call once; then
-        :meth:`update_weights` broadcasts through it.
+        :meth:`update_weights` broadcasts through it.  The defaults are :class:`WeightSyncSettings`'.
         """
         if self._weight_sync is not None:
             raise ClientStateError("a weight sync exists already; close_weight_sync() first")
-        args: dict[str, Any] = dict(
+        settings = WeightSyncSettings(
             backend=backend, master_address=master_address, group_name=group_name, device=device, timeout_s=timeout_s
         )
-        self._weight_sync = await WeightSync.create(self._live(), **args)
-        self._weight_sync_args = args
+        self._weight_sync = await WeightSync.create(self._live(), settings)
+        self._weight_sync_settings = settings
         self._weight_sync_generation = 0
         return self._weight_sync
 
@@ -638,7 +638,7 @@ class RolloutClient(OpenedWith):
         update, which then brings every member to the same version (docs/design.md, "Fleet membership").
         """
         sync = self._weight_sync
-        if sync is None or self._weight_sync_args is None:
+        if sync is None or self._weight_sync_settings is None:
             raise ClientStateError("call init_weight_sync() before update_weights(method='distributed')")
         members = self._live()
         if {id(s) for s in members} == {id(s) for s in sync.servers}:
@@ -649,10 +649,9 @@ class RolloutClient(OpenedWith):
         except Exception:
             log.warning("closing the old weight group failed (a member is gone); re-forming anyway", exc_info=True)
         self._weight_sync_generation += 1
-        args = dict(self._weight_sync_args)
-        args["group_name"] = f"{args['group_name']}.{self._weight_sync_generation}"
+        settings = self._weight_sync_settings.regrouped(self._weight_sync_generation)
         log.info("re-forming the weight group with %d server(s)", len(members))
-        self._weight_sync = await WeightSync.create(members, **args)
+        self._weight_sync = await WeightSync.create(members, settings)
         return self._weight_sync
 
     async def close_weight_sync(self) -> None:

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, WeightUpdateError
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
     from .connection import ServerConnection
 
-__all__ = ["WeightSync", "broadcast_control"]
+__all__ = ["WeightSync", "WeightSyncSettings", "broadcast_control"]
 
 log = logging.getLogger("rollout_sdk.client")
 
@@ -68,46 +69,70 @@ async def broadcast_control(
     return [r for r in results if isinstance(r, ControlReply)]
 
 
+@dataclass(frozen=True, kw_only=True)
+class WeightSyncSettings:
+    """How the trainer's weight group is made; the defaults of :meth:`RolloutClient.init_weight_sync`.
+
+    Kept by the client so that the group can be re-formed the same way when the fleet changes (a member
+    died, a newcomer joined): only the group's name changes then (:meth:`regrouped`).
+    """
+
+    backend: str = "gloo"  # "nccl" with device="cuda:N" on GPUs; gloo moves CPU tensors
+    master_address: str = "127.0.0.1"
+    group_name: str = "rollout_weights"
+    device: Any = None
+    timeout_s: float = 300.0
+
+    def regrouped(self, generation: int) -> WeightSyncSettings:
+        """The same settings for the ``generation``-th re-formed group (a process group's name is single-use)."""
+        return replace(self, group_name=f"{self.group_name}.{generation}")
+
+
 @dataclass
 class WeightSync:
     """A weight-update process group between this trainer (rank 0) and a set of engine servers."""
 
     group: Any
-    group_name: str
-    backend: str
+    settings: WeightSyncSettings
     servers: list[ServerConnection]
     world_size: int
-    device: Any = None
-    timeout_s: float = 300.0
     _store: Any = field(default=None, repr=False)
 
+    @property
+    def group_name(self) -> str:
+        return self.settings.group_name
+
+    @property
+    def backend(self) -> str:
+        return self.settings.backend
+
+    @property
+    def device(self) -> Any:
+        return self.settings.device
+
+    @property
+    def timeout_s(self) -> float:
+        return self.settings.timeout_s
+
     @classmethod
-    async def create(
-        cls,
-        servers: Sequence[ServerConnection],
-        *,
-        backend: str = "gloo",
-        master_address: str = "127.0.0.1",
-        group_name: str = "rollout_weights",
-        device: Any = None,
-        timeout_s: float = 300.0,
-    ) -> WeightSync:
+    async def create(cls, servers: Sequence[ServerConnection], settings: WeightSyncSettings) -> WeightSync:
         from ..weights.group import Rendezvous, init_weight_group, master_store  # engine-side
 
         if not servers:
             raise ConfigError("servers", [], "no live server to sync weights with")
+        timeout_s = settings.timeout_s
         tps = [s.info.tp_size if s.info is not None else 1 for s in servers]
         world = 1 + sum(tps)
-        store = await asyncio.to_thread(master_store, master_address, world, timeout_s)
+        store = await asyncio.to_thread(master_store, settings.master_address, world, timeout_s)
         port = int(store.port)
         offsets = [1 + sum(tps[:i]) for i in range(len(servers))]
         by_id = {id(s): off for s, off in zip(servers, offsets, strict=True)}
         rendezvous = Rendezvous(
-            master_address=master_address,
+            master_address=settings.master_address,
             master_port=port,
             world_size=world,
-            group_name=group_name,
-            backend=backend,
+            group_name=settings.group_name,
+            backend=settings.backend,
             timeout_s=timeout_s,
         )
         join = asyncio.ensure_future(asyncio.to_thread(init_weight_group, rendezvous, rank=0, store=store))
@@ -119,7 +144,7 @@ class WeightSync:
             join.cancel()
             raise
         group = await join
-        return cls(group, group_name, backend, list(servers), world, device, timeout_s, store)
+        return cls(group, settings, list(servers), world, store)
 
     async def update(
         self,
@@ -131,8 +156,6 @@ class WeightSync:
         inflight: InflightMode = "reprefill",
     ) -> dict[str, float]:
         """Broadcast ``named`` in flattened buckets; every server loads them and takes ``version``."""
-        import time
-
         from ..weights.buckets import plan_buckets, send_buckets  # engine-side
 
         t0 = time.perf_counter()
@@ -196,8 +219,6 @@ async def update_weights_ipc(
     One bucket at a time, so the extra GPU memory is one bucket.  A failure after the first bucket leaves
     the engines part updated: they report it (``applied=None``) and are marked dead.
     """
-    import time
-
     from ..weights.buckets import plan_buckets  # engine-side
 
     t0 = time.perf_counter()

@@ -57,6 +57,9 @@ class TurnSlice(msgspec.Struct, kw_only=True):
     #: where ``output_ids`` start in ``Trajectory.ids`` (prompt + response)
     start: int
     reward: float | None = None
+    #: ``(version, n)`` runs of the oldest weights of the KV each token was sampled from; empty: the same as
+    #: ``weight_versions`` (unless an ``inflight="keep"`` update happened during the turn)
+    kv_weight_versions: list[tuple[int, int]] = []
 
 
 class SessionRecord(msgspec.Struct, kw_only=True):
@@ -93,6 +96,7 @@ def session_record(session: Session, *, per_turn: bool = True, state: str | None
                         output_ids=list(result.output_ids),
                         logprobs=lps,
                         weight_versions=append_segments([], result_segments(result)),
+                        kv_weight_versions=list(result.kv_version_segments),
                         start=pos,
                         reward=node.reward,
                     )

@@ -442,7 +442,7 @@ class TurnService:
             kept = _cut(result, dec.cut)
             if result.input_ids is not None:  # images: record the context as the engine expanded it
                 context = result.input_ids[base:]
-            call_ids = session.new_call_ids(len(dec.parsed.calls) if dec.parsed else 0)
+            call_ids = session.new_call_ids(dec.parsed.calls if dec.parsed else [], parser)
             wire, tmpl, errors = assistant_reply(dec.parsed, dec.content, call_ids)
             calls = dec.parsed.calls if dec.parsed else []
             turn = _served_turn(

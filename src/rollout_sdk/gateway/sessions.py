@@ -47,6 +47,7 @@ from typing import Any
 
 from ..agents import Trajectory, TrajectoryBuilder, Turn
 from ..agents.chat import message_images
+from ..agents.parsers import ToolCall, ToolCallParser
 from ..protocol import GenerateResult, Lifecycle
 from .errors import GatewayError, bad_request
 from .sampling import SessionSampling
@@ -194,9 +195,23 @@ class Session:
         if self.state != "open":
             raise GatewayError(409, f"session {self.id!r} is finished", code="session_finished")
 
-    def new_call_ids(self, n: int) -> list[str]:
-        start, self._next_call = self._next_call, self._next_call + n
-        return [f"call_{self.id[:12]}_{start + i}" for i in range(n)]
+    def new_call_ids(self, calls: Sequence[ToolCall], parser: ToolCallParser | None) -> list[str]:
+        """The ids the client gets for one turn's calls.  An id the model wrote (Kimi-K2's
+        ``functions.f:IDX``, Mistral's ``"id"``) is kept as written: the format's template writes it back
+        into the conversation, so any other id would replay other tokens than the model's.  Otherwise the
+        format's required form counting the session's calls (Mistral's ``call00003``: its templates refuse
+        other ids), or ``call_<session>_<n>``.  Generated ids never repeat in a session (Mistral's wrap
+        after 100,000 calls)."""
+        required = getattr(parser, "required_id", None)
+        ids = []
+        for call in calls:
+            if call.id_in_text and call.id:
+                ids.append(call.id)
+                continue
+            n, self._next_call = self._next_call, self._next_call + 1
+            form = required(n) if required is not None else None
+            ids.append(form if isinstance(form, str) and form else f"call_{self.id[:12]}_{n}")
+        return ids
 
     def add(self, node: Node) -> None:
         """Record a served turn (atomic: no await)."""

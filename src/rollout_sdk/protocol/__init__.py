@@ -23,6 +23,7 @@ import array
 import math
 import re
 import sys
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -91,6 +92,7 @@ __all__ = [
     "error_reply",
     "expect_sampling",
     "is_generate_frame",
+    "mixed_tokens",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -174,10 +176,22 @@ def check_inflight(inflight: Any, flush_cache: bool) -> None:
         raise _bad("flush_cache", flush_cache, "inflight='keep' goes on with the cached KV a flush would drop")
 
 
-def _expand(runs: list[tuple[int, int]]) -> Any:
-    for v, n in runs:
-        for _ in range(n):
-            yield v
+def mixed_tokens(version_runs: Sequence[tuple[int, int]], kv_runs: Sequence[tuple[int, int]]) -> int:
+    """Tokens sampled by weights other than those of the KV they attended to: ``version_runs`` (which weights
+    sampled each token) against ``kv_runs`` (the oldest weights of its KV), both ``(version, n)`` runs over the
+    same tokens; an empty ``kv_runs`` means "the same as ``version_runs``" (0)."""
+    if not kv_runs:
+        return 0
+    mixed, i, used = 0, 0, 0  # walk both run lists at once: O(runs), not O(tokens)
+    for kv, n in kv_runs:
+        while n > 0 and i < len(version_runs):
+            v, m = version_runs[i]
+            take = min(n, m - used)
+            mixed += take if v != kv else 0
+            n, used = n - take, used + take
+            if used == m:
+                i, used = i + 1, 0
+    return mixed
 
 
 def _bad(field: str, value: Any, reason: str) -> InvalidRequestError:
@@ -502,14 +516,7 @@ class GenerateResult(msgspec.Struct, tag="result", frozen=True, kw_only=True, om
     def mixed_kv_tokens(self) -> int:
         """Output tokens sampled by weights newer than (part of) the KV they attended to: what a ``keep``
         update leaves for a trainer to filter or correct (0 under ``reprefill``)."""
-        if not self.kv_version_segments:
-            return 0
-        mixed = 0
-        sampled = iter(_expand(self.version_segments))
-        for kv in _expand(self.kv_version_segments):
-            if next(sampled, kv) != kv:
-                mixed += 1
-        return mixed
+        return mixed_tokens(self.version_segments, self.kv_version_segments)
 
 
 class Stepped(msgspec.Struct, tag="stepped", frozen=True):
@@ -710,12 +717,11 @@ _Buckets = Annotated[
 ]
 
 
-class UpdateWeightsDistributed(msgspec.Struct, tag="update_weights_dist", frozen=True, kw_only=True):
-    """Receive ``buckets`` by broadcast from the group's rank 0: one flattened tensor per bucket, the
-    tensors of a bucket laid out back to back in order (all of one dtype per bucket)."""
+class _WeightUpdate(msgspec.Struct, frozen=True, kw_only=True):
+    """What both ways of updating weights carry: the buckets' layout, the version they become, and what
+    happens to the KV cache and the requests in flight."""
 
     call_id: str
-    group_name: str
     buckets: _Buckets
     version: int | None = None
     flush_cache: bool = True
@@ -726,18 +732,17 @@ class UpdateWeightsDistributed(msgspec.Struct, tag="update_weights_dist", frozen
         check_inflight(self.inflight, self.flush_cache)
 
 
-class UpdateWeightsFromIpc(msgspec.Struct, tag="update_weights_ipc", frozen=True, kw_only=True):
+class UpdateWeightsDistributed(_WeightUpdate, tag="update_weights_dist", frozen=True, kw_only=True):
+    """Receive ``buckets`` by broadcast from the group's rank 0: one flattened tensor per bucket, the
+    tensors of a bucket laid out back to back in order (all of one dtype per bucket)."""
+
+    group_name: str
+
+
+class UpdateWeightsFromIpc(_WeightUpdate, tag="update_weights_ipc", frozen=True, kw_only=True):
     """Colocated update: CUDA IPC handles of flattened buckets on the engine's GPU, no host copy."""
 
-    call_id: str
     handles: Annotated[list[bytes], msgspec.Meta(max_length=MAX_TENSORS)]
-    buckets: _Buckets
-    version: int | None = None
-    flush_cache: bool = True
-    inflight: InflightMode = "reprefill"
-
-    def __post_init__(self) -> None:
-        check_inflight(self.inflight, self.flush_cache)
 
 
 class DestroyWeightGroup(msgspec.Struct, tag="destroy_weight_group", frozen=True):

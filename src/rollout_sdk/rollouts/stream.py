@@ -86,6 +86,7 @@ class GenerateAgent(Agent):
             logprobs=r.logprobs or [0.0] * len(r.output_ids),
             finish_reason=r.finish_reason,
             weight_versions=list(r.version_segments),
+            kv_weight_versions=list(r.kv_version_segments),
             metrics={"model_tokens": float(len(r.output_ids)), "preemptions": float(ctx.preemptions)},
         )
 

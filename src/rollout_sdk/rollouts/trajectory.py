@@ -10,8 +10,9 @@ A :class:`Trajectory` holds the exact token ids the model saw and produced::
 ``loss_mask``, ``logprobs`` and ``response_ids`` have the same length, token for token.  Model tokens carry
 the engine's logprobs; tokens the loop added carry 0.  ``weight_versions`` lists ``(version, n)`` runs over
 the model tokens, in order: a trajectory that spans a weight update says which tokens came from which
-weights.  :class:`TrajectoryBuilder` is the one place that appends, so custom agent loops get the same
-bookkeeping.
+weights; ``kv_weight_versions`` (empty unless an ``inflight="keep"`` update left it older) the oldest weights of
+the KV each token was sampled from, and ``mixed_kv_tokens`` how many tokens the two disagree on.
+:class:`TrajectoryBuilder` is the one place that appends, so custom agent loops get the same bookkeeping.
 
 Vision-language rollouts: the images the model saw are kept in order (``images``); a prompt or a tool
 result marks each one once (``<|vision_start|><|image_pad|><|vision_end|>``) and the first engine call that
@@ -27,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from ..protocol import GenerateResult, Lifecycle, RoutedExperts
+from ..protocol import GenerateResult, Lifecycle, RoutedExperts, mixed_tokens
 from ..protocol.segments import append_segments, result_segments
 
 __all__ = ["TRAJECTORY_SCHEMA_VERSION", "ToolCallRecord", "Trajectory", "TrajectoryBuilder", "Turn"]
@@ -74,6 +75,9 @@ class Trajectory(msgspec.Struct, kw_only=True):
     finish_reason: str
     turns: list[Turn] = []
     weight_versions: list[tuple[int, int]] = []
+    #: runs over the model tokens of the oldest weight version of the KV each was sampled from; empty when
+    #: that is each token's own version (always, unless a ``keep`` update happened mid-turn)
+    kv_weight_versions: list[tuple[int, int]] = []
     reward: float | None = None
     messages: list[dict[str, Any]] = []
     metrics: dict[str, float] = {}
@@ -108,6 +112,12 @@ class Trajectory(msgspec.Struct, kw_only=True):
     def min_weight_version(self) -> int | None:
         return min((v for v, _ in self.weight_versions), default=None)
 
+    @property
+    def mixed_kv_tokens(self) -> int:
+        """Model tokens sampled by weights newer than (part of) the KV they attended to (``keep`` updates):
+        what a trainer filters or corrects with importance weights."""
+        return mixed_tokens(self.weight_versions, self.kv_weight_versions)
+
 
 class TrajectoryBuilder:
     """Appends model output and loop context, keeping ids, mask, logprobs and versions aligned."""
@@ -123,6 +133,7 @@ class TrajectoryBuilder:
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[tuple[int, int]] = []
+        self.kv_versions: list[tuple[int, int]] = []
         self.turns: list[Turn] = []
 
     @property
@@ -165,6 +176,7 @@ class TrajectoryBuilder:
             raise ValueError(f"engine returned {len(lps)} logprobs for {len(ids)} tokens")
         self.logprobs.extend(lps)
         append_segments(self.versions, result_segments(result))
+        append_segments(self.kv_versions, result.kv_version_segments or result_segments(result))
 
     def add_context(self, ids: list[int], images: Sequence[bytes] = ()) -> None:
         """Append tokens the loop added (tool results, template glue): mask 0, logprob 0.  ``images``: the
@@ -227,6 +239,7 @@ class TrajectoryBuilder:
             finish_reason=finish_reason,
             turns=self.turns,
             weight_versions=list(self.versions),
+            kv_weight_versions=list(self.kv_versions) if self.kv_versions != self.versions else [],
             metrics=metrics,
             images=self.images,
             image_spans=self.image_spans,

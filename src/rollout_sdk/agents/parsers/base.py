@@ -32,13 +32,16 @@ class ToolCall(msgspec.Struct):
     ``id`` is deterministic (``call_0``, ``call_1``, ... in text order, counting on from the calls of
     earlier turns when the caller says how many there were: ``parse(text, calls_before=n)``; formats whose
     model writes an id keep the model's) so that replaying the same conversation yields the same ids;
-    ``raw`` is the text the call was parsed from.
+    ``raw`` is the text the call was parsed from.  ``id_in_text``: the model wrote the id (Kimi-K2's
+    ``functions.f:IDX``, Mistral's ``"id"`` or ``[CALL_ID]``); a template writes it back into the
+    conversation, so whoever hands the call out (the gateway) must keep it as written.
     """
 
     name: str
     arguments: dict[str, Any]
     id: str = ""
     raw: str = ""
+    id_in_text: bool = False
 
 
 class ParseError(msgspec.Struct):
@@ -216,6 +219,12 @@ class _Parser:
 
     #: where a call can start (the format's opening markers); see :meth:`call_start`
     openers: tuple[str, ...] = ()
+
+    def required_id(self, n: int) -> str | None:
+        """The id this format's chat templates require for the conversation's ``n``-th call (from 0) when
+        the model wrote none, or None when any string will do (most formats: templates drop the ids).
+        The gateway hands out these ids, counting the session's calls, instead of its own."""
+        return None
 
     def parse(self, text: str, *, calls_before: int = 0) -> ParsedTurn:
         """Split ``text`` into prose, calls (in text order, deterministic ids) and errors.

@@ -67,7 +67,10 @@ class MistralParser(_Parser):
         if not items:
             out.error(ParseError("not_object", f"an empty list of tool calls: expected {self.call_format}", raw))
         for item in items:
-            out.add(_call_from_value(item, raw, self._id(out, item)))
+            call = _call_from_value(item, raw, self._id(out, item))
+            if isinstance(call, ToolCall):
+                call.id_in_text = _given_id(item) is not None
+            out.add(call)
         return t.skip_ws(value.end)
 
     def _compact(self, t: _Text, start: int, at: int, bound: int, out: _Collector) -> int:
@@ -94,13 +97,20 @@ class MistralParser(_Parser):
         if isinstance(arguments, str):
             out.error(ParseError("bad_json" if value.problem else "bad_arguments_type", arguments, raw))
         else:
-            out.call(ToolCall(name=name, arguments=arguments, id=call_id or self._id(out, None), raw=raw))
+            given = bool(call_id)
+            out.call(ToolCall(name, arguments, id=call_id or self._id(out, None), raw=raw, id_in_text=given))
         return value.end if value.problem else t.skip_ws(value.end)
 
     def _id(self, out: _Collector, item: Any) -> str:
-        given = item.get("id") if isinstance(item, dict) else None
-        return (
-            given
-            if isinstance(given, str) and given.strip()
-            else f"call{(out.first_id + len(out.calls)) % 100_000:05d}"
-        )
+        given = _given_id(item)
+        return given if given is not None else self.required_id(out.first_id + len(out.calls))
+
+    def required_id(self, n: int) -> str:
+        """Mistral's templates refuse ids other than nine letters or digits: ``call`` and five digits."""
+        return f"call{n % 100_000:05d}"
+
+
+def _given_id(item: Any) -> str | None:
+    """The id the model wrote in a JSON call object (``"id": "..."``), if any."""
+    given = item.get("id") if isinstance(item, dict) else None
+    return given if isinstance(given, str) and given.strip() else None

@@ -115,7 +115,8 @@ class _SectionCalls(_Parser):
         if isinstance(arguments, str):
             out.error(ParseError("bad_arguments_type", arguments, raw))
         else:
-            out.call(ToolCall(name=head.name, arguments=arguments, id=head.id or out.next_id(), raw=raw))
+            call_id = head.id or out.next_id()
+            out.call(ToolCall(name=head.name, arguments=arguments, id=call_id, raw=raw, id_in_text=bool(head.id)))
         return stop
 
     def _head(self, text: str, out: _Collector) -> _Head:

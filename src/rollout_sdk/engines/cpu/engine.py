@@ -106,6 +106,7 @@ class CpuEngine(Engine):
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._wake = asyncio.Event()
         self._gate = Gate()  # held by a pause and while memory is released
+        self._updating = asyncio.Lock()
         self._step_idle = asyncio.Event()
         self._step_idle.set()
         self._released: set[str] = set()
@@ -420,19 +421,20 @@ class CpuEngine(Engine):
         """Load weights between two steps.  ``keep``: running rows go on with their KV; ``reprefill``: they
         are re-prefilled on the new weights (``prompt + tokens so far``) in the next step: the step loop is
         held until they are queued again, so none is left out of both the batch and the queue."""
-        if inflight == "keep":
-            await self._in_worker(self._runner.apply_weights, named, version, "keep")
-        else:
-            self._gate.hold("update")
-            try:
-                await self._step_idle.wait()
-                retracted = await self._in_worker(self._runner.apply_weights, named, version, "reprefill")
-                self._scheduler.requeue_front(retracted)
-            finally:
-                if self._gate.release("update"):
-                    self._wake.set()
-        if version is not None:
-            self._weight_version = version
+        async with self._updating:  # control calls run concurrently: one weight change at a time
+            if inflight == "keep":
+                await self._in_worker(self._runner.apply_weights, named, version, "keep")
+            else:
+                self._gate.hold("update")
+                try:
+                    await self._step_idle.wait()
+                    retracted = await self._in_worker(self._runner.apply_weights, named, version, "reprefill")
+                    self._scheduler.requeue_front(retracted)
+                finally:
+                    if self._gate.release("update"):
+                        self._wake.set()
+            if version is not None:
+                self._weight_version = version
 
     async def init_weight_group(self, msg: InitWeightGroup) -> None:
         if msg.group_name in self._groups:

@@ -1,18 +1,21 @@
 """The SGLang engine's control side: the gate, checkpoints, pause, memory and weight updates.
 
-SGLang returns a request's tokens only when it ends, so it cannot say where in a request the weights
-changed.  Every weight change therefore happens with nothing running inside SGLang: new requests wait at
-the *gate*, running ones are *checkpointed* (aborted inside SGLang, their tokens so far kept) and continued
-after the change as ``prompt + tokens so far`` with the remaining budget.  Each part is tagged with the
-version it ran on, so ``version_segments`` are exact; the continuation is re-prefilled on the new weights
-(SGLang's ``retract``) under ``inflight="reprefill"``; under ``inflight="keep"`` it goes on under the prefix-cache
-namespace its KV was cached under and takes all but its last token from the cache (nothing recomputed;
-``kv_version_segments`` says so).  Every part carries its namespace as SGLang's ``extra_key``, a generation
-bumped at every weight change, so no new request reuses KV of older weights (issue 41, :meth:`Control.kv_namespace`).
-``pause('retract')`` and ``pause('in_place')`` hold requests the same way
-(SGLang's own ``in_place`` keeps stale KV and hides the split point); ``pause('abort')`` returns them.
+SGLang returns a request's tokens only when it ends and does not say where in a request the weights changed.
+So a weight change happens in one of two ways, both exact.  *Checkpointed* (``inflight="reprefill"``, and
+``keep`` where in place is not available): new requests wait at the *gate*, running ones are aborted inside
+SGLang with their tokens so far kept and continued after the change as ``prompt + tokens so far`` with the
+remaining budget, each part tagged with the version it ran on.  Under ``reprefill`` the continuation is
+re-prefilled on the new weights (SGLang's ``retract``); under ``keep`` it goes on under the prefix-cache
+namespace its KV was cached under and takes all but its last token from the cache.  *In place* (``keep`` where
+our scheduler patch answers, inplace.py): SGLang pauses with its batch and KV kept, the patch records each
+running request's tokens at the pause (the split point, exactly), the weights change and decoding resumes;
+only requests still queued inside SGLang are checkpointed (:meth:`Control._update`).  ``kv_version_segments``
+says which tokens were sampled from KV of older weights.  Every part carries its namespace as SGLang's
+``extra_key``, a generation bumped at every weight change, so no new request reuses KV of older weights
+(issue 41, :meth:`Control.kv_namespace`).  ``pause('retract')`` and ``pause('in_place')`` hold requests by
+checkpoint (a pause has no weights to keep KV for); ``pause('abort')`` returns them.
 
-Other traps handled here (../shared/PITFALLS.md):
+Other traps handled here (docs/design.md, "SGLang inside our event loop"):
 
 * ``flush_cache=True`` inside a weight update asserts in the scheduler (killing it) unless idle: updates
   go with ``flush_cache=False`` and a separate ``flush_cache`` call whose result is checked.
@@ -32,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..._aio import await_unless
@@ -46,6 +49,7 @@ from ...protocol import (
     UpdateWeightsFromIpc,
 )
 from .config import SglangEngineConfig
+from .inplace import KEY
 
 __all__ = ["Control", "Flight"]
 
@@ -56,7 +60,7 @@ T = TypeVar("T")
 class Flight:
     """One request of ours: possibly several SGLang requests (parts), one per weight version."""
 
-    __slots__ = ("held", "kv_epoch", "kv_key", "kv_version", "sid", "slot", "task", "user_aborted", "wake")
+    __slots__ = ("held", "kv_epoch", "kv_key", "kv_version", "sid", "slot", "splits", "task", "user_aborted", "wake")
 
     def __init__(self) -> None:
         self.sid = ""
@@ -64,6 +68,8 @@ class Flight:
         self.kv_key: int | None = None
         self.kv_version = 0  # the weight version then
         self.kv_epoch = 0
+        #: (output tokens of the running part, weight version from there on): in-place updates it ran across
+        self.splits: list[tuple[int, int]] = []
         self.slot = False  # holds a place in the engine's decode window (engine.py)
         self.task: asyncio.Future[Any] | None = None
         self.held = False  # checkpointed: its abort result means "continue after the gate opens"
@@ -90,6 +96,9 @@ class Host(Protocol):
     def dead(self) -> BaseException | None: ...
     @property
     def flights(self) -> dict[str, Flight]: ...
+    @property
+    def weight_version(self) -> int: ...
+    def is_direct(self, sid: str) -> bool: ...
     async def wait_dead(self) -> BaseException: ...
     async def set_weight_version(self, version: int) -> None: ...
     def abort_part(self, sid: str) -> None: ...
@@ -112,6 +121,17 @@ class Control:
         #: the prefix cache's namespace: bumped at every change of weights or version (an update without a
         #: version changes the weights too), so new requests never meet KV of older weights
         self.kv_generation = 0
+        #: SGLang's scheduler pauses in place and records each request's tokens (inplace.py, our plugin):
+        #: ``keep`` updates leave running requests decoding on their KV (probed at start; False: every
+        #: update checkpoints and resubmits)
+        self.inplace = False
+        #: parts stopped inside SGLang and continued as new requests (checkpoints), and parts an update left
+        #: running in place: what updates cost the requests in flight
+        self.checkpointed = 0
+        self.kept_in_place = 0
+        #: one weight change at a time: control calls run concurrently, and two updates overlapping would
+        #: open the gate (or resume SGLang) while the other still loads
+        self._updating = asyncio.Lock()
 
     @property
     def _tm(self) -> Any:
@@ -137,13 +157,18 @@ class Control:
             for flight in list(self._host.flights.values()):
                 flight.wake_up()
 
-    async def _checkpoint(self, *, hold: bool) -> None:
-        """Stop every running part inside SGLang (the gate is closed, so no new one starts).  ``hold``: each
-        continues from its tokens when the gate opens; otherwise each returns its partial tokens."""
+    async def _checkpoint(self, *, hold: bool, skip: frozenset[str] = frozenset()) -> None:
+        """Stop every running part inside SGLang (the gate is closed, so no new one starts) but those in
+        ``skip`` (sids).  ``hold``: each continues from its tokens when the gate opens; otherwise each
+        returns its partial tokens."""
+        first = True
         while True:
-            running = [f for f in self._host.flights.values() if f.running]
+            running = [f for f in self._host.flights.values() if f.running and f.sid not in skip]
             if not running:
                 return
+            if first and hold:
+                self.checkpointed += len(running)
+                first = False
             for f in running:
                 f.held = hold and not f.user_aborted
                 self._host.abort_part(f.sid)
@@ -159,6 +184,67 @@ class Control:
             yield
         finally:
             self._open("update")
+
+    async def probe_inplace(self) -> bool:
+        """Whether SGLang's scheduler has our in-place patch (inplace.py): its internal state says so."""
+        states = await self.call(self._tm.get_internal_state())
+        self.inplace = bool(states) and isinstance(states[0], dict) and KEY in states[0]
+        return self.inplace
+
+    @contextlib.asynccontextmanager
+    async def _in_place(self) -> AsyncIterator[list[tuple[Flight, int]] | None]:
+        """SGLang paused in place within: requests that hold KV in the scheduler stay in its batch and go on
+        after the resume; yields each with its output tokens at the pause (the split point).  Those still
+        queued inside SGLang (no KV yet) are checkpointed as in :meth:`_quiesced`.  Yields None for
+        the block, where the split points cannot be had (the scheduler could not record them): the caller
+        checkpoints instead, after SGLang resumes at the block's end."""
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput, PauseGenerationReqInput
+
+        self._hold("update")
+        paused = False
+        try:
+            await self.call(self._tm.pause_generation(PauseGenerationReqInput(mode="in_place")))
+            paused = True
+            states = await self.call(self._tm.get_internal_state())
+            counts = (states[0].get(KEY) or {}).get("counts") if states and isinstance(states[0], dict) else None
+            if not isinstance(counts, dict):
+                log.warning("SGLang could not record its requests at an in-place pause: checkpointing them")
+                yield None
+                return
+            kept = [(f, counts[f.sid]) for f in self._host.flights.values() if f.running and f.sid in counts]
+            # queued ones hold no KV: aborted at once by the paused scheduler, continued after the gate opens
+            await self._checkpoint(hold=True, skip=frozenset(f.sid for f, _ in kept))
+            yield kept
+        finally:
+            if paused and self._host.dead is None:
+                # no empty_cache: an update allocates little on the engine's side (IPC buckets are the
+                # trainer's memory, broadcasts land in the parameters), and it would lengthen the pause
+                await self.call(self._tm.continue_generation(ContinueGenerationReqInput(torch_empty_cache=False)))
+            self._open("update")
+
+    async def _update(
+        self, load: Callable[[], Awaitable[None]], version: int | None, flush_cache: bool, inflight: InflightMode
+    ) -> None:
+        """Run ``load`` (SGLang's weight calls) with nothing sampling meanwhile, then finish the update.
+        ``keep`` where the scheduler can pause in place (:meth:`_in_place`) and every running part took the
+        direct path (a request on the tokenizer manager's path waits for SGLang's pause inside the tokenizer
+        manager, where no abort reaches it): running requests stay in SGLang's batch, nothing is aborted or
+        prefilled again, and each records where its tokens switched weights.  Otherwise every running part
+        is checkpointed (:meth:`_quiesced`)."""
+        async with self._updating:
+            flights = self._host.flights.values()
+            if inflight == "keep" and self.inplace and all(self._host.is_direct(f.sid) for f in flights if f.running):
+                async with self._in_place() as kept:
+                    if kept is not None:
+                        await load()
+                        await self._finish_update(version, flush_cache, inflight)
+                        for flight, n in kept:
+                            flight.splits.append((n, self._host.weight_version))
+                        self.kept_in_place += len(kept)
+                        return
+            async with self._quiesced():
+                await load()
+                await self._finish_update(version, flush_cache, inflight)
 
     # -- the prefix cache's namespaces -------------------------------------------------------------
 
@@ -289,9 +375,9 @@ class Control:
             # the trainer is broadcasting already: receive every bucket under names SGLang skips, load nothing
             await self._receive_distributed(msg.group_name, _discarded(msg.buckets))
             raise WeightUpdateError("; ".join(problems), applied=False)
-        async with self._quiesced():
-            await self._receive_distributed(msg.group_name, msg.buckets)
-            await self._finish_update(msg.version, msg.flush_cache, msg.inflight)
+        await self._update(
+            lambda: self._receive_distributed(msg.group_name, msg.buckets), msg.version, msg.flush_cache, msg.inflight
+        )
 
     async def _receive_distributed(self, group_name: str, buckets: list[list[TensorMeta]]) -> None:
         from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
@@ -335,7 +421,8 @@ class Control:
             raise WeightUpdateError("; ".join(problems), applied=False)
         # every handle is checked (allowlisted storage class and dtypes) before any bucket is applied
         payloads = [sglang_bucket_payload(h, b) for h, b in zip(msg.handles, msg.buckets, strict=True)]
-        async with self._quiesced():
+
+        async def load() -> None:
             for i, payload in enumerate(payloads):
                 ok, text = await self.call(
                     self._tm.update_weights_from_tensor(
@@ -349,7 +436,8 @@ class Control:
                     )
                 )
                 _check_bucket(ok, text, i, len(msg.buckets))
-            await self._finish_update(msg.version, msg.flush_cache, msg.inflight)
+
+        await self._update(load, msg.version, msg.flush_cache, msg.inflight)
 
     async def _finish_update(self, version: int | None, flush_cache: bool, inflight: InflightMode) -> None:
         """The weights changed (quiesced: nothing runs inside SGLang).  ``reprefill``: every held request

@@ -4,7 +4,8 @@ SGLang's ``Engine`` methods other than ``async_generate`` are synchronous wrappe
 loop; inside ours we call its tokenizer manager's coroutines instead (``tm.generate_request``,
 ``tm.abort_request``, ``tm.update_weights_from_distributed``, ...), as the RL frameworks do.  This module
 holds the lifecycle and generation; :mod:`.control` the gate, pause, memory and weight updates;
-:mod:`.config` the configuration.  The traps handled here (../shared/PITFALLS.md, docs/design.md):
+:mod:`.config` the configuration.  The traps handled here (docs/design.md, "SGLang inside our event
+loop", lists them all):
 
 * ``sglang.Engine(...)`` blocks for minutes: it is built in a thread this engine owns and keeps alive
   (its scheduler processes are killed when the thread that forked them exits).  It replaces the root
@@ -203,6 +204,8 @@ class SglangEngine(Engine):
         size = self._decode_window_size(tm.server_args)
         if size is not None:
             self._window = DecodeWindow(size)
+        if self.config.incremental_eviction and self._path is not None:
+            await self._control.probe_inplace()  # our plugin's scheduler patch: ``keep`` updates in place
         if self.config.freeze_gc:
             await self._freeze_gc()
         if self.config.keep_session_kv:
@@ -527,7 +530,8 @@ class SglangEngine(Engine):
                 # a continuation of a part that made tokens: what it computed again (a part checkpointed before
                 # it started made nothing, and its continuation's prefill is its first)
                 again = seq_len if parts.ids else 0
-                kind = parts.add(done, version, kv, again)
+                kind = parts.add(done, version, kv, again, splits=flight.splits)
+                flight.splits = []
                 self.reprefilled_tokens += max(0, again - 1 - done.cached_tokens) if again else 0
                 if req.return_routed_experts:
                     parts.add_routed(done.routed, seq_len + len(done.ids), self._top_k)
@@ -702,6 +706,10 @@ class SglangEngine(Engine):
         start (a random prefix) without a system call per request."""
         self._sid_count += 1
         return f"{self._sid_prefix}{self._sid_count:012x}"
+
+    def is_direct(self, sid: str) -> bool:
+        """Whether SGLang request ``sid`` took the direct path (direct.py), not the tokenizer manager's."""
+        return self._path is not None and self._path.owns(sid)
 
     def abort_part(self, sid: str) -> None:
         """Stop one SGLang request (fire and forget; its result comes back with reason abort)."""

@@ -68,6 +68,7 @@ def apply(*, toggle: str | None = None) -> bool:
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
     _apply_pins(RadixCache)
+    _apply_inplace()
     missing = [name for name in _NEEDS if not hasattr(RadixCache, name)]
     if missing:
         log.warning("not patching SGLang's radix cache eviction: RadixCache lacks %s", ", ".join(missing))
@@ -133,6 +134,18 @@ def apply(*, toggle: str | None = None) -> bool:
     _applied = True
     log.info("SGLang radix cache: incremental eviction in process %d%s", os.getpid(), " (toggle)" if _toggle else "")
     return True
+
+
+def _apply_inplace() -> None:
+    """In-place weight updates with exact split points (:mod:`.inplace`): patches SGLang's scheduler."""
+    try:
+        from sglang.srt.managers.scheduler import Scheduler
+    except Exception as exc:  # an SGLang without the scheduler module we know
+        log.warning("no in-place weight updates: %s", exc)
+        return
+    from . import inplace
+
+    inplace.apply(Scheduler)
 
 
 _pins_applied = False

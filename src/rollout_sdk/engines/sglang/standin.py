@@ -57,9 +57,11 @@ def standin_seed(ids: list[int], mm: tuple[Any, ...] = ()) -> int:
     return h
 
 
-def standin_next(h: int, vocab_size: int) -> tuple[int, int]:
-    """The stand-in's next token from its state, and the state after it."""
-    token = (h >> 7) % max(2, vocab_size - 2) + 1
+def standin_next(h: int, vocab_size: int, weights: int = 0) -> tuple[int, int]:
+    """The stand-in's next token from its state and the weights that sample it (the number of weight updates
+    the scheduler has seen), and the state after it."""
+    mixed = h if weights == 0 else _roll(h, -weights)
+    token = (mixed >> 7) % max(2, vocab_size - 2) + 1
     return token, _roll(h, token)
 
 
@@ -91,6 +93,8 @@ class StandinScheduler:
     step_s: float = 0.002
     max_running: int = 1024
     vocab_size: int = 151936
+    #: answer like a scheduler with rollout-sdk's in-place patch (engines/sglang/inplace.py)
+    inplace: bool = True
 
 
 class _Req:
@@ -139,9 +143,14 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
     push = ctx.socket(zmq.PUSH)
     push.connect(output_ipc)
     interval = int(os.environ.get("SGLANG_FORCE_STREAM_INTERVAL", "50"))
+    from .inplace import KEY as inplace_key
+
     waiting: deque[_Req] = deque()
     running: dict[str, _Req] = {}
     prefilled: set[tuple[str | None, int]] = set()  # the modelled prefix cache (module docstring)
+    weights = 0  # the modelled weights: bumped by every weight update, mixed into each token it samples
+    paused = False  # SGLang's in-place pause: nothing decodes, control calls and aborts of queued ones go on
+    inplace: dict[str, Any] = {"pauses": 0, "counts": None}  # what our scheduler patch records (inplace.py)
     ready.set()
 
     def finish(req: _Req, reason: dict[str, Any]) -> tuple[_Req, dict[str, Any]]:
@@ -153,7 +162,7 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
     while True:
         if os.getppid() != parent:
             return
-        if pull.poll(0 if (running or waiting) else 100):
+        if pull.poll(0 if (running or waiting) and not paused else 100):
             while True:
                 try:
                     msg = io.sock_recv(pull, zmq.NOBLOCK)
@@ -182,6 +191,21 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
                     if ok:
                         prefilled.clear()
                     io.sock_send(push, io.FlushCacheReqOutput(success=ok))
+                elif isinstance(msg, io.PauseGenerationReqInput):
+                    paused = True
+                    if msg.mode == "in_place":
+                        counts = {rid: len(q.out) for rid, q in running.items()}  # queued ones: no KV yet
+                        inplace = {"pauses": inplace["pauses"] + 1, "counts": counts}
+                elif isinstance(msg, io.ContinueGenerationReqInput):
+                    paused = False
+                elif isinstance(msg, io.GetInternalStateReq):
+                    state = {"model_path": "standin"} | ({inplace_key: inplace} if cfg.inplace else {})
+                    io.sock_send(push, io.GetInternalStateReqOutput(internal_state=state))
+                elif isinstance(msg, io.UpdateWeightsFromTensorReqInput):
+                    weights += 1
+                    io.sock_send(push, io.UpdateWeightsFromTensorReqOutput(success=True, message="standin"))
+        if paused:
+            continue
         admitted: list[_Req] = []
         while waiting and len(running) < cfg.max_running:
             w = waiting.popleft()
@@ -201,7 +225,7 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
                 ended.append(finish(r, {"type": "abort", "message": "Abort before decoding"}))
                 continue
             if len(r.out) < r.max_new:
-                tok, r.state = standin_next(r.state, cfg.vocab_size)
+                tok, r.state = standin_next(r.state, cfg.vocab_size, weights)
                 r.out.append(tok)
                 if tok in r.stop:
                     ended.append(finish(r, {"type": "stop", "matched": tok}))

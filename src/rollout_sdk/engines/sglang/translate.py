@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,15 +171,29 @@ class Parts:
         arr = flat.reshape(tokens, flat.size // (tokens * top_k), top_k)
         self.routed = arr if self.routed is None else np.concatenate([self.routed, arr[len(self.routed) :]])
 
-    def add(self, done: Done, version: int, kv_version: int | None = None, seq_len: int = 0) -> str:
+    def add(
+        self,
+        done: Done,
+        version: int,
+        kv_version: int | None = None,
+        seq_len: int = 0,
+        *,
+        splits: Sequence[tuple[int, int]] = (),
+    ) -> str:
         """One part's end: its tokens sampled by weights ``version`` from KV as old as ``kv_version`` (a
         continuation under ``keep`` that took its KV from the cache; None: ``version``); ``seq_len``: the
-        tokens it was fed."""
+        tokens it was fed; ``splits``: ``(tokens, version)`` where an in-place update changed its weights
+        while it ran (its KV stayed: all of its tokens count as sampled from KV of the oldest version)."""
         ids = done.ids
         self.ids += ids
         if self.logprobs is not None:
             self.logprobs += [float(lp) if lp is not None else 0.0 for lp in (done.logprobs or ())][: len(ids)]
-        append_segments(self.segments, ((version, len(ids)),))  # no run for a part without tokens
+        at, current = 0, version
+        for n, new in splits:
+            n = min(max(n, at), len(ids))
+            append_segments(self.segments, ((current, n - at),))
+            at, current = n, new
+        append_segments(self.segments, ((current, len(ids) - at),))  # no run for a part without tokens
         append_segments(self.kv_segments, ((version if kv_version is None else kv_version, len(ids)),))
         if self.queue_s is None:
             self.queue_s = done.queue_s or 0.0
