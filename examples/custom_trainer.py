@@ -19,16 +19,15 @@ import contextlib
 import os
 import time
 
-# a first line before torch loads (seconds; more on a busy machine): nothing a reader runs stays silent
-if __name__ == "__main__":
-    print("custom_trainer: loading torch and the SDK ...", flush=True)
+from rollout_sdk.demos.progress import blocking_phase, phase  # light: no torch
 
-import msgspec
-import torch
+# torch loads here (seconds; 14-20 s on a machine at a load of 7): the phase says so every few seconds
+with blocking_phase("custom_trainer: loading torch and the SDK", enabled=__name__ == "__main__"):
+    import msgspec
+    import torch
 
-from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
-from rollout_sdk.demos.progress import phase
-from rollout_sdk.models import quiet_weight_loading
+    from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
+    from rollout_sdk.models import quiet_weight_loading
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 
-# a first line before torch loads (seconds; more on a busy machine): nothing a reader runs stays silent
-if __name__ == "__main__":
-    print("gateway_trainer: loading torch and the SDK ...", flush=True)
+from rollout_sdk.demos.progress import blocking_phase, phase  # light: no torch
 
-import aiohttp
-import torch
+# torch loads here (seconds; 14-20 s on a machine at a load of 7): the phase says so every few seconds
+with blocking_phase("gateway_trainer: loading torch and the SDK", enabled=__name__ == "__main__"):
+    import aiohttp
+    import torch
 
-from rollout_sdk import RolloutClient
-from rollout_sdk.agents import Trajectory
-from rollout_sdk.gateway import Gateway, SessionHandle
-from rollout_sdk.models import quiet_weight_loading
+    from rollout_sdk import RolloutClient
+    from rollout_sdk.agents import Trajectory
+    from rollout_sdk.gateway import Gateway, SessionHandle
+    from rollout_sdk.models import quiet_weight_loading
 
 
 async def agent(base_url: str, model: str, question: str, *, seed: int, turns: int = 2) -> str:
@@ -83,19 +84,28 @@ def policy_step(
     return float(loss.item()), gaps
 
 
-async def train(args: argparse.Namespace) -> dict[str, float]:
+def load_policy(path: str) -> torch.nn.Module:
+    """The trainer's copy of the engine's model (transformers loads here: call it off the event loop)."""
     from transformers import AutoModelForCausalLM
 
+    with quiet_weight_loading():  # no "Loading weights" bar in the example's output
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+async def train(args: argparse.Namespace) -> dict[str, float]:
     questions = [f"What is {i} + {i}?" for i in range(args.prompts)]
     summary: dict[str, float] = {}
-    async with RolloutClient() as client, Gateway(client) as gw:
-        print(f"gateway at {gw.url} serving {gw.model_name!r}")
-        with quiet_weight_loading():  # no "Loading weights" bar in the example's output
-            policy = await asyncio.to_thread(
-                AutoModelForCausalLM.from_pretrained, client.model_path, dtype=torch.float32
-            )
+    # each phase says it starts, and every few seconds that it still runs (rollout_sdk.demos.progress.phase)
+    async with contextlib.AsyncExitStack() as stack:
+        async with phase("starting the engine and the gateway"):
+            client = await stack.enter_async_context(RolloutClient())
+            gw = await stack.enter_async_context(Gateway(client))
+        print(f"gateway at {gw.url} serving {gw.model_name!r}", flush=True)
+        async with phase(f"loading the trainer's copy of {client.model_path}"):
+            policy = await asyncio.to_thread(load_policy, client.model_path)
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
-        await client.init_weight_sync(backend="gloo")
+        async with phase("joining the engine's weight-sync group (gloo)"):
+            await client.init_weight_sync(backend="gloo")
         for step in range(args.steps):
             t0 = time.perf_counter()
             # one session per rollout: the agent only gets a base URL
@@ -105,12 +115,13 @@ async def train(args: argparse.Namespace) -> dict[str, float]:
                 answer = await agent(s.base_url, gw.model_name, q, seed=1000 * step + k)
                 gw.reward(s.id, reward(answer))  # sets the session's reward and finishes it
 
-            await asyncio.gather(*(rollout(k, q, s) for k, (q, s) in enumerate(sessions)))
             by_session: dict[str, Trajectory] = {}
-            async for traj in gw.trajectories():
-                by_session[traj.id] = traj
-                if len(by_session) == len(sessions):
-                    break
+            async with phase(f"step {step}: {len(sessions)} agents through the gateway"):
+                await asyncio.gather(*(rollout(k, q, s) for k, (q, s) in enumerate(sessions)))
+                async for traj in gw.trajectories():
+                    by_session[traj.id] = traj
+                    if len(by_session) == len(sessions):
+                        break
             t_rollout = time.perf_counter() - t0
             # a group per question: its `group` rollouts
             groups = [
@@ -118,10 +129,11 @@ async def train(args: argparse.Namespace) -> dict[str, float]:
                 for i in range(len(questions))
             ]
             # in a worker thread: the event loop (the gateway, the embedded engine's server) keeps running
-            loss, gaps = await asyncio.to_thread(policy_step, policy, optimizer, groups)
-            sync = await client.update_weights(
-                [(n, p.detach()) for n, p in policy.named_parameters()], version=step + 1
-            )
+            async with phase(f"step {step}: policy step and weight sync"):
+                loss, gaps = await asyncio.to_thread(policy_step, policy, optimizer, groups)
+                sync = await client.update_weights(
+                    [(n, p.detach()) for n, p in policy.named_parameters()], version=step + 1
+                )
             trajs = list(by_session.values())
             summary = {
                 "step": float(step),

@@ -20,18 +20,17 @@ import contextlib
 import time
 from typing import Any
 
-# a first line before torch loads (seconds; more on a busy machine): nothing a reader runs stays silent
-if __name__ == "__main__":
-    print("vl_trainer: loading torch and the SDK ...", flush=True)
+from rollout_sdk.demos.progress import blocking_phase, phase  # light: no torch
 
-import msgspec
-import torch
+# torch loads here (seconds; 14-20 s on a machine at a load of 7): the phase says so every few seconds
+with blocking_phase("vl_trainer: loading torch and the SDK", enabled=__name__ == "__main__"):
+    import msgspec
+    import torch
 
-from rollout_sdk import CpuEngineConfig, GenerateRequest, GenerateResult, RolloutClient, SamplingParams
-from rollout_sdk.demos.progress import phase
-from rollout_sdk.models import ensure_tiny_vl_model
-from rollout_sdk.models.tiny_vl import noise_png
-from rollout_sdk.models.vision import ImageProcessor, load_image_processor
+    from rollout_sdk import CpuEngineConfig, GenerateRequest, GenerateResult, RolloutClient, SamplingParams
+    from rollout_sdk.models import ensure_tiny_vl_model
+    from rollout_sdk.models.tiny_vl import noise_png
+    from rollout_sdk.models.vision import ImageProcessor, load_image_processor
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:

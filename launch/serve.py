@@ -5,9 +5,13 @@
 
 Clients elsewhere connect with the job's store address (MASTER_ADDR:MASTER_PORT, printed at start):
     RolloutClient(discovery=StoreDiscovery("host:port"))   or   ROLLOUT_SDK_STORE=host:port
+
+The rank leaves through ``exit_process`` once it has stopped (as ``python -m rollout_sdk.launch`` does): the
+interpreter's finalization of torch alone took seconds per rank on a loaded machine (issue 37).
 """
 
 from rollout_sdk.launch import run
+from rollout_sdk.launch.cli import exit_process
 
 if __name__ == "__main__":
-    raise SystemExit(run(None))
+    exit_process(run(None))

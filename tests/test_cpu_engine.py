@@ -268,3 +268,14 @@ async def test_probation_requests_report_their_first_step_before_they_end(engine
         engine.step_listener = None
     assert all(len(r.output_ids) == 3 for r in results)  # type: ignore[attr-defined]
     assert sorted(stepped) == [("p0", False), ("p2", False)]
+
+
+async def test_prefill_progress_counts_the_prompt_tokens_prefilled(engine: CpuEngine) -> None:
+    """The stall detector's prefill counter (server/stall.py) grows by the tokens a step prefills, and
+    progress() by the tokens it decodes: a one-token request with a 300-token prompt is 300 and 1."""
+    rnd = random.Random(37)
+    prompt = [rnd.randrange(100, 150000) for _ in range(300)]
+    decoded, prefilled = engine.progress(), engine.prefill_progress()
+    await engine.generate(_req(prompt, "progress-prefill", max_new_tokens=1))
+    assert engine.prefill_progress() - prefilled == len(prompt)
+    assert engine.progress() - decoded == 1

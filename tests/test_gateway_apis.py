@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import anthropic
+import httpx
 import msgspec
 import openai
 import pytest
@@ -483,10 +484,16 @@ async def test_agents_sdk_streamed_run_and_langchain_on_the_responses_api(fake_s
         await oa.close()
         assert run.final_output == "The sum is 42." and "raw_response_event" in kinds
         lc = gw.session()
-        llm = lc_openai.ChatOpenAI(
-            base_url=lc.base_url, api_key="x", model=gw.model_name, max_retries=0, use_responses_api=True
-        )
-        ai = await llm.bind_tools([CHAT_TOOL]).ainvoke("20+22?")  # LangChain parses function_call items
+        async with httpx.AsyncClient() as http:  # LangChain's own is process-wide and never closed (conftest)
+            llm = lc_openai.ChatOpenAI(
+                base_url=lc.base_url,
+                api_key="x",
+                model=gw.model_name,
+                max_retries=0,
+                use_responses_api=True,
+                http_async_client=http,
+            )
+            ai = await llm.bind_tools([CHAT_TOOL]).ainvoke("20+22?")  # LangChain parses function_call items
         assert [(c["name"], c["args"]) for c in ai.tool_calls] == [("add", {"a": 20, "b": 22})]
         assert [n.response_id[:5] for n in gw.get_session(s.id).nodes] == ["resp_", "resp_"]
         assert [n.response_id[:5] for n in gw.get_session(lc.id).nodes] == ["resp_"]

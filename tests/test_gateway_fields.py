@@ -242,6 +242,8 @@ async def test_langchain_anthropic_reads_the_streamed_usage(fake_servers, tok) -
         total = None
         async for chunk in llm.astream("hi"):
             total = chunk if total is None else total + chunk
+        # its httpx client is a process-wide cached one per base_url, never closed (conftest): this test's
+        await llm._async_client.close()
         assert total is not None and total.content == "two words"
         (req, result), *_ = client.calls
         usage = total.usage_metadata

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import msgspec
 import pytest
 import pytest_asyncio
@@ -169,10 +170,11 @@ async def test_langchain_chat_openai_with_bound_tools(env: Env) -> None:
     from langchain_core.messages import HumanMessage, ToolMessage
 
     sample = question()
-    async with aiohttp.ClientSession() as http:
+    # LangChain's own httpx client is process-wide and never closed (conftest): the test's is closed
+    async with aiohttp.ClientSession() as http, httpx.AsyncClient() as lc_http:
         s = await env.session(http, question=sample["expression"])
         llm = lc_openai.ChatOpenAI(
-            base_url=s["base_url"], api_key="unused", model=env.gw.model_name, max_retries=0
+            base_url=s["base_url"], api_key="unused", model=env.gw.model_name, max_retries=0, http_async_client=lc_http
         ).bind_tools([{"type": "function", "function": SCHEMA}])
         history: list[Any] = [HumanMessage(sample["messages"][0]["content"])]
         ai = await llm.ainvoke(history)

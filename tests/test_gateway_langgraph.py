@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 
 from rollout_sdk.gateway import Gateway
@@ -33,11 +34,18 @@ async def test_langgraph_react_agent_is_exact_tokens(env: tuple[Gateway, Any]) -
         calculator, name=SCHEMA["name"], description=SCHEMA["description"], args_schema=SCHEMA["parameters"]
     )
     s = gw.session()
-    llm = lc_openai.ChatOpenAI(
-        base_url=s.base_url, api_key="unused", model=gw.model_name, max_retries=0, temperature=0.0, max_tokens=48
-    )
-    agent = prebuilt.create_react_agent(llm, [tool])
-    out = await agent.ainvoke({"messages": [("user", sample["messages"][0]["content"])]})
+    async with httpx.AsyncClient() as http:  # LangChain's own is process-wide and never closed (conftest)
+        llm = lc_openai.ChatOpenAI(
+            base_url=s.base_url,
+            api_key="unused",
+            model=gw.model_name,
+            max_retries=0,
+            temperature=0.0,
+            max_tokens=48,
+            http_async_client=http,
+        )
+        agent = prebuilt.create_react_agent(llm, [tool])
+        out = await agent.ainvoke({"messages": [("user", sample["messages"][0]["content"])]})
     assert any(m.type == "tool" for m in out["messages"])  # a real tool call, run by LangGraph
     assert str(sample["answer"]) in str(out["messages"][-1].content)
     check_tool_loop_recorded(gw, s, tok)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from rollout_sdk.gateway import Gateway
 from rollout_sdk.tasks import calculator as calc
@@ -19,6 +21,14 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 litellm = pytest.importorskip("litellm")
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", autouse=True)
+async def _litellm_clients_closed() -> AsyncIterator[None]:
+    """litellm caches its HTTP clients process-wide: closed after the module, else their sockets stay open
+    until the interpreter exits ("unclosed transport" after pytest's last line, issue 37)."""
+    yield
+    await litellm.close_litellm_async_clients()
 
 
 async def _call(gw: Gateway, key: str, messages: list[dict[str, Any]], stream: bool) -> dict[str, Any]:

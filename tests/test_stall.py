@@ -61,6 +61,43 @@ def test_nothing_running_is_never_a_stall_and_ends_one() -> None:
     assert not d.stalled
 
 
+def feed_mix(
+    d: StallDetector, start: float, seconds: int, *, rate: float, prefill: float, running: int, p0: tuple[int, int]
+) -> tuple[tuple[int, int], list]:
+    """As ``feed``, with ``prefill`` prompt tokens/s per running request counted too."""
+    (p, q), lines = p0, []
+    for i in range(seconds):
+        p, q = p + int(rate * running), q + int(prefill * running)
+        line = d.observe(Sample(t=start + i, progress=p, running=running, prefilled=q))
+        if line:
+            lines.append(line)
+    return (p, q), lines
+
+
+def test_a_prefill_burst_is_not_compared_with_decoding() -> None:
+    """Issue 37: the demo's CPU engine decodes ~5x fewer tokens per request while it prefills 128 second
+    turns; that window is compared only with windows of a similar prefill share, so it is no stall, and
+    neither is the decoding after a prefill-heavy start; a collapse at the same mix still is."""
+    d = StallDetector(window_s=5, ratio=0.25, history_s=60)
+    pq, lines = feed_mix(d, 0, 15, rate=2, prefill=40, running=128, p0=(0, 0))  # first turns' prefill
+    pq, more = feed_mix(d, 15, 15, rate=20, prefill=0, running=128, p0=pq)  # decoding
+    lines += more
+    pq, more = feed_mix(d, 30, 15, rate=3, prefill=60, running=100, p0=pq)  # second turns' prefill
+    lines += more
+    assert not d.stalled and lines == [] and d.stalls == 0
+    _, lines = feed_mix(d, 45, 15, rate=2, prefill=0, running=100, p0=pq)  # decoding collapses
+    assert d.stalled and len(lines) == 1 and "collapsed" in lines[0]
+
+
+def test_without_a_prefill_count_the_burst_is_a_stall() -> None:
+    """The same burst from an engine that does not count its prefills (progress only): the rule cannot
+    tell it from a collapse; why the CPU engine counts them."""
+    d = StallDetector(window_s=5, ratio=0.25, history_s=60)
+    p, _ = feed(d, 0, 15, rate=20, running=128)
+    _, lines = feed(d, 15, 15, rate=3, running=100, p0=p)
+    assert d.stalled and len(lines) == 1
+
+
 def test_a_late_tick_is_a_loop_stall_until_the_next_timely_one() -> None:
     d = StallDetector(window_s=5, loop_lag_s=2.0, history_s=60)
     assert d.observe(Sample(t=0, progress=None, running=3, lag_s=0.01)) is None
@@ -88,9 +125,13 @@ async def _until(cond, what: str, timeout: float = 120.0) -> None:
     assert cond(), what
 
 
-async def test_a_server_reports_an_engine_that_slows_down_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("warns", [True, False])
+async def test_a_server_reports_an_engine_that_slows_down_and_recovers(
+    caplog: pytest.LogCaptureFixture, warns: bool
+) -> None:
     """A fake engine decoding 32 long requests is slowed 50x mid-run: stats, metrics and one log line say
-    so; sped up again, the stall is over.  The requests all finish."""
+    so (a WARNING, or INFO with ``stall_warns=False``, as the embedded default logs it: issue 37); sped up
+    again, the stall is over.  The requests all finish."""
     from rollout_sdk.metrics import render_metrics
     from rollout_sdk.server.metrics import ServerMetrics
 
@@ -98,7 +139,8 @@ async def test_a_server_reports_an_engine_that_slows_down_and_recovers(caplog: p
     config = FakeEngineConfig(step_base_s=0.004, max_batch=64)
     engine = FakeEngine(config)
     metrics = ServerMetrics()
-    server = EngineServer(engine, ServerConfig(stall_window_s=0.5, server_id="stall-test"), metrics=metrics)
+    config = ServerConfig(stall_window_s=0.5, server_id="stall-test", stall_warns=warns)
+    server = EngineServer(engine, config, metrics=metrics)
     async with server, RolloutClient(servers=[server.address]) as client:
         sp = SamplingParams(max_new_tokens=100_000, ignore_eos=True)
         tasks = [asyncio.create_task(client.generate([1, 2, 3], sampling=sp)) for _ in range(32)]
@@ -114,9 +156,26 @@ async def test_a_server_reports_an_engine_that_slows_down_and_recovers(caplog: p
         st = server.stats()
         assert st.stalled and "collapsed" in st.stall_reason
         assert b"rollout_server_engine_stalled" in render_metrics(metrics.registry)[0]
-        assert any("stall: engine progress collapsed" in r.getMessage() for r in caplog.records)
+        said = [r for r in caplog.records if "stall: engine progress collapsed" in r.getMessage()]
+        assert said and {r.levelno for r in said} == {logging.WARNING if warns else logging.INFO}
         engine.step_scale = 1.0
         await _until(lambda: not server.stats().stalled, "the stall is over")
+        assert server.stats().stalls > before
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_the_embedded_default_logs_a_stall_as_information(tiny_model) -> None:
+    """RolloutClient()'s embedded engine shares the user's machine: its stalls are INFO (issue 37: the demo
+    printed a WARNING whenever the machine's other load slowed it); a served engine's stay WARNING."""
+    from rollout_sdk import CpuEngineConfig
+    from rollout_sdk.discovery import EmbeddedServers
+
+    assert ServerConfig().stall_warns
+    embedded = EmbeddedServers(CpuEngineConfig(model_path=str(tiny_model)))
+    await embedded.open(300)
+    try:
+        assert [s.config.stall_warns for s in embedded.servers] == [False]
+    finally:
+        await embedded.close()

@@ -1,11 +1,14 @@
 """Small asyncio helpers shared by the streaming modules, the engines, the server and the client, and the
-one :class:`LifecycleGuard` that the client, the server, the gateway and the bridge keep their phase in."""
+one :class:`LifecycleGuard` that the client, the server, the gateway and the bridge keep their phase in; and
+:func:`blocking_phase`, the thread that speaks while a block holds its own thread (an import of torch)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, Self, TypeVar, overload
 
 from .errors import LifecycleError
@@ -15,6 +18,7 @@ __all__ = [
     "LifecycleState",
     "OpenedWith",
     "await_unless",
+    "blocking_phase",
     "cancel_and_wait",
     "ended_with",
     "first_exception",
@@ -221,3 +225,34 @@ class LifecycleGuard:
         """Raise unless open: ``"<owner> is <state>: <hint>"``."""
         if self.state is not LifecycleState.OPEN:
             raise self._error(f"{self.owner} is {self.state.value}: {hint}", state=self.state.value)
+
+
+@contextlib.contextmanager
+def blocking_phase(label: str, *, every_s: float = 4.0, out: Any = None, enabled: bool = True) -> Iterator[None]:
+    """:func:`phase` for a block that holds its thread, an example's ``import torch`` (14-20 s on a machine
+    at a load of 7, issue 37): a thread, not a task, says every ``every_s`` seconds that it still runs.  It is
+    joined on the way out, whatever the block raised.  ``enabled=False`` says nothing (an example imported
+    by a test, not run)."""
+    import sys
+    import time
+
+    if not enabled:
+        yield
+        return
+    stream = out or sys.stdout
+    t0 = time.perf_counter()
+    print(f"{label} ...", file=stream, flush=True)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            print(f"{label} ... still running ({time.perf_counter() - t0:.0f}s)", file=stream, flush=True)
+
+    ticker = threading.Thread(target=tick, name=f"phase-{label}")
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+    print(f"{label}: done in {time.perf_counter() - t0:.1f}s", file=stream, flush=True)

@@ -3,6 +3,8 @@
 rollout_progress(rc, total, enabled)  -- async with: a bar, and a ticker task (its child) that sets the
     |                                    bar's postfix from ``rc.stats()`` every second
     `-- on exit: the ticker is cancelled and awaited, then the bar is closed
+phase(label)                          -- async with: a line at the start, one every 4 s, one at the end
+blocking_phase(label)                 -- with: the same around a block that holds its thread (an import)
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .._aio import cancel_and_wait
+from .._aio import blocking_phase, cancel_and_wait
 
-__all__ = ["phase", "rollout_progress"]
+__all__ = ["blocking_phase", "phase", "rollout_progress"]
 
 
 class _NoBar:

@@ -115,7 +115,7 @@ class EmbeddedServers:
                 server_mod = await asyncio.to_thread(importlib.import_module, "rollout_sdk.server")
                 engines = await asyncio.to_thread(importlib.import_module, "rollout_sdk.engines.cpu")
                 for i in range(self.num_servers):
-                    config = server_mod.ServerConfig(server_id=f"embedded-{i}", dp_rank=i, auth=auth)
+                    config = server_mod.ServerConfig(server_id=f"embedded-{i}", dp_rank=i, auth=auth, stall_warns=False)
                     server = server_mod.EngineServer(engines.CpuEngine(self.engine), config)
                     await server.__aenter__()
                     self.servers.append(server)

@@ -245,6 +245,13 @@ class Engine(abc.ABC):
         server's stall detector (server/stall.py); None where the engine cannot tell.  Cheap and sync."""
         return None
 
+    def prefill_progress(self) -> int | None:
+        """A counter of the prompt tokens the engine has prefilled (cache hits not counted), or None.  The
+        stall detector compares a window only with earlier windows of a similar prefill share: a CPU step
+        that prefills a batch of next turns decodes far fewer tokens per second than a decode step, and is
+        work, not a stall.  Cheap and sync."""
+        return None
+
     # -- lifecycle hooks for trainers (optional) ---------------------------------------------------------
 
     def _unsupported(self, what: str) -> UnsupportedOperationError:

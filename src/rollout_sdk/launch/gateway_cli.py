@@ -85,6 +85,10 @@ async def run(args: argparse.Namespace) -> int:
     engine = None if args.servers else config_from_args(CpuEngineConfig, args, prefix="engine-")
     if engine is not None and engine.model_path is None:
         engine = await _tiny_model_engine(engine)
+    elif engine is not None:  # a first line at once (the engine's own start says every few seconds it goes on)
+        print(f"gateway: serving the embedded CPU engine with {engine.model_path}", file=sys.stderr, flush=True)
+    else:
+        print(f"gateway: connecting to {', '.join(args.servers)}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

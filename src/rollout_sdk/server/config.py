@@ -53,6 +53,10 @@ class ServerConfig:
     stall_window_s: float | None = 10.0
     stall_ratio: float = 0.25
     stall_loop_lag_s: float = 2.0
+    #: a stall's line is a WARNING (False: INFO, as the embedded default logs it: its engine shares the
+    #: user's own machine, where a collapse is mostly that machine's other load; stats and metrics still
+    #: report it)
+    stall_warns: bool = True
     #: the garbage collector's youngest-generation threshold while the server serves (process-wide: the
     #: interpreter has one; only ever raised, and put back on stop).  With thousands of requests in flight
     #: the default 700 runs a collection every few dozen requests and a full one every few seconds

@@ -530,10 +530,19 @@ class EngineServer:
             now = loop.time()
             lag, due = now - due, now + every
             line = self._stall.observe(
-                Sample(t=now, progress=self.engine.progress(), running=self.engine.load().running, lag_s=lag)
+                Sample(
+                    t=now,
+                    progress=self.engine.progress(),
+                    running=self.engine.load().running,
+                    lag_s=lag,
+                    prefilled=self.engine.prefill_progress(),
+                )
             )
             if line is not None:
-                (log.warning if self._stall.stalled else log.info)("server %s: %s", self.server_id, line)
+                if self._stall.stalled and hasattr(os, "getloadavg") and os.getloadavg()[0] > (os.cpu_count() or 1):
+                    line += f" (this machine's load average is {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+                warn = self._stall.stalled and self.config.stall_warns
+                (log.warning if warn else log.info)("server %s: %s", self.server_id, line)
 
     async def _watch_engine(self) -> None:
         exc = await self.engine.wait_dead()

@@ -17,7 +17,11 @@ The rule, with W = ``window_s``:
 * the *current* per-request rate is the progress of the last W seconds over W and the mean running count
   in that window, computed only while every sample of the window had requests running;
 * the *reference* is the best per-request rate of an earlier window of the last ``history_s`` (the server
-  keeps 15 minutes) whose mean running count was within 2x of the current one (the same batch, give or take);
+  keeps 15 minutes) whose mean running count was within 2x of the current one (the same batch, give or take)
+  and, for engines that count their prefilled tokens (``prefill_progress()``), whose *prefill share* (the
+  prefilled tokens' share of the window's tokens) is within ``MIX_SLACK`` of the current one (the same
+  work: on the CPU engine a window that prefills 128 second turns decodes ~5x fewer tokens per second than
+  a decode-only one, and the demo was reported stalled at each such burst, issue 37);
 * stalled when the current rate is below ``ratio`` x the reference; clear again at half the reference, or
   when nothing runs.  A tick later than ``loop_lag_s`` is a stall of the loop itself.
 
@@ -29,7 +33,10 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-__all__ = ["Sample", "StallDetector"]
+__all__ = ["MIX_SLACK", "Sample", "StallDetector"]
+
+#: two windows are the same work when their prefill shares differ by at most this much
+MIX_SLACK = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +48,8 @@ class Sample:
     progress: int | None
     running: int
     lag_s: float = 0.0
+    #: the engine's prefilled-token counter (None: not counted)
+    prefilled: int | None = None
 
 
 class StallDetector:
@@ -56,7 +65,8 @@ class StallDetector:
         self.loop_lag_s = loop_lag_s
         self.history_s = history_s
         self._samples: collections.deque[Sample] = collections.deque()
-        self._rates: collections.deque[tuple[float, float, float]] = collections.deque()  # (t, running, rate)
+        #: (t, running, rate, prefill share or None) of each past window
+        self._rates: collections.deque[tuple[float, float, float, float | None]] = collections.deque()
         self.stalled = False
         self._loop_stall = False  # the current stall is the loop's (it clears with the next timely tick)
         #: stalls seen since start
@@ -80,10 +90,16 @@ class StallDetector:
             if s.running == 0 and self.stalled:
                 return self._set(False, "no request running")
             return None
-        running, rate = now
-        earlier = (r for t, n, r in self._rates if t <= s.t - self.window_s and 0.5 * running <= n <= 2 * running)
+        running, rate, mix = now
+        earlier = (
+            r
+            for t, n, r, m in self._rates
+            if t <= s.t - self.window_s
+            and 0.5 * running <= n <= 2 * running
+            and (m is None or mix is None or abs(m - mix) <= MIX_SLACK)
+        )
         ref = max(earlier, default=None)
-        self._rates.append((s.t, running, rate))
+        self._rates.append((s.t, running, rate, mix))
         while self._rates and self._rates[0][0] < s.t - self.history_s:
             self._rates.popleft()
         if ref is None or ref <= 0:
@@ -98,8 +114,9 @@ class StallDetector:
             return self._set(False, f"progress back to {rate:.2f} tokens/s per running request (of {ref:.2f})")
         return None
 
-    def _current(self, s: Sample) -> tuple[float, float] | None:
-        """(mean running, per-request rate) over the last window, if requests ran in all of it."""
+    def _current(self, s: Sample) -> tuple[float, float, float | None] | None:
+        """(mean running, per-request rate, prefill share) over the last window, if requests ran in all of
+        it; the share is None when the engine does not count its prefills."""
         if s.progress is None:
             return None
         start = None
@@ -114,7 +131,12 @@ class StallDetector:
             return None
         running = sum(x.running for x in window) / len(window)
         dt = s.t - start.t
-        return running, max(0, s.progress - start.progress) / dt / running
+        decoded = max(0, s.progress - start.progress)
+        mix = None
+        if s.prefilled is not None and start.prefilled is not None:
+            prefilled = max(0, s.prefilled - start.prefilled)
+            mix = prefilled / (prefilled + decoded) if prefilled + decoded else 0.0
+        return running, decoded / dt / running, mix
 
     def _set(self, stalled: bool, reason: str) -> str | None:
         if stalled == self.stalled:

@@ -101,6 +101,7 @@ class CpuEngine(Engine):
         self._runner = ModelRunner(self.config)
         self._scheduler = Scheduler(self.config)
         self._decoded = 0  # tokens emitted (progress())
+        self._prefilled = 0  # tokens prefilled, cache hits excluded (prefill_progress())
         self._limits: EngineLimits | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._wake = asyncio.Event()
@@ -282,6 +283,9 @@ class CpuEngine(Engine):
     def progress(self) -> int:
         return self._decoded
 
+    def prefill_progress(self) -> int:
+        return self._prefilled
+
     def _finish(self, seq: Sequence, reason: FinishReason, matched: int | None = None) -> None:
         if seq.done:
             return
@@ -339,11 +343,12 @@ class CpuEngine(Engine):
 
     def _record(self, out: StepOutput) -> list[str]:
         """Apply one step's tokens; return the rids of probation requests this step admitted (base.py)."""
-        version, emitted, failed = out
+        version, emitted, failed, prefilled = out
         for seq, exc in failed:
             self._fail(seq, exc)
         now = time.perf_counter()
         self._decoded += len(emitted)
+        self._prefilled += prefilled
         stepped: list[str] = []
         for seq, tok, lp in emitted:
             if seq.done:

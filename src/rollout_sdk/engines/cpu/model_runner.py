@@ -53,11 +53,13 @@ _HEAD_CHUNK = 32
 
 class StepOutput(NamedTuple):
     """What one step made: the weight version it ran on, one ``(sequence, token, logprob)`` per row that
-    sampled, and the rows that failed on their own (each with its error; the engine fails just those)."""
+    sampled, the rows that failed on their own (each with its error; the engine fails just those), and the
+    tokens it prefilled, cached ones not counted (the engine's ``prefill_progress()``)."""
 
     version: int
     emitted: list[tuple[Sequence, int, float]]
     failed: list[tuple[Sequence, BaseException]]
+    prefilled: int = 0
 
 
 class ModelRunner:
@@ -66,6 +68,7 @@ class ModelRunner:
     def __init__(self, config: CpuEngineConfig) -> None:
         self.config = config
         self.model: Any = None
+        self._prefilled = 0  # tokens the current step prefilled (StepOutput.prefilled)
         self.model_path = ""
         self.limits: EngineLimits | None = None
         self.batch = Batch()
@@ -168,6 +171,7 @@ class ModelRunner:
         b = self.batch
         emitted: list[tuple[Sequence, int, float]] = []
         failed: list[tuple[Sequence, BaseException]] = []
+        self._prefilled = 0
         with torch.inference_mode():
             self.drop_done()
             if b.rows:
@@ -190,7 +194,7 @@ class ModelRunner:
                     failed.extend(f)
             if failed:
                 self._canary()  # raises when the engine itself is broken
-        return StepOutput(version, emitted, failed)
+        return StepOutput(version, emitted, failed, self._prefilled)
 
     def drop_done(self) -> None:
         """Drop the finished rows from the batch, their KV kept in the prefix cache first."""
@@ -258,6 +262,7 @@ class ModelRunner:
         mask = torch.ones(1, len(ctx), dtype=torch.long)
         pos = torch.arange(m, len(ctx), dtype=torch.long)[None]
         last = self._forward_last(ids, mask, pos, cache)
+        self._prefilled += len(ctx) - m
         toks, lps, bad = self._head_and_sample(last, [s])
         self.batch.admit([s], cache, mask, torch.tensor([len(ctx)]), toks)
         s.kv_version = self.version  # cached under this version's namespace: its KV is this version's
@@ -313,6 +318,7 @@ class ModelRunner:
             pos = self._mrope_positions(ids, pos, admit)  # [3, B, T]; text rows: three equal rows
             x = self._embed(ids, admit)  # the rows' images scattered in
         last = self._forward_last(x, mask, pos, cache)
+        self._prefilled += sum(s.num_tokens for s in admit)
         toks, lps, bad = self._head_and_sample(last, admit)
         # the next token's position: past the last one (a text token: its three rope positions are equal;
         # with images that is the text index plus the row's rope delta, carried on in every decode step)
