@@ -15,7 +15,9 @@ from typing import Any
 from ..errors import ConfigError
 from ..protocol.engine_config import CpuEngineConfig
 from .base import Engine
-from .fake import FakeEngineConfig
+from .cpu import CpuEngine
+from .fake import FakeEngine, FakeEngineConfig
+from .sglang import SglangEngine, SglangEngineConfig
 
 __all__ = ["ENGINE_KINDS", "EngineConfigs", "make_engine"]
 
@@ -39,16 +41,10 @@ def make_engine(
     """The engine of backend ``kind``: ``model`` (when given) replaces the configured model path;
     ``sglang_defaults`` fill SGLang fields the configuration leaves unset (the launcher's TP layout)."""
     if kind == "cpu":
-        from .cpu import CpuEngine
-
         return CpuEngine(dataclasses.replace(configs.cpu, model_path=model) if model else configs.cpu)
     if kind == "fake":
-        from .fake import FakeEngine
-
         return FakeEngine(configs.fake)
     if kind == "sglang":
-        from .sglang import SglangEngine, SglangEngineConfig
-
         fields = {**(sglang_defaults or {}), **configs.sglang}
         if model:
             fields["model_path"] = model
