@@ -15,9 +15,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..protocol.engine_config import CpuEngineConfig
 from .base import Engine
-from .cpu import CpuEngine
 from .fake import FakeEngine, FakeEngineConfig
-from .sglang import SglangEngine, SglangEngineConfig
 
 __all__ = ["ENGINE_KINDS", "EngineConfigs", "make_engine"]
 
@@ -41,10 +39,14 @@ def make_engine(
     """The engine of backend ``kind``: ``model`` (when given) replaces the configured model path;
     ``sglang_defaults`` fill SGLang fields the configuration leaves unset (the launcher's TP layout)."""
     if kind == "cpu":
+        from .cpu import CpuEngine  # lazy: cli-start
+
         return CpuEngine(dataclasses.replace(configs.cpu, model_path=model) if model else configs.cpu)
     if kind == "fake":
         return FakeEngine(configs.fake)
     if kind == "sglang":
+        from .sglang import SglangEngine, SglangEngineConfig  # lazy: cli-start
+
         fields = {**(sglang_defaults or {}), **configs.sglang}
         if model:
             fields["model_path"] = model
