@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,30 @@ import rollout_sdk
 from rollout_sdk import USE_CLIENT_DEFAULT, AdmissionConfig, ClientConfig, RolloutClient, SchedulerConfig
 
 ROOT = Path(rollout_sdk.__file__).parent
+
+#: the reasons a function-local import may give, as a trailing comment (docs/design.md, "Imports inside
+#: functions"): ``optional: <package>``, ``lazy: <path>``, ``door: <what>`` or ``cycle``
+IMPORT_REASON = re.compile(r"#\s*(?:(?:optional|lazy|door):\s*[\w.-]+|cycle\b)")
+#: packages not checked yet.  The gateway is being rewritten by another change (issue 38); its
+#: function-local imports get their reasons there, and it leaves this list then.
+NOT_CHECKED_YET = ("gateway",)
+
+
+def _unreasoned_imports(source: str) -> list[int]:
+    """The line of each import inside a function body (nested ones too) whose lines carry no reason."""
+    lines = source.splitlines()
+    found: list[int] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, ast.Import | ast.ImportFrom):
+                text = " ".join(lines[child.lineno - 1 : child.end_lineno])
+                if not IMPORT_REASON.search(text):
+                    found.append(child.lineno)
+            visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+
+    visit(ast.parse(source), False)
+    return found
 
 
 def test_the_package_root_holds_at_most_eight_modules() -> None:
@@ -59,3 +85,38 @@ def test_sglang_request_errors_map_in_one_place() -> None:
     failed = request_error(RuntimeError("cuda oops"), "input_ids", "<3 tokens>", "score request")
     assert isinstance(failed, RequestFailedError)
     assert str(failed) == "SGLang failed the score request: RuntimeError: cuda oops"
+
+
+def test_the_import_check_sees_imports_in_functions_only_and_reads_their_reason() -> None:
+    source = (
+        "import os\n"
+        "def f():\n"
+        "    import json\n"
+        "    import sglang  # optional: sglang\n"
+        "    from x import (  # door: torch\n"
+        "        y,\n"
+        "    )\n"
+        "    import z  # noqa: F401  # lazy: cli-start\n"
+        "    import w  # we need it later\n"
+        "    import v  # optional\n"
+        "    class C:\n"
+        "        async def g(self):\n"
+        "            from . import u\n"
+        "            from . import t  # cycle\n"
+    )
+    assert _unreasoned_imports(source) == [3, 9, 10, 13]
+
+
+def test_every_function_local_import_gives_its_reason() -> None:
+    """Issue 38: imports go at the top, except where a dependency is optional, a path must stay light
+    (the CLI's start, a cached model), the trainer's door must not load it, or an import cycle forbids it."""
+    missing = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in NOT_CHECKED_YET:
+            continue
+        source = path.read_text()
+        lines = source.splitlines()
+        missing += [f"{rel}:{n}: {lines[n - 1].strip()}" for n in _unreasoned_imports(source)]
+    assert missing == [], "function-local imports without a reason (docs/design.md):\n" + "\n".join(missing)
+    assert all((ROOT / name).is_dir() for name in NOT_CHECKED_YET)

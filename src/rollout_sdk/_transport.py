@@ -38,6 +38,9 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
 
 from ._aio import await_unless
 from .auth import Credentials, ServerAuth
@@ -294,15 +297,11 @@ class _ZapHandler:
     """
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], auth: ServerAuth) -> None:
-        from zmq.auth.thread import ThreadAuthenticator
-
         roles = {z85_key: role for z85_key, role in auth.clients.items()}
         handler = self
 
         class _Authenticator(ThreadAuthenticator):
             def curve_user_id(self, client_public_key: bytes) -> str:
-                from zmq.utils import z85
-
                 return roles[z85.encode(client_public_key)]
 
         class _Keys:
@@ -438,8 +437,6 @@ class DealerChannel:
 
     async def watch(self, on_event: Callable[[str], Any]) -> None:
         """Report ``connected`` / ``disconnected`` as the monitor sees them, until closed."""
-        from zmq.utils.monitor import parse_monitor_message
-
         while True:
             await self._monitor_ready.wait()
             while True:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import os
 import secrets
@@ -73,8 +74,6 @@ HOW_TO_ENABLE = (
 
 def is_loopback(host: str) -> bool:
     """True for binds only this machine can reach (127.0.0.0/8, ::1, localhost)."""
-    import ipaddress
-
     if host == "localhost":
         return True
     try:

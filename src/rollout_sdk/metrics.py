@@ -33,7 +33,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -117,8 +117,6 @@ class MetricsEndpoint:
     """A ``/metrics`` HTTP endpoint on its own thread (prometheus-client's server).  ``close()`` stops it."""
 
     def __init__(self, registries: Iterable[CollectorRegistry], host: str, port: int) -> None:
-        from prometheus_client import start_http_server
-
         regs = list(registries)
         registry = regs[0] if len(regs) == 1 else _merged(regs)
         self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)

@@ -37,6 +37,7 @@ import msgspec
 from .._aio import LifecycleGuard, OpenedWith, await_unless, cancel_and_wait, ended_with
 from ..auth import Credentials
 from ..discovery import Discovery, EmbeddedServers, StaticServers
+from ..discovery.env import discovery_from_env
 from ..errors import (
     ClientStateError,
     ConfigError,
@@ -181,7 +182,7 @@ class RolloutClient(OpenedWith):
             is_open=lambda: self._life.is_open,
             pushed_version=lambda: self.weight_version,
         )
-        from .metrics import ClientMetrics  # prometheus-client loads with the first client, not on import
+        from .metrics import ClientMetrics  # door: prometheus
 
         #: Prometheus metrics (its own registry: ``client.metrics.registry``; see docs/observability.md)
         self.metrics: ClientMetrics = ClientMetrics(lambda: (self.stats(), self.weight_version))
@@ -789,8 +790,6 @@ def _say_embedded_model(discovery: Discovery) -> None:
 
 def _default_discovery(engine: CpuEngineConfig | None, num: int) -> Discovery:
     """The embedded default, unless this process runs under ``rollout_sdk.launch`` (torchrun)."""
-    from ..discovery.env import discovery_from_env
-
     found = discovery_from_env()
     if found is not None:
         if engine is not None:

@@ -33,9 +33,11 @@ import asyncio
 import collections
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -82,9 +84,6 @@ _SAY_WAITING_AFTER_S = 2.0
 
 async def check_resolvable(address: str) -> None:
     """Raise :class:`ServerUnavailableError` at once when ``address``'s host name does not resolve."""
-    import socket
-    from urllib.parse import urlsplit
-
     parts = urlsplit(address)
     if parts.scheme != "tcp" or not parts.hostname:
         return

@@ -21,6 +21,8 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from ..errors import ConfigError
+
 if TYPE_CHECKING:
     from ..protocol import GenerateRequest
     from .connection import ServerConnection as ServerHandle
@@ -74,6 +76,5 @@ def make_policy(name: str | Policy) -> Policy:
         return LeastLoad()
     if name == "round_robin":
         return RoundRobin()
-    from ..errors import ConfigError
 
     raise ConfigError("policy", name, "must be 'least_load', 'round_robin' or a Policy object")

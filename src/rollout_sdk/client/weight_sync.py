@@ -116,7 +116,7 @@ class WeightSync:
 
     @classmethod
     async def create(cls, servers: Sequence[ServerConnection], settings: WeightSyncSettings) -> WeightSync:
-        from ..weights.group import Rendezvous, init_weight_group, master_store  # engine-side
+        from ..weights.group import Rendezvous, init_weight_group, master_store  # door: torch
 
         if not servers:
             raise ConfigError("servers", [], "no live server to sync weights with")
@@ -156,7 +156,7 @@ class WeightSync:
         inflight: InflightMode = "reprefill",
     ) -> dict[str, float]:
         """Broadcast ``named`` in flattened buckets; every server loads them and takes ``version``."""
-        from ..weights.buckets import plan_buckets, send_buckets  # engine-side
+        from ..weights.buckets import plan_buckets, send_buckets  # door: torch
 
         t0 = time.perf_counter()
         buckets = plan_buckets(named, bucket_bytes)
@@ -193,7 +193,7 @@ class WeightSync:
         }
 
     async def close(self) -> None:
-        from ..weights.group import destroy_weight_group  # engine-side
+        from ..weights.group import destroy_weight_group  # door: torch
 
         live = [s for s in self.servers if s.alive]
         try:
@@ -219,7 +219,7 @@ async def update_weights_ipc(
     One bucket at a time, so the extra GPU memory is one bucket.  A failure after the first bucket leaves
     the engines part updated: they report it (``applied=None``) and are marked dead.
     """
-    from ..weights.buckets import plan_buckets  # engine-side
+    from ..weights.buckets import plan_buckets  # door: torch
 
     t0 = time.perf_counter()
     buckets = plan_buckets(named, bucket_bytes)
@@ -246,9 +246,9 @@ async def _send_ipc_buckets(
     flush_cache: bool,
     inflight: InflightMode,
 ) -> None:
-    import torch  # engine-side
+    import torch  # door: torch
 
-    from ..weights.ipc import export_cuda_ipc  # engine-side
+    from ..weights.ipc import export_cuda_ipc  # door: torch
 
     for i, bucket in enumerate(buckets):
         flat = bucket.flatten()

@@ -12,12 +12,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import json
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..client import ClientConfig, RolloutClient
 from ..errors import ConfigError
+from ..export import write_jsonl
 from ..protocol.checks import check_config_types
 from ..protocol.engine_config import CpuEngineConfig
 from ..rollouts.group import Agent, deprecated_group_field
@@ -56,9 +60,6 @@ class DemoConfig:
 
 
 def _model_line(path: str) -> str:
-    import json
-    from pathlib import Path
-
     meta_file = Path(path, "task.json")
     if not meta_file.exists():
         return f"model: {path} (not the tool model: expect no tool calls)"
@@ -80,8 +81,6 @@ async def run_demo(
     out: Any = None,
 ) -> dict[str, Any]:
     """Run the demo; print a report to ``out`` (stdout by default); return the numbers."""
-    import sys
-
     out = out or sys.stdout
 
     def say(*parts: object) -> None:
@@ -94,9 +93,9 @@ async def run_demo(
     async with phase("loading transformers (the tokenizer's library)", out=out):
         transformers = await asyncio.to_thread(importlib.import_module, "transformers")
 
-    from ..agents import group_stats, rollout_group
-    from ..tasks import calculator as task
-    from ..tasks.tool_model import ensure_tool_model_async
+    from ..agents import group_stats, rollout_group  # lazy: cli-start
+    from ..tasks import calculator as task  # lazy: cli-start
+    from ..tasks.tool_model import ensure_tool_model_async  # lazy: cli-start
 
     t_start = time.perf_counter()
     if not servers:
@@ -130,8 +129,6 @@ async def run_demo(
 
     trajs = [t for g in groups for t in g]
     if demo.export:
-        from ..export import write_jsonl
-
         n = await asyncio.to_thread(write_jsonl, trajs, demo.export)
         say(f"wrote {n} trajectories to {demo.export}")
     totals = group_stats(groups)

@@ -30,7 +30,7 @@ from ..client import RolloutClient
 from ..errors import ConfigError
 from ..protocol.checks import check_config_types
 from ..protocol.engine_config import CpuEngineConfig
-from ..rollouts.group import deprecated_group_field
+from ..rollouts.group import deprecated_group_field, rollout_group
 from .progress import phase, rollout_progress
 
 __all__ = ["GrpoConfig", "run_grpo"]
@@ -79,10 +79,10 @@ class GrpoConfig:
 
 def _import_training_libraries() -> None:
     """torch, transformers and the tool model's module, imported (in a worker thread: see run_grpo)."""
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
+    import torch  # noqa: F401  # lazy: cli-start
+    import transformers  # noqa: F401  # lazy: cli-start
 
-    from ..tasks import tool_model  # noqa: F401
+    from ..tasks import tool_model  # noqa: F401  # lazy: cli-start
 
 
 async def run_grpo(
@@ -98,12 +98,12 @@ async def run_grpo(
     # says every few seconds that it still runs (issue 37: no silence over ~5 s)
     async with phase("loading torch and transformers"):
         await asyncio.to_thread(_import_training_libraries)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # lazy: cli-start
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: cli-start
 
-    from ..models import quiet_weight_loading
-    from ..tasks import calculator as task
-    from ..tasks.tool_model import TaskHead, ensure_tool_model_async, shared_prefix_hidden
+    from ..models import quiet_weight_loading  # lazy: cli-start
+    from ..tasks import calculator as task  # lazy: cli-start
+    from ..tasks.tool_model import TaskHead, ensure_tool_model_async, shared_prefix_hidden  # lazy: cli-start
 
     source = _task_source(config)  # reasoning-gym's generator (or the calculator's): before any engine starts
     model_dir = await ensure_tool_model_async(stage="undertrained")
@@ -191,15 +191,13 @@ def _task_source(config: GrpoConfig) -> Any:
     ``eval_instances`` entries never trained on."""
     if config.task == "calculator":
         return None
-    from ..tasks.reasoning_gym import ReasoningGymTask
+    from ..tasks.reasoning_gym import ReasoningGymTask  # lazy: cli-start
 
     size = config.steps * config.prompts + max(config.eval_instances, 1)
     return ReasoningGymTask.from_name(config.task, size=size, seed=config.seed, config=json.loads(config.task_config))
 
 
 async def _run_source(client: RolloutClient, agent: Any, samples: list[Any], source: Any, group_size: int) -> list[Any]:
-    from ..rollouts.group import rollout_group
-
     return list(
         await asyncio.gather(
             *(
@@ -211,7 +209,7 @@ async def _run_source(client: RolloutClient, agent: Any, samples: list[Any], sou
 
 
 async def _greedy(client: RolloutClient, tokenizer: Any, n: int, source: Any = None) -> float:
-    from ..tasks import calculator as task
+    from ..tasks import calculator as task  # lazy: cli-start
 
     if source is None:
         groups = await task.run_groups(client, task.make_agent(tokenizer), task.samples(n, split="test"))
@@ -232,9 +230,9 @@ def _policy_step(
     advantages: list[float],
 ) -> tuple[float, float]:
     """One policy-gradient step on the trajectories (in a worker thread); returns (loss, max logprob gap)."""
-    import torch
+    import torch  # lazy: cli-start
 
-    from ..tasks.tool_model import common_prefix
+    from ..tasks.tool_model import common_prefix  # lazy: cli-start
 
     seqs = [t.prompt_ids + t.response_ids for t in trajs]
     first = seqs[0]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -61,9 +63,6 @@ class _LineBar:
     end."""
 
     def __init__(self, total: int, desc: str, *, every_s: float = 4.0, out: Any = None) -> None:
-        import sys
-        import time
-
         self.total, self.desc, self.every_s = total, desc, every_s
         self.out = out or sys.stderr
         self.n = 0
@@ -107,9 +106,6 @@ async def phase(label: str, *, every_s: float = 4.0, out: Any = None) -> AsyncIt
         async with phase("step 0: generating"):
             groups = await client.generate_many(...).collect()
     """
-    import sys
-    import time
-
     stream = out or sys.stdout
     t0 = time.perf_counter()
     print(f"{label} ...", file=stream, flush=True)
@@ -130,11 +126,10 @@ async def phase(label: str, *, every_s: float = 4.0, out: Any = None) -> AsyncIt
 def _progress(total: int, enabled: bool, *, desc: str = "rollouts", leave: bool = True) -> Any:
     if not enabled:
         return _NoBar()
-    import sys
 
     if not sys.stderr.isatty():  # plain lines where a \r frame would not redraw (issue 37)
         return _LineBar(total, desc)
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: cli-start
 
     # no rate or remaining-time estimate: the trajectories of one batch finish together, so an estimate
     # from the first ones is wrong by orders of magnitude (20 minutes shown for 40 s)

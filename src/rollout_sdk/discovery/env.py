@@ -21,7 +21,7 @@ def discovery_from_env() -> Discovery | None:
     store = os.environ.get(ENV_STORE)
     if not store:
         return None
-    from .store import StoreDiscovery
+    from .store import StoreDiscovery  # door: store
 
     num = os.environ.get(ENV_NUM_SERVERS)
     return StoreDiscovery(

@@ -171,7 +171,7 @@ def register_server(store: Any, keys: StoreKeys, record: ServerRecord, key: byte
 
 def connect_store(address: str, timeout_s: float = 60.0) -> Any:
     """A client connection to the TCPStore at ``host:port`` (blocking; call from a thread)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # door: torch
 
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..protocol.engine_config import CpuEngineConfig
 from .base import Engine
-from .fake import FakeEngineConfig
+from .fake import FakeEngine, FakeEngineConfig
 
 __all__ = ["ENGINE_KINDS", "EngineConfigs", "make_engine"]
 
@@ -39,15 +39,13 @@ def make_engine(
     """The engine of backend ``kind``: ``model`` (when given) replaces the configured model path;
     ``sglang_defaults`` fill SGLang fields the configuration leaves unset (the launcher's TP layout)."""
     if kind == "cpu":
-        from .cpu import CpuEngine
+        from .cpu import CpuEngine  # lazy: cli-start
 
         return CpuEngine(dataclasses.replace(configs.cpu, model_path=model) if model else configs.cpu)
     if kind == "fake":
-        from .fake import FakeEngine
-
         return FakeEngine(configs.fake)
     if kind == "sglang":
-        from .sglang import SglangEngine, SglangEngineConfig
+        from .sglang import SglangEngine, SglangEngineConfig  # lazy: cli-start
 
         fields = {**(sglang_defaults or {}), **configs.sglang}
         if model:

@@ -20,6 +20,8 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from anyio.from_thread import start_blocking_portal
+
 from .._aio import LifecycleGuard, LifecycleState
 from ..client import RolloutClient
 from ..errors import ClientStateError
@@ -49,8 +51,6 @@ class RolloutBridge:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def open(self) -> RolloutBridge:
-        from anyio.from_thread import start_blocking_portal
-
         with self._lock:
             self._life.opening()
         stack = contextlib.ExitStack()

@@ -43,6 +43,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from ..client import RolloutClient
 from ..protocol import GenerateResult, SamplingParams
 from .bridge import RolloutBridge
@@ -288,7 +290,7 @@ class AsyncRolloutWorker:
                 task.add_done_callback(lambda _t: slots.release())
 
     async def _group(self, client: RolloutClient, group_id: int, row: Mapping[str, Any]) -> None:
-        from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+        from trl.experimental.async_grpo.async_rollout_worker import RolloutSample  # optional: trl
 
         prompt = row["prompt"]
         prompt_ids = await asyncio.to_thread(_tokenize, self.tokenizer, prompt, self.chat_template_kwargs)
@@ -318,8 +320,6 @@ class AsyncRolloutWorker:
         sample_type: Any,
     ) -> list[Any]:
         """Decode, reward, advantage: blocking work, run in a thread (reward functions may be slow)."""
-        import numpy as np
-
         texts = [self.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in results]
         completions: list[Any] = (
             [[{"role": "assistant", "content": t}] for t in texts] if _is_conversational(prompt) else texts

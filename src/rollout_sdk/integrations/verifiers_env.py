@@ -59,7 +59,7 @@ class VerifiersRollout:
 
 def _client_class() -> type:
     """The session-routing client, built on verifiers' own OpenAI chat client (imported only when used)."""
-    import verifiers as vf
+    import verifiers as vf  # optional: verifiers
 
     class SessionChatClient(vf.OpenAIChatCompletionsClient):  # type: ignore[misc,name-defined]
         """verifiers' chat-completions client; each call carries its rollout's session as the API key."""
@@ -97,7 +97,7 @@ class VerifiersRunner:
         sampling: SessionSampling | Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
-        from verifiers.legacy.envs.environment import Environment
+        from verifiers.legacy.envs.environment import Environment  # optional: verifiers
 
         if not isinstance(env, Environment):
             raise ConfigError("env", type(env).__name__, "must be a verifiers Environment (vf.SingleTurnEnv, ...)")
@@ -133,7 +133,7 @@ class VerifiersRunner:
     ) -> list[VerifiersRollout]:
         """Each input ``group_size`` times as one verifiers group (scored together by the rubric, as
         verifiers' own ``generate`` does), in input order."""
-        import openai
+        import openai  # optional: openai
 
         if not inputs:
             raise ConfigError("inputs", [], "give at least one rollout input")

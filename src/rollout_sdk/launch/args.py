@@ -16,6 +16,8 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import json
+import math
 import os
 import re
 import textwrap
@@ -23,6 +25,8 @@ import types
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from ..errors import ConfigError
 
 __all__ = [
     "LOG_LEVELS",
@@ -158,7 +162,6 @@ def add_config_args(
 def number(tp: type) -> Callable[[str], Any]:
     """An argparse ``type`` for an int or float flag: finite numbers only (``nan`` and ``inf`` parse as
     floats and pass every ``<``/``>`` check a config makes); each config's ``__post_init__`` checks the range."""
-    import math
 
     def convert(text: str) -> Any:
         try:
@@ -276,7 +279,6 @@ def config_from_args(cls: type[C], args: argparse.Namespace, *, prefix: str = ""
         if hasattr(args, dest):
             values[f.name] = getattr(args, dest)
     values.update(overrides)
-    from ..errors import ConfigError
 
     try:
         return cls(**values)
@@ -290,7 +292,7 @@ def add_sglang_args(parser: argparse.ArgumentParser) -> None:
     """SGLang engine options: ``--sglang-<field>`` flags (each scalar field of ``SglangEngineConfig``; the
     model is ``--model``) and ``--sglang '<JSON>'`` for any field, flags winning.  Shared by
     ``rollout-sdk serve`` and ``python -m rollout_sdk.launch`` so both take the same options."""
-    from ..engines.sglang import SglangEngineConfig
+    from ..engines.sglang import SglangEngineConfig  # lazy: cli-start
 
     sglang_own = {  # fields that are SGLang's own server arguments, passed through as they are
         f.name: f"SGLang's {f.name} server argument"
@@ -313,10 +315,7 @@ def add_sglang_args(parser: argparse.ArgumentParser) -> None:
 
 def sglang_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The SglangEngineConfig fields the command line gives (JSON first, then the flags)."""
-    import json
-
-    from ..engines.sglang import SglangEngineConfig
-    from ..errors import ConfigError
+    from ..engines.sglang import SglangEngineConfig  # lazy: cli-start
 
     try:
         fields = json.loads(args.sglang)

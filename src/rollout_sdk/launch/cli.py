@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import json
@@ -25,18 +26,24 @@ import os
 import signal
 import sys
 import threading
+import time
 import typing
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from ..auth import JobSecret
 from ..client import ClientConfig
 from ..client.scheduler import SchedulerConfig
 from ..demos.generate import DemoConfig, run_demo
 from ..demos.grpo import GrpoConfig, run_grpo
+from ..engines import registry
 from ..engines.fake import FakeEngineConfig
+from ..engines.registry import EngineConfigs
 from ..errors import ConfigError, RolloutError
+from ..metrics import start_metrics_endpoint
 from ..protocol.engine_config import CpuEngineConfig
-from ..server import ServerConfig
+from ..server import EngineServer, ServerConfig
+from ..server.metrics import ServerMetrics
 from .args import (
     LOG_LEVELS,
     OneLineErrors,
@@ -73,7 +80,7 @@ def run_async(
     if threads_grace_s is not None:
         coro = _bounded_exit(coro, threads_grace_s, before_hard_exit)
     try:
-        import uvloop
+        import uvloop  # optional: uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
         return asyncio.run(coro)
     return uvloop.run(coro)
@@ -136,7 +143,6 @@ async def leave_if_threads_hang(
     stuck = _live_threads()
     if not stuck:
         return
-    import os
 
     logging.getLogger("rollout_sdk.server").warning(
         "%d worker thread(s) still running %.1fs after shutdown (%s): exiting without them",
@@ -164,9 +170,6 @@ def exit_process(code: int) -> typing.NoReturn:
     exit 12.3 s at a load of 12, 0.6 s with this; docs/benchmarks.md).  Only for process entry points
     (``rollout-sdk``, ``python -m rollout_sdk``, ``python -m rollout_sdk.launch``), never from a library call.
     """
-    import atexit
-    import os
-
     logging.shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
@@ -249,7 +252,7 @@ def _parser() -> argparse.ArgumentParser:
     add_config_args(s, FakeEngineConfig, prefix="fake-", hidden=True)  # test hooks: accepted, not listed
     add_sglang_args(s)
 
-    from . import gateway_cli
+    from . import gateway_cli  # lazy: cli-start
 
     gateway_cli.add_parser(sub)
 
@@ -292,8 +295,6 @@ def _add_key_commands(sub: Any) -> None:
 
 
 def _key_command(args: argparse.Namespace) -> int:
-    from ..auth import JobSecret
-
     if args.command == "secret":
         JobSecret.generate().write(args.out)
         print(f"wrote a job secret to {args.out}: set ROLLOUT_SDK_SECRET_FILE={args.out} on every node")
@@ -331,7 +332,7 @@ def _check(args: argparse.Namespace) -> str | None:
     """What argparse's per-option types cannot see (options that depend on each other), checked before any
     work: None when the command line is good, else the one line that says what is wrong."""
     if args.command == "gateway":
-        from . import gateway_cli
+        from . import gateway_cli  # lazy: cli-start
 
         return gateway_cli.check(args)
     if args.command == "demo":
@@ -396,7 +397,7 @@ def _command(args: argparse.Namespace) -> int:
             return 2
         return int(run_async(_serve(args, config), threads_grace_s=THREADS_GRACE_S))
     if args.command == "gateway":
-        from . import gateway_cli
+        from . import gateway_cli  # lazy: cli-start
 
         _quiet_transformers()
         return int(run_async(gateway_cli.run(args)))
@@ -407,13 +408,13 @@ def _command(args: argparse.Namespace) -> int:
             print(f"rollout-sdk: {exc}", file=sys.stderr)
             return 2
     if args.command == "make-model":
-        from ..models import ensure_tiny_model
-        from ..tasks import ensure_tool_model
+        from ..models import ensure_tiny_model  # lazy: cli-start
+        from ..tasks import ensure_tool_model  # lazy: cli-start
 
         if args.which == "tiny":
             print(ensure_tiny_model(args.home))
         elif args.which == "tiny-vl":
-            from ..models import ensure_tiny_vl_model
+            from ..models import ensure_tiny_vl_model  # lazy: cli-start
 
             print(ensure_tiny_vl_model(args.home))
         else:
@@ -424,11 +425,9 @@ def _command(args: argparse.Namespace) -> int:
 
 def _quiet_transformers() -> None:
     """A command whose output is a report: no weight-loading progress bars (a CLI may set this; a library not)."""
-    import os
-
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # lazy: cli-start
 
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     except Exception:  # transformers missing or changed: the bars are cosmetic
@@ -437,8 +436,6 @@ def _quiet_transformers() -> None:
 
 def engine_configs(kind: str, args: argparse.Namespace) -> Any:
     """The engine configuration ``rollout-sdk serve --engine kind`` runs, from its command line (checked)."""
-    from ..engines.registry import EngineConfigs
-
     configs = EngineConfigs()
     if kind == "cpu":
         configs.cpu = config_from_args(CpuEngineConfig, args, prefix="cpu-")
@@ -458,8 +455,6 @@ def _still_starting(label: str, *, every_s: float = STILL_STARTING_EVERY_S) -> t
     """A line on stderr every ``every_s`` seconds until the block ends.  A thread, not a task: the engine's
     import and model load block the event loop for seconds (torch, transformers), and a task would wait
     for them in silence.  The thread is joined on the way out, whatever the block raised."""
-    import time
-
     stop = threading.Event()
     t0 = time.perf_counter()
 
@@ -478,26 +473,17 @@ def _still_starting(label: str, *, every_s: float = STILL_STARTING_EVERY_S) -> t
 
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
     """The engine ``rollout-sdk serve --engine kind`` runs, from its command line (engines.registry)."""
-    from ..engines.registry import make_engine as make
-
-    return make(kind, engine_configs(kind, args), model=args.model)
+    return registry.make_engine(kind, engine_configs(kind, args), model=args.model)
 
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:
-    from ..auth import JobSecret
-
     secret = JobSecret.read(args.secret_file) if args.secret_file else JobSecret.from_env()
     return config_from_args(ServerConfig, args, auth=secret.server_auth() if secret is not None else None)
 
 
 async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
-    from ..server import EngineServer
-
     metrics = endpoint = None
     if args.metrics_port is not None:
-        from ..metrics import start_metrics_endpoint
-        from ..server.metrics import ServerMetrics
-
         metrics = ServerMetrics()
         host = args.metrics_host or config.host
         endpoint = await asyncio.to_thread(start_metrics_endpoint, metrics.registry, host=host, port=args.metrics_port)
@@ -517,8 +503,6 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> int:
 
     def ready(address: str) -> None:
         if args.address_file:
-            import os
-
             tmp = args.address_file + ".tmp"
             with open(tmp, "w") as f:
                 f.write(address)

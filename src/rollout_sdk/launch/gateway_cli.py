@@ -17,10 +17,13 @@ import os
 import signal
 import sys
 
-from ..client import ClientConfig
+from ..client import ClientConfig, RolloutClient
+from ..errors import ConfigError
 from ..gateway.config import GatewayConfig
+from ..gateway.gateway import Gateway
+from ..models.tiny import ensure_tiny_model
 from ..protocol.engine_config import CpuEngineConfig
-from .args import add_config_args, config_from_args, server_address, writable_file
+from .args import add_config_args, config_from_args, port_number, server_address, writable_file
 
 __all__ = ["add_parser", "check", "run"]
 
@@ -55,9 +58,6 @@ _GATEWAY_HELP = {
 
 def check(args: argparse.Namespace) -> str | None:
     """The gateway's options, checked before anything starts: None, or the one line that says what is wrong."""
-    from ..errors import ConfigError
-    from .args import port_number
-
     try:
         port_number(str(args.port))
         if args.trajectories_jsonl is not None:
@@ -77,9 +77,6 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from ..client import RolloutClient
-    from ..gateway.gateway import Gateway
-
     config = config_from_args(GatewayConfig, args)
     client_cfg = config_from_args(ClientConfig, args, prefix="client-")
     engine = None if args.servers else config_from_args(CpuEngineConfig, args, prefix="engine-")
@@ -105,8 +102,6 @@ async def run(args: argparse.Namespace) -> int:
 async def _tiny_model_engine(engine: CpuEngineConfig) -> CpuEngineConfig:
     """The embedded default model, said once as information (the client's own line is a warning, meant for
     code that forgot ``servers=``; here the default is what ``rollout-sdk gateway`` with no flags asks for)."""
-    from ..models.tiny import ensure_tiny_model
-
     path = await asyncio.to_thread(ensure_tiny_model, engine.home)
     print(
         "gateway: serving the embedded CPU engine with the tiny Qwen2 model (random weights, for trying the API: "

@@ -70,6 +70,7 @@ from ..errors import ConfigError
 from ..metrics import MetricsEndpoint, start_metrics_endpoint
 from ..server import EngineServer, ServerConfig
 from ..server.metrics import ServerMetrics
+from .cli import THREADS_GRACE_S, run_async
 from .layout import Layout
 
 __all__ = ["LaunchConfig", "run_job"]
@@ -126,10 +127,8 @@ def make_engine(cfg: LaunchConfig, engines: EngineConfigs, layout: Layout) -> En
 
 def run_job(main: Main | None, cfg: LaunchConfig, engines: EngineConfigs | None = None) -> int:
     """Run this rank's part of the job; return the process exit code."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from .cli import THREADS_GRACE_S, run_async
+    import torch.distributed as dist  # lazy: cli-start
+    from torch.distributed.device_mesh import init_device_mesh  # lazy: cli-start
 
     layout, secret = preflight(cfg)
     engines = engines or EngineConfigs()

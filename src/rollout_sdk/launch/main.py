@@ -102,7 +102,7 @@ def run(main: Main | None = None, argv: Sequence[str] | None = None) -> int:
         print(f"rollout-sdk: {exc}", file=sys.stderr)
         return 2
     # torch loads here, past the checks: a rank that refuses to start says so without importing it
-    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.elastic.multiprocessing.errors import record  # lazy: cli-start
 
     code = record(run_job)(main, cfg, engines)
     return int(code or 0)

@@ -20,7 +20,7 @@ __all__ = ["ensure_tiny_model", "ensure_tiny_vl_model", "load_tokenizer", "quiet
 def load_tokenizer(path: str | None = None, *, home: str | None = None) -> Any:
     """A transformers tokenizer: ``path``'s, or the embedded tiny model's (Qwen2.5 token space and chat
     template, built offline).  Blocking (a second or two): call it off the event loop."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers
 
     return AutoTokenizer.from_pretrained(path or str(ensure_tiny_model(home)))
 
@@ -33,7 +33,7 @@ def quiet_weight_loading() -> Iterator[None]:
     The setting is process-wide: a load in another thread during the block is quiet too.
     """
     try:
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # lazy: transformers
     except ImportError:  # pragma: no cover - transformers is a dependency
         yield
         return

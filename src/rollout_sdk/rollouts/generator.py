@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Final, Protocol, final, runtime_checkable
 
+import msgspec
+
 from ..protocol import GenerateRequest, GenerateResult, SamplingParams, ServerInfo
 from ..protocol.checks import expect_ids
 
@@ -70,8 +72,6 @@ def as_request(
 ) -> GenerateRequest:
     """A prompt (a GenerateRequest or a list of token ids) as a GenerateRequest; ``sampling`` and
     ``session_id``, when given, replace the request's."""
-    import msgspec
-
     if isinstance(prompt, GenerateRequest):
         changes: dict[str, object] = {}
         if sampling is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -59,8 +60,6 @@ async def run_trajectory(
 
 def resolve_group_size(group_size: int | None, n: int | None, *, where: str, default: int | None = None) -> int:
     """``group_size``, the one name of a GRPO group's size in every API; ``n`` is its old name (deprecated)."""
-    import warnings
-
     if n is not None:
         if group_size is not None:
             raise ConfigError("n", n, "is the old name of group_size: give group_size only")
@@ -75,8 +74,6 @@ def resolve_group_size(group_size: int | None, n: int | None, *, where: str, def
 
 def deprecated_group_field(config: Any, old: str) -> None:
     """A config's old name of its ``group_size`` field: when given, warn and use it (frozen dataclasses)."""
-    import warnings
-
     value = getattr(config, old)
     if value is None:
         return

@@ -15,6 +15,7 @@ criterion (the right number in the final answer, after at least one calculator c
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import random
 import re
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..agents import AgentConfig, Tool, ToolAgent, ToolRegistry, Trajectory, rollout_group, tool
 from ..protocol import SamplingParams
+from ..rollouts.group import resolve_group_size
 
 if TYPE_CHECKING:
     from ..client import RolloutClient
@@ -165,10 +167,6 @@ async def run_groups(
 ) -> list[list[Trajectory]]:
     """``group_size`` trajectories of every instance (``n``: its deprecated old name), concurrently, each
     rewarded with :func:`reward`."""
-    import asyncio
-
-    from ..rollouts.group import resolve_group_size
-
     n = resolve_group_size(group_size, n, where="run_groups", default=1)
 
     return list(

@@ -31,6 +31,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..agents.chat import ChatTemplate
 from ..errors import ConfigError
 from ..rollouts.trajectory import Trajectory
 
@@ -63,8 +64,8 @@ class ReasoningGymTask:
         system_prompt: str | None = None,
     ) -> None:
         try:
-            import reasoning_gym
-            from reasoning_gym.factory import DATASETS
+            import reasoning_gym  # optional: reasoning-gym
+            from reasoning_gym.factory import DATASETS  # optional: reasoning-gym
         except ImportError as exc:
             raise ConfigError(
                 "dataset", dataset, f"needs reasoning-gym: pip install 'rollout-sdk[envs]' ({exc})"
@@ -122,8 +123,6 @@ class ReasoningGymTask:
 
     def prompts(self, tokenizer: Any, n: int | None = None, *, start: int = 0) -> list[list[int]]:
         """Token ids of each entry's chat prompt (generation prompt added), for ``generate_many``."""
-        from ..agents.chat import ChatTemplate
-
         chat = ChatTemplate(tokenizer)
         return [chat.prompt_ids(s["messages"]) for s in self.samples(n, start=start)]
 

@@ -34,11 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import inspect
 import json
 import math
 import os
 import random
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +50,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..models._cache import build_once, default_home
-from ..models.tiny import GENERATION_CONFIG, TINY_MODEL_CONFIG
+from ..models.tiny import GENERATION_CONFIG, TINY_MODEL_CONFIG, ensure_tiny_model
+from ..protocol import GenerateResult
 
 if TYPE_CHECKING:
     import torch
@@ -162,8 +166,6 @@ async def ensure_tool_model_async(
     """:func:`ensure_tool_model` in a worker thread.  Cancelling the caller (Ctrl-C under ``asyncio.run``)
     stops the training at its next step, so the interpreter's exit (which waits for worker threads) is
     not held up until the training ends."""
-    import asyncio
-
     stop = threading.Event()
     try:
         return await asyncio.to_thread(ensure_tool_model, home, stage=stage, progress=progress, stop=stop)
@@ -183,7 +185,7 @@ class TaskHead:
     """
 
     def __init__(self, task_token_ids: Sequence[int], vocab_size: int = VOCAB_SIZE) -> None:
-        import torch
+        import torch  # lazy: cli-start
 
         ids = sorted(set(task_token_ids))
         self.ids = torch.tensor(ids, dtype=torch.long)
@@ -209,7 +211,7 @@ class TaskHead:
         return self.log_softmax_rows(hidden, embedding[self.ids], embedding[self.rest_token])
 
     def log_softmax_rows(self, hidden: torch.Tensor, rows: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
-        import torch
+        import torch  # lazy: cli-start
 
         z = hidden @ rows.T
         z_rest = hidden @ rest
@@ -225,8 +227,6 @@ def shared_prefix_hidden(body: Any, prefix: torch.Tensor, suffixes: torch.Tensor
     positions (position ``P - 1``, the prefix's last, is the first row of nothing: call with the prefix
     cut one token short if the first suffix token needs predicting).  Gradients flow through both parts.
     """
-    import inspect
-
     out = body(input_ids=prefix[None], use_cache=True)
     # transformers renamed the output too; reading the old name logs a deprecation warning in newer versions
     cache = out.get("cache")
@@ -242,15 +242,11 @@ def shared_prefix_hidden(body: Any, prefix: torch.Tensor, suffixes: torch.Tensor
 
 
 def _build(out: Path, home: Path, progress: bool, stop: threading.Event | None) -> None:
-    from ..models.tiny import ensure_tiny_model
-
     t0 = time.perf_counter()
     if progress:  # the first output of a first run: say what the next minutes are
-        import sys
-
         print("building the tool model (once): demonstrations, then training", file=sys.stderr, flush=True)
     tiny = ensure_tiny_model(home, progress=progress)
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: build
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny))
     recipe = Recipe()
@@ -292,8 +288,6 @@ class _Scripted:
 
     async def generate(self, input_ids: list[int], sampling: Any, images: Any = ()) -> Any:
         """RolloutContext.generate's signature (the tool model's demonstrations are text-only)."""
-        from ..protocol import GenerateResult
-
         out = [*self.tokenizer.encode(self.turns.pop(0), add_special_tokens=False), IM_END]
         return GenerateResult(
             rid="expert", output_ids=out, finish_reason="stop", prompt_tokens=len(input_ids), logprobs=[0.0] * len(out)
@@ -308,10 +302,8 @@ async def _demonstrations(
 ) -> list[Example]:
     """One demonstration per instance, made by running ToolAgent on a scripted expert: the right tool
     call then the answer read off its result, or (``direct``) a guessed answer without the tool."""
-    import dataclasses
-
-    from ..agents import RolloutContext, ToolAgent
-    from . import calculator
+    from ..agents import RolloutContext, ToolAgent  # lazy: build
+    from . import calculator  # lazy: build
 
     config = dataclasses.replace(calculator.agent_config(), max_context_tokens=4096)
     agent = ToolAgent(tokenizer, calculator.make_registry(), config)
@@ -361,7 +353,7 @@ def system_block(tokenizer: Any, tools: list[dict[str, Any]], system: str | None
 
 def demonstration_sets(tokenizer: Any, recipe: Recipe, *, progress: bool = False) -> Demonstrations:
     """The demonstrations and system blocks of ``recipe``; a progress bar on stderr with ``progress``."""
-    from . import calculator, calculator_schemas
+    from . import calculator, calculator_schemas  # lazy: build
 
     train_instances = calculator.instances("train")
     random.Random(recipe.seed).shuffle(train_instances)
@@ -415,7 +407,7 @@ def train_stages(
     same bytes on any machine with the same torch build).  ``on_eval(step, loss, scores)`` is called every
     ``eval_every`` steps of the first stage when given (scoring draws no random numbers).  ``stop``, when
     set, ends the training before its next step with :class:`TrainingStopped`."""
-    import torch
+    import torch  # lazy: build
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # deterministic whatever the core count, and fastest for matrices this small
@@ -435,8 +427,8 @@ def _train(
     eval_every: int,
     stop: threading.Event | None,
 ) -> dict[str, Any]:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import torch  # lazy: build
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # lazy: build
 
     r = recipe
     train, direct, test = data.train, data.direct, data.test
@@ -586,7 +578,7 @@ def common_prefix(seqs: Sequence[Sequence[int]]) -> int:
 
 def _save(out: Path, state: dict[str, torch.Tensor], head: TaskHead) -> None:
     """The compact model as an ordinary full-vocabulary checkpoint: non-task rows are copies of ``rest``."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # lazy: build
 
     tensors: dict[str, torch.Tensor] = {}
     for name, t in state.items():
@@ -618,6 +610,6 @@ class _NoBar:
 def _bar(total: int, enabled: bool, desc: str = "training the tool model (once)", unit: str = "step") -> Any:
     if not enabled:
         return _NoBar()
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: build
 
     return tqdm(total=total, desc=desc, unit=unit, mininterval=1.0)

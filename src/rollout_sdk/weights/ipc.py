@@ -106,8 +106,8 @@ def sglang_bucket_payload(handle: bytes, metas: Sequence[TensorMeta]) -> bytes:
     storage_cls = storage_class(h.storage_cls)  # checked before anything else is imported or built
     tensor_dtype = torch_dtype(h.dtype)
     dtypes = [torch_dtype(m.dtype) for m in metas]
-    from sglang.srt.utils import MultiprocessingSerializer  # optional
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata  # optional
+    from sglang.srt.utils import MultiprocessingSerializer  # optional: sglang
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata  # optional: sglang
 
     args = (
         torch.Tensor,

@@ -106,7 +106,7 @@ class ModelRunner:
         self.vision = load_image_processor(path)
         auto: Any = AutoModelForCausalLM
         if self.vision is not None:
-            from transformers import AutoModelForImageTextToText  # optional
+            from transformers import AutoModelForImageTextToText  # optional: transformers-vision
 
             auto = AutoModelForImageTextToText
         with quiet_weight_loading():  # no "Loading weights" bar in servers, ranks and examples

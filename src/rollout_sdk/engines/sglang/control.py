@@ -48,6 +48,8 @@ from ...protocol import (
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
 )
+from ...weights.ipc import sglang_bucket_payload
+from ...weights.manifest import check_metas, hf_parameter_shapes
 from .config import SglangEngineConfig
 from .inplace import KEY
 
@@ -198,7 +200,10 @@ class Control:
         queued inside SGLang (no KV yet) are checkpointed as in :meth:`_quiesced`.  Yields None for
         the block, where the split points cannot be had (the scheduler could not record them): the caller
         checkpoints instead, after SGLang resumes at the block's end."""
-        from sglang.srt.managers.io_struct import ContinueGenerationReqInput, PauseGenerationReqInput
+        from sglang.srt.managers.io_struct import (  # optional: sglang
+            ContinueGenerationReqInput,
+            PauseGenerationReqInput,
+        )
 
         self._hold("update")
         paused = False
@@ -293,7 +298,7 @@ class Control:
             raise EngineBusyError(f"SGLang could not flush its cache: {getattr(out, 'message', out)}")
 
     async def release_memory(self, tags: Sequence[str] | None) -> None:
-        from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
+        from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput  # optional: sglang
 
         self.require_alive()
         if not self._host.config.enable_memory_saver:
@@ -313,7 +318,7 @@ class Control:
             self.released.update(todo)
 
     async def resume_memory(self, tags: Sequence[str] | None) -> None:
-        from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
+        from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput  # optional: sglang
 
         self.require_alive()
         wanted = set(tags or ("weights", "kv_cache"))
@@ -329,7 +334,7 @@ class Control:
     # -- weights -----------------------------------------------------------------------------------
 
     async def init_weight_group(self, msg: InitWeightGroup) -> None:
-        from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
+        from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput  # optional: sglang
 
         self.require_alive()
         ok, text = await self.call(
@@ -353,8 +358,6 @@ class Control:
         """What the model's manifest refuses in this update (empty if the manifest cannot be built)."""
         model_path = self._host.config.model_path
         if self.manifest is None and not self._manifest_tried:
-            from ...weights.manifest import hf_parameter_shapes
-
             self._manifest_tried = True
             try:
                 self.manifest = await asyncio.to_thread(hf_parameter_shapes, model_path)
@@ -362,7 +365,6 @@ class Control:
                 log.warning("no weight manifest for %s, updates are not pre-checked: %s", model_path, exc)
         if self.manifest is None:
             return []
-        from ...weights.manifest import check_metas
 
         return check_metas(self.manifest, buckets)
 
@@ -380,7 +382,7 @@ class Control:
         )
 
     async def _receive_distributed(self, group_name: str, buckets: list[list[TensorMeta]]) -> None:
-        from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
+        from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput  # optional: sglang
 
         for i, bucket in enumerate(buckets):
             ok, text = await self.call(
@@ -400,9 +402,7 @@ class Control:
             _check_bucket(ok, text, i, len(buckets))
 
     async def update_weights_from_ipc(self, msg: UpdateWeightsFromIpc) -> None:
-        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
-
-        from ...weights.ipc import sglang_bucket_payload
+        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput  # optional: sglang
 
         self.require_alive()
         tp_size = self._host.config.tp_size
@@ -453,7 +453,7 @@ class Control:
             await self._host.set_weight_version(version)
 
     async def destroy_weight_group(self, group_name: str) -> None:
-        from sglang.srt.managers.io_struct import DestroyWeightsUpdateGroupReqInput
+        from sglang.srt.managers.io_struct import DestroyWeightsUpdateGroupReqInput  # optional: sglang
 
         if group_name in self.groups and self._tm is not None and self._host.dead is None:
             ok, text = await self.call(

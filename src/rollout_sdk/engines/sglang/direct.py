@@ -65,8 +65,8 @@ class SchedulerPath:
     """The direct path of one engine (see the module docstring).  Runs on the server's event loop."""
 
     def __init__(self, tm: Any) -> None:
-        from sglang.srt.managers import io_struct
-        from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.managers import io_struct  # optional: sglang
+        from sglang.srt.sampling.sampling_params import SamplingParams  # optional: sglang
 
         self._tm = tm
         self._io = io_struct
@@ -298,7 +298,7 @@ class SchedulerPath:
 def _subset(recv: Any, keep: list[int]) -> Any:
     """``recv`` with only the requests at ``keep``: every per-request list (and the pickled per-request
     time stats / customized info) cut to those indices."""
-    from sglang.srt.managers.io_struct import unwrap_from_pickle
+    from sglang.srt.managers.io_struct import unwrap_from_pickle  # optional: sglang
 
     n = len(recv.rids)
 

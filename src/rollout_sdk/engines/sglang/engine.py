@@ -150,7 +150,7 @@ class SglangEngine(Engine):
 
     async def start(self) -> None:
         try:
-            import sglang  # noqa: F401
+            import sglang  # noqa: F401  # optional: sglang
         except ImportError as exc:
             raise EngineStartupError(f"sglang is not installed ({exc}): pip install 'rollout-sdk[sglang]'") from exc
         loop = asyncio.get_running_loop()
@@ -267,7 +267,7 @@ class SglangEngine(Engine):
     def _pin_rpc(self, ops: list[list[Any]]) -> bool:
         """In the pin thread: SGLang's ``collective_rpc`` without its forever-blocking receive (polled, so a
         dead scheduler or our close never strands the thread)."""
-        from sglang.srt.managers.io_struct import RpcReqInput, sock_recv, sock_send
+        from sglang.srt.managers.io_struct import RpcReqInput, sock_recv, sock_send  # optional: sglang
 
         sock = self._engine.send_to_rpc
         sock_send(sock, RpcReqInput(method="rollout_sdk_sessions", parameters={"ops": ops}))
@@ -320,7 +320,7 @@ class SglangEngine(Engine):
         return self._prefill
 
     def _build(self) -> Any:
-        import sglang
+        import sglang  # optional: sglang
 
         root = logging.getLogger()
         handlers, level = list(root.handlers), root.level
@@ -680,7 +680,7 @@ class SglangEngine(Engine):
                 logprob_start_len=logprob_start_len,
                 extra_key=extra_key,
             )
-        from sglang.srt.managers.io_struct import GenerateReqInput
+        from sglang.srt.managers.io_struct import GenerateReqInput  # optional: sglang
 
         obj = GenerateReqInput(
             rid=sid,

@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
+
 __all__ = ["KEY", "apply", "snapshot"]
 
 log = logging.getLogger("rollout_sdk.engines.sglang")
@@ -49,8 +51,6 @@ def snapshot(scheduler: Any) -> dict[str, int]:
             scheduler.process_batch_result(batch, result)
             setattr(result, _DONE, True)  # the loop pops it after the resume: processed once, not twice
     try:
-        import torch
-
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # nothing launched before the pause still reads the weights
     except Exception:  # pragma: no cover - a CPU build

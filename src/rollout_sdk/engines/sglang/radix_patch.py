@@ -40,6 +40,8 @@ import os
 import time
 from typing import Any
 
+from . import inplace, pins
+
 __all__ = ["ENV", "apply", "plugin"]
 
 log = logging.getLogger("rollout_sdk.engines.sglang")
@@ -65,7 +67,7 @@ def apply(*, toggle: str | None = None) -> bool:
     _toggle = toggle
     if _applied:
         return True
-    from sglang.srt.mem_cache.radix_cache import RadixCache
+    from sglang.srt.mem_cache.radix_cache import RadixCache  # optional: sglang
 
     _apply_pins(RadixCache)
     _apply_inplace()
@@ -102,7 +104,7 @@ def apply(*, toggle: str | None = None) -> bool:
         if _toggle is not None and not os.path.exists(_toggle):
             _heap(self)  # keep it up to date, so switching on mid-run is exact
             return original_evict(self, params)
-        from sglang.srt.mem_cache.base_prefix_cache import EvictResult
+        from sglang.srt.mem_cache.base_prefix_cache import EvictResult  # optional: sglang
 
         start_time = time.perf_counter()
         heap = _heap(self)
@@ -139,11 +141,10 @@ def apply(*, toggle: str | None = None) -> bool:
 def _apply_inplace() -> None:
     """In-place weight updates with exact split points (:mod:`.inplace`): patches SGLang's scheduler."""
     try:
-        from sglang.srt.managers.scheduler import Scheduler
+        from sglang.srt.managers.scheduler import Scheduler  # optional: sglang
     except Exception as exc:  # an SGLang without the scheduler module we know
         log.warning("no in-place weight updates: %s", exc)
         return
-    from . import inplace
 
     inplace.apply(Scheduler)
 
@@ -158,11 +159,10 @@ def _apply_pins(radix_cache: Any) -> None:
     global _pins_applied
     if _pins_applied:
         return
-    from . import pins
 
     original_tag = getattr(radix_cache, "_tag_session_leaf", None)
     try:
-        from sglang.srt.managers.scheduler import Scheduler
+        from sglang.srt.managers.scheduler import Scheduler  # optional: sglang
     except Exception as exc:  # an SGLang without the scheduler module we know
         log.warning("no session pins: %s", exc)
         return

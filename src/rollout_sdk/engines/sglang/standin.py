@@ -31,9 +31,15 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+import zlib
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+import zmq
+
+from .inplace import KEY as inplace_key
 
 __all__ = ["StandinEngine", "StandinScheduler", "standin_logprob", "standin_next", "standin_seed"]
 
@@ -49,8 +55,6 @@ def standin_seed(ids: list[int], mm: tuple[Any, ...] = ()) -> int:
     """The stand-in's state after a prompt: a rolling digest of every id (and, for images, each item's
     offsets and pixel digest, as the scheduler received them).  Equal outputs mean equal requests, and a
     continuation (``prompt + tokens so far``) is in the very state the whole request reached."""
-    import zlib
-
     h = zlib.crc32(repr(mm).encode())
     for t in ids:
         h = _roll(h, t)
@@ -67,8 +71,6 @@ def standin_next(h: int, vocab_size: int, weights: int = 0) -> tuple[int, int]:
 
 def _mm_digest(r: Any) -> tuple[Any, ...]:
     """Per multimodal item of a received request: SGLang's offsets and a digest of its pixels."""
-    import zlib
-
     if hasattr(r, "unwrap_pickle_fields"):
         r.unwrap_pickle_fields()
     mm = r.mm_inputs
@@ -133,8 +135,7 @@ class _Req:
 
 
 def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, ready: Any) -> None:  # pragma: no cover
-    import zmq
-    from sglang.srt.managers import io_struct as io
+    from sglang.srt.managers import io_struct as io  # optional: sglang
 
     parent = os.getppid()
     ctx = zmq.Context()
@@ -143,7 +144,6 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
     push = ctx.socket(zmq.PUSH)
     push.connect(output_ipc)
     interval = int(os.environ.get("SGLANG_FORCE_STREAM_INTERVAL", "50"))
-    from .inplace import KEY as inplace_key
 
     waiting: deque[_Req] = deque()
     running: dict[str, _Req] = {}
@@ -250,8 +250,6 @@ _UNASKED_LOGPROBS = (
 
 
 def _batch_output(io: Any, items: list[tuple[_Req, dict[str, Any] | None]]) -> Any:
-    from array import array
-
     n = len(items)
     any_lp = any(r.want_lp for r, _ in items)
     out_lp: list[list[float]] = []
@@ -314,8 +312,8 @@ class StandinEngine:
     ``StandinEngine.launcher(cfg)`` as ``SglangEngine(..., launcher=...)``."""
 
     def __init__(self, server_args: dict[str, Any], scheduler: StandinScheduler | None = None) -> None:
-        from sglang.srt.managers.tokenizer_manager import TokenizerManager
-        from sglang.srt.server_args import PortArgs, ServerArgs
+        from sglang.srt.managers.tokenizer_manager import TokenizerManager  # optional: sglang
+        from sglang.srt.server_args import PortArgs, ServerArgs  # optional: sglang
 
         keep = ("model_path", "skip_tokenizer_init", "context_length", "max_running_requests", "random_seed")
         args = {k: server_args[k] for k in keep if k in server_args}
@@ -357,7 +355,7 @@ class StandinEngine:
         self, *, input_ids: list[int], sampling_params: dict[str, Any], return_logprob: bool = False
     ) -> dict[str, Any]:
         """What ``sglang.Engine.async_generate`` does for one request of token ids."""
-        from sglang.srt.managers.io_struct import GenerateReqInput
+        from sglang.srt.managers.io_struct import GenerateReqInput  # optional: sglang
 
         obj = GenerateReqInput(input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob)
         gen = self.tokenizer_manager.generate_request(obj, None)

@@ -11,7 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
+
 from ...errors import InvalidRequestError, RequestFailedError, RolloutError
+from ...models.vision import cached_image_processor
 from ...protocol import PENALTY_RANGE, GenerateRequest, GenerateResult, RoutedExperts, SamplingParams, Timings
 from ...protocol.segments import append_segments
 from ..base import EngineLoad, prompt_score_result
@@ -111,7 +115,6 @@ def prompt_inputs(req: GenerateRequest, parts: Parts, vision: Any) -> dict[str, 
     """
     if vision is None:
         return {"input_ids": [*req.input_ids, *parts.ids]}
-    import torch
 
     parts.vision = vision
     item = {
@@ -124,8 +127,6 @@ def prompt_inputs(req: GenerateRequest, parts: Parts, vision: Any) -> dict[str, 
 
 
 def _image_processor(model_path: str) -> Any:
-    from ...models.vision import cached_image_processor
-
     processor = cached_image_processor(model_path)
     if processor is None:
         raise InvalidRequestError("images", "<images>", f"model {model_path!r} takes no images (no image processor)")
@@ -157,8 +158,6 @@ class Parts:
         """SGLang's routed experts of one part: int32 ``[seq_len - 1, layers, top_k]`` (the last token is
         never fed forward), as a tensor (direct path) or base64 (tokenizer manager).  A later part
         re-prefills the sequence; keep what earlier parts measured and take only the new positions."""
-        import numpy as np
-
         if routed is None:
             raise RequestFailedError("SGLang returned no routed experts (start it with enable_return_routed_experts)")
         if isinstance(routed, str | bytes):
@@ -236,7 +235,6 @@ def _routed(arr: Any) -> RoutedExperts | None:
     """SGLang's int32 routing as the wire's compact int16 (expert ids are far below 32768)."""
     if arr is None:
         return None
-    import numpy as np
 
     t, layers, k = arr.shape
     if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int16).max):
