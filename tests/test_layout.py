@@ -16,9 +16,6 @@ ROOT = Path(rollout_sdk.__file__).parent
 #: the reasons a function-local import may give, as a trailing comment (docs/design.md, "Imports inside
 #: functions"): ``optional: <package>``, ``lazy: <path>``, ``door: <what>`` or ``cycle``
 IMPORT_REASON = re.compile(r"#\s*(?:(?:optional|lazy|door):\s*[\w.-]+|cycle\b)")
-#: packages not checked yet.  The gateway is being rewritten by another change (issue 38); its
-#: function-local imports get their reasons there, and it leaves this list then.
-NOT_CHECKED_YET = ("gateway",)
 
 
 def _unreasoned_imports(source: str) -> list[int]:
@@ -113,10 +110,7 @@ def test_every_function_local_import_gives_its_reason() -> None:
     missing = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT)
-        if rel.parts[0] in NOT_CHECKED_YET:
-            continue
         source = path.read_text()
         lines = source.splitlines()
         missing += [f"{rel}:{n}: {lines[n - 1].strip()}" for n in _unreasoned_imports(source)]
     assert missing == [], "function-local imports without a reason (docs/design.md):\n" + "\n".join(missing)
-    assert all((ROOT / name).is_dir() for name in NOT_CHECKED_YET)

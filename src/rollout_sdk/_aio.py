@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import sys
 import threading
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, Self, TypeVar, overload
 
@@ -233,9 +235,6 @@ def blocking_phase(label: str, *, every_s: float = 4.0, out: Any = None, enabled
     at a load of 7, issue 37): a thread, not a task, says every ``every_s`` seconds that it still runs.  It is
     joined on the way out, whatever the block raised.  ``enabled=False`` says nothing (an example imported
     by a test, not run)."""
-    import sys
-    import time
-
     if not enabled:
         yield
         return

@@ -45,14 +45,21 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .._aio import LifecycleGuard, OpenedWith, await_unless, cancel_and_wait
 from ..agents import Trajectory
+from ..client import RolloutClient
 from ..errors import ClientStateError, ConfigError
+from ..metrics import render_metrics
 from .bodies import PromptLimits
 from .config import GatewayConfig
 from .errors import GatewayError
+from .listener import BoundedSite
 from .records import ExportLease, SessionRecord, session_record
+from .routes import build_app
 from .sampling import SessionSampling
 from .service import Outcome, TurnService, max_token_chars
 from .sessions import Session, SessionStore
@@ -147,19 +154,8 @@ class Gateway(OpenedWith):
         await self._life.open_with(self._open, self._teardown)
 
     async def _open(self) -> None:
-        try:
-            from aiohttp import web
-
-            from .listener import BoundedSite
-            from .routes import build_app
-        except ImportError as exc:  # pragma: no cover - the extra is installed in tests
-            raise ConfigError(
-                "gateway", "aiohttp", f"needs the 'gateway' extra: pip install 'rollout-sdk[gateway]' ({exc})"
-            ) from exc
         cfg = self.config
         if self._client is None:
-            from ..client import RolloutClient
-
             self._client = RolloutClient(servers=self._servers, **self._client_options)
             await self._client.open()
         model_path = str(self._client.model_path)
@@ -462,10 +458,6 @@ class Gateway(OpenedWith):
 
     def metrics(self) -> tuple[bytes, str]:
         """The Prometheus exposition of ``/metrics``: the gateway's own series and its client's."""
-        from prometheus_client import CollectorRegistry
-
-        from ..metrics import render_metrics
-
         if self._registry is None:
             self._registry = CollectorRegistry(auto_describe=False)
             self._registry.register(_GatewayCollector(self))
@@ -493,8 +485,6 @@ class _GatewayCollector:
         self.gw = gateway
 
     def collect(self) -> Any:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         gw = self.gw
         sessions = list(gw.store.sessions.values())
         opened = sum(1 for s in sessions if s.state == "open")
@@ -554,7 +544,7 @@ def _host(host: str) -> str:
 
 
 def _load_tokenizer(path: str | None, model_path: str) -> Any:
-    from ..models import load_tokenizer  # engine-side
+    from ..models import load_tokenizer  # lazy: transformers
 
     if path is None and model_path and os.path.isdir(model_path):
         path = model_path

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import hmac
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -40,7 +42,7 @@ from . import responses as responses_api
 from .bodies import SHAPE_CHECK_BYTES, Api, PromptLimits, check_body
 from .config import GatewayConfig
 from .errors import GatewayError, bad_request, error_body, to_gateway_error
-from .records import ExportLease, SessionRecord
+from .records import ExportLease, SessionRecord, session_record
 from .requests import AckRequest, FinishRequest, RewardRequest, SessionRequest, TurnReward, convert
 from .sampling import SessionSampling
 from .service import Outcome
@@ -120,9 +122,6 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 def _trim_heap() -> None:
     """``malloc_trim(0)``: glibc keeps freed blocks of a large body (its mmap threshold grows with them),
     so without it a 15 MiB call leaves the gateway ~15-30 MB larger.  A no-op off glibc."""
-    import ctypes
-    import ctypes.util
-
     name = ctypes.util.find_library("c")
     if name is None:
         return
@@ -547,8 +546,6 @@ async def _sse(request: web.Request) -> web.StreamResponse:
 
 
 def _record(session: Any, per_turn: bool) -> SessionRecord:
-    from .records import session_record
-
     return session_record(session, per_turn=per_turn, state="exported")
 
 

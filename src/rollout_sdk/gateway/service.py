@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from .._aio import first_exception
 from ..agents import ChatTemplate, ParsedTurn, TemplateError, ToolCallParser, ToolCallRecord, Turn, get_parser
 from ..agents.chat import message_images
 from ..agents.parsers import ReasoningParser, get_reasoning_parser, split_reasoning
@@ -343,8 +344,6 @@ class TurnService:
                 tasks = [tg.create_task(self._generate(session, prompt, sampling, k, turn, images)) for k in range(n)]
             return [t.result() for t in tasks]
         except BaseExceptionGroup as eg:
-            from .._aio import first_exception
-
             raise first_exception(eg) from None
         finally:
             session.in_flight -= 1
