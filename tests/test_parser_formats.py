@@ -360,10 +360,12 @@ def test_json_calls_round_trip(fmt: str, calls: list[tuple[str, dict[str, Any]]]
 @FAST
 @given(calls=GLM_CALLS, prose=PROSE)
 def test_glm_calls_round_trip(calls: list[tuple[str, dict[str, str]]], prose: str) -> None:
-    tools = [
-        {"type": "function", "function": {"name": n, "parameters": {"properties": {k: {"type": "string"} for k in a}}}}
-        for n, a in calls
-    ]
+    # one definition per tool name (a request's tools have unique names), declaring every argument it is
+    # called with as a string: the values stay the strings written
+    props: dict[str, dict[str, Any]] = {}
+    for n, a in calls:
+        props.setdefault(n, {}).update({k: {"type": "string"} for k in a})
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"properties": p}}} for n, p in props.items()]
     text = with_prose("glm45", prose, calls)
     turn = get_parser("glm45", tools=tools).parse(text)
     assert turn.errors == []

@@ -105,15 +105,19 @@ async def test_session_affinity_holds_across_five_turns(fake_servers) -> None:
 
 
 async def test_session_moves_when_its_server_is_overloaded(fake_servers) -> None:
-    gate = asyncio.Event()
+    gate, free_gate = asyncio.Event(), asyncio.Event()
     (busy,) = await fake_servers(1, FakeEngineConfig(), gate=gate)
-    (free,) = await fake_servers(1, FakeEngineConfig())
+    (free,) = await fake_servers(1, FakeEngineConfig(), gate=free_gate)
     async with RolloutClient(servers=[busy.address, free.address], affinity_margin=0.5, affinity_slack=2) as client:
         busy_conn = next(c for c in client.servers if c.address == busy.address)
         client.scheduler._sessions["s"] = busy_conn
+        # both servers hold what they get, so the 20 spread over both whatever the machine's speed; then the
+        # free one finishes its share and the busy one is left overloaded
         held = [asyncio.create_task(client.generate(_req(i), session_id=f"x{i}")) for i in range(20)]
-        while sum(1 for _ in busy.engine.requests_seen) < 8:  # type: ignore[attr-defined]
-            await asyncio.sleep(0.01)
+        await until(lambda: len(busy.engine.requests_seen) >= 8, "the busy server holds 8")  # type: ignore[attr-defined]
+        free_gate.set()
+        free_conn = next(c for c in client.servers if c.address == free.address)
+        await until(lambda: free_conn.in_flight == 0, "the free server's share done")
         r = await client.generate(_req(99), session_id="s")
         assert r.server_id == free.server_id
         assert client.scheduler.session_server("s").address == free.address
