@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -31,6 +32,19 @@ from rollout_sdk.tasks import calculator as calc
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", autouse=True)
+async def _cached_clients_closed() -> AsyncIterator[None]:
+    """litellm caches its HTTP clients process-wide: closed after the module, else their sockets stay open
+    until the interpreter exits ("unclosed transport" after pytest's last line, issue 37)."""
+    yield
+    try:
+        import litellm
+    except ImportError:
+        return
+    await litellm.close_litellm_async_clients()
+
 
 TOOLS = calc.make_registry().schemas()  # the tool exactly as the model was trained on it
 SCHEMA = TOOLS[0]["function"]
@@ -100,22 +114,28 @@ async def test_langchain_chat_openai_streamed_tool_loop(env: Env) -> None:
 
     sample = question()
     s = env.session()
-    llm = lc_openai.ChatOpenAI(
-        base_url=s.base_url, api_key="unused", model=env.gw.model_name, max_retries=0, streaming=True
-    ).bind_tools(TOOLS)
-    history: list[Any] = [HumanMessage(sample["messages"][0]["content"])]
+    async with httpx.AsyncClient() as http:  # LangChain's own is process-wide and never closed (conftest)
+        llm = lc_openai.ChatOpenAI(
+            base_url=s.base_url,
+            api_key="unused",
+            model=env.gw.model_name,
+            max_retries=0,
+            streaming=True,
+            http_async_client=http,
+        ).bind_tools(TOOLS)
+        history: list[Any] = [HumanMessage(sample["messages"][0]["content"])]
 
-    async def streamed() -> Any:
-        total, chunks = None, 0
-        async for chunk in llm.astream(history):
-            total, chunks = (chunk if total is None else total + chunk), chunks + 1
-        assert chunks > 1  # really streamed: LangChain rebuilt the message from the gateway's chunks
-        return total
+        async def streamed() -> Any:
+            total, chunks = None, 0
+            async for chunk in llm.astream(history):
+                total, chunks = (chunk if total is None else total + chunk), chunks + 1
+            assert chunks > 1  # really streamed: LangChain rebuilt the message from the gateway's chunks
+            return total
 
-    ai = await streamed()
-    [call] = ai.tool_calls
-    history += [ai, ToolMessage(evaluate(call["args"]), tool_call_id=call["id"])]
-    answer = await streamed()
+        ai = await streamed()
+        [call] = ai.tool_calls
+        history += [ai, ToolMessage(evaluate(call["args"]), tool_call_id=call["id"])]
+        answer = await streamed()
     assert str(sample["answer"]) in str(answer.content)
     env.check(s, sample, api="chatcmpl")
 
@@ -127,14 +147,18 @@ async def test_langchain_anthropic_tool_loop_over_the_messages_api(env: Env, str
 
     sample = question()
     s = env.session()
-    llm = lc_anthropic.ChatAnthropic(
+    chat = lc_anthropic.ChatAnthropic(
         model=env.gw.model_name, base_url=env.root(s), api_key="unused", max_tokens=48, max_retries=0, streaming=stream
-    ).bind_tools([ANTHROPIC_TOOL])
+    )
+    llm = chat.bind_tools([ANTHROPIC_TOOL])
     history: list[Any] = [HumanMessage(sample["messages"][0]["content"])]
-    ai = await llm.ainvoke(history)
-    [call] = ai.tool_calls
-    history += [ai, ToolMessage(evaluate(call["args"]), tool_call_id=call["id"])]
-    answer = await llm.ainvoke(history)
+    try:
+        ai = await llm.ainvoke(history)
+        [call] = ai.tool_calls
+        history += [ai, ToolMessage(evaluate(call["args"]), tool_call_id=call["id"])]
+        answer = await llm.ainvoke(history)
+    finally:  # its httpx client is a process-wide cached one per base_url, never closed (conftest)
+        await chat._async_client.close()
     assert str(sample["answer"]) in answer.text
     usage = answer.usage_metadata
     assert usage is not None and usage["output_tokens"] == env.gw.get_session(s.id).nodes[-1].turn.model_tokens
@@ -216,34 +240,40 @@ async def test_langgraph_react_agent_over_each_api(env: Env, api: str) -> None:
         calculator, name=SCHEMA["name"], description=SCHEMA["description"], args_schema=SCHEMA["parameters"]
     )
     s = env.session()
-    if api == "messages":
-        lc_anthropic = pytest.importorskip("langchain_anthropic")
-        llm: Any = lc_anthropic.ChatAnthropic(
-            model=env.gw.model_name, base_url=env.root(s), api_key="unused", max_tokens=48, max_retries=0
-        )
-    else:
-        lc_openai = pytest.importorskip("langchain_openai")
-        llm = lc_openai.ChatOpenAI(
-            base_url=s.base_url,
-            api_key="unused",
-            model=env.gw.model_name,
-            max_retries=0,
-            use_responses_api=api == "responses",
-            streaming=api == "stream",
-        )
-    agent = prebuilt.create_react_agent(llm, [tool])
-    question_input = {"messages": [("user", sample["messages"][0]["content"])]}
-    if api == "stream":
-        tokens, final = 0, None
-        async for mode, item in agent.astream(question_input, stream_mode=["messages", "values"]):
-            if mode == "messages":
-                tokens += 1
+    async with httpx.AsyncClient() as http:  # LangChain's own clients are process-wide, never closed (conftest)
+        if api == "messages":
+            lc_anthropic = pytest.importorskip("langchain_anthropic")
+            llm: Any = lc_anthropic.ChatAnthropic(
+                model=env.gw.model_name, base_url=env.root(s), api_key="unused", max_tokens=48, max_retries=0
+            )
+        else:
+            lc_openai = pytest.importorskip("langchain_openai")
+            llm = lc_openai.ChatOpenAI(
+                base_url=s.base_url,
+                api_key="unused",
+                model=env.gw.model_name,
+                max_retries=0,
+                use_responses_api=api == "responses",
+                streaming=api == "stream",
+                http_async_client=http,
+            )
+        agent = prebuilt.create_react_agent(llm, [tool])
+        question_input = {"messages": [("user", sample["messages"][0]["content"])]}
+        try:
+            if api == "stream":
+                tokens, final = 0, None
+                async for mode, item in agent.astream(question_input, stream_mode=["messages", "values"]):
+                    if mode == "messages":
+                        tokens += 1
+                    else:
+                        final = item
+                assert final is not None and tokens > 2  # message chunks came as the gateway streamed them
+                out = final
             else:
-                final = item
-        assert final is not None and tokens > 2  # message chunks came as the gateway streamed them
-        out = final
-    else:
-        out = await agent.ainvoke(question_input)
+                out = await agent.ainvoke(question_input)
+        finally:
+            if api == "messages":
+                await llm._async_client.close()
     assert any(m.type == "tool" for m in out["messages"])  # a real tool call, run by LangGraph's ToolNode
     assert str(sample["answer"]) in out["messages"][-1].text
     env.check(s, sample, api={"responses": "resp", "messages": "msg", "stream": "chatcmpl"}[api])
