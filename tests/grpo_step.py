@@ -32,7 +32,7 @@ def _step(policy: Any, opt: Any, groups: list[list[Trajectory]]) -> tuple[float,
     opt.zero_grad()
     loss.backward()
     opt.step()
-    return float(loss), gap
+    return float(loss.detach()), gap
 
 
 async def grpo_step(client: Any, model_dir: Any, groups: list[list[Trajectory]], *, version: int) -> float:

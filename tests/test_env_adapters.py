@@ -55,7 +55,7 @@ def check_exact(traj: Any, tok: Any, tools: Any = None) -> None:
 # -- reasoning-gym --------------------------------------------------------------------------------
 
 
-def test_reasoning_gym_task_refuses_by_field() -> None:
+async def test_reasoning_gym_task_refuses_by_field() -> None:
     with pytest.raises(ConfigError, match="dataset"):
         ReasoningGymTask("no_such_dataset")
     with pytest.raises(ConfigError, match=r"config\.max_digitz"):
@@ -68,7 +68,7 @@ def test_reasoning_gym_task_refuses_by_field() -> None:
         ReasoningGymTask.from_name("products")
 
 
-def test_reasoning_gym_samples_are_its_entries_and_scores_are_its_own() -> None:
+async def test_reasoning_gym_samples_are_its_entries_and_scores_are_its_own() -> None:
     task = ReasoningGymTask("products", size=5, seed=3, config={"min_digits": 2, "max_digits": 2})
     ds = reasoning_gym.create_dataset("products", size=5, seed=3, min_digits=2, max_digits=2)
     for s, e in zip(task.samples(), ds, strict=True):
