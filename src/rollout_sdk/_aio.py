@@ -230,28 +230,41 @@ class LifecycleGuard:
 
 
 @contextlib.contextmanager
-def blocking_phase(label: str, *, every_s: float = 4.0, out: Any = None, enabled: bool = True) -> Iterator[None]:
-    """:func:`phase` for a block that holds its thread, an example's ``import torch`` (14-20 s on a machine
-    at a load of 7, issue 37): a thread, not a task, says every ``every_s`` seconds that it still runs.  It is
-    joined on the way out, whatever the block raised.  ``enabled=False`` says nothing (an example imported
-    by a test, not run)."""
-    if not enabled:
-        yield
-        return
-    stream = out or sys.stdout
-    t0 = time.perf_counter()
-    print(f"{label} ...", file=stream, flush=True)
+def ticking(every_s: float, say: Callable[[float], None], *, name: str) -> Iterator[None]:
+    """Call ``say(seconds since the block began)`` every ``every_s`` seconds until the block ends, from a
+    thread, not a task: the block may hold the event loop (an import, a model load) and a task would wait for
+    it in silence.  The thread is joined on the way out, whatever the block raised."""
     stop = threading.Event()
+    t0 = time.perf_counter()
 
     def tick() -> None:
         while not stop.wait(every_s):
-            print(f"{label} ... still running ({time.perf_counter() - t0:.0f}s)", file=stream, flush=True)
+            say(time.perf_counter() - t0)
 
-    ticker = threading.Thread(target=tick, name=f"phase-{label}")
+    ticker = threading.Thread(target=tick, name=name)
     ticker.start()
     try:
         yield
     finally:
         stop.set()
         ticker.join()
+
+
+@contextlib.contextmanager
+def blocking_phase(label: str, *, every_s: float = 4.0, out: Any = None, enabled: bool = True) -> Iterator[None]:
+    """:func:`phase` for a block that holds its thread, an example's ``import torch`` (14-20 s on a machine
+    at a load of 7, issue 37): it says every ``every_s`` seconds that it still runs (:func:`ticking`).
+    ``enabled=False`` says nothing (an example imported by a test, not run)."""
+    if not enabled:
+        yield
+        return
+    stream = out or sys.stdout
+    t0 = time.perf_counter()
+    print(f"{label} ...", file=stream, flush=True)
+
+    def say(elapsed: float) -> None:
+        print(f"{label} ... still running ({elapsed:.0f}s)", file=stream, flush=True)
+
+    with ticking(every_s, say, name=f"phase-{label}"):
+        yield
     print(f"{label}: done in {time.perf_counter() - t0:.1f}s", file=stream, flush=True)

@@ -26,11 +26,11 @@ import os
 import signal
 import sys
 import threading
-import time
 import typing
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from .._aio import ticking
 from ..auth import JobSecret
 from ..client import ClientConfig
 from ..client.scheduler import SchedulerConfig
@@ -452,23 +452,14 @@ STILL_STARTING_EVERY_S = 4.0
 
 @contextlib.contextmanager
 def _still_starting(label: str, *, every_s: float = STILL_STARTING_EVERY_S) -> typing.Iterator[None]:
-    """A line on stderr every ``every_s`` seconds until the block ends.  A thread, not a task: the engine's
-    import and model load block the event loop for seconds (torch, transformers), and a task would wait
-    for them in silence.  The thread is joined on the way out, whatever the block raised."""
-    stop = threading.Event()
-    t0 = time.perf_counter()
+    """A line on stderr every ``every_s`` seconds until the block ends (the engine's import and model load
+    hold the event loop: :func:`~rollout_sdk._aio.ticking` says it from a thread)."""
 
-    def tick() -> None:
-        while not stop.wait(every_s):
-            print(f"{label}: still starting ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+    def say(elapsed: float) -> None:
+        print(f"{label}: still starting ({elapsed:.0f}s)", file=sys.stderr, flush=True)
 
-    ticker = threading.Thread(target=tick, name="still-starting")
-    ticker.start()
-    try:
+    with ticking(every_s, say, name="still-starting"):
         yield
-    finally:
-        stop.set()
-        ticker.join()
 
 
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
