@@ -346,18 +346,7 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
         import gpu_check
 
         model = gpu_check.model_dir(a.shape)
-        eng = SglangEngine(
-            SglangEngineConfig(
-                model_path=model,
-                load_format="dummy",
-                attention_backend=a.attn,
-                sampling_backend="pytorch",
-                mem_fraction_static=a.mem_fraction,
-                cuda_graph_max_bs=a.graph_bs,
-                random_seed=0,
-                extra={"disable_prefill_cuda_graph": True, "max_total_tokens": a.max_total_tokens},
-            )
-        )
+        eng = SglangEngine(gpu_check.dummy_engine_config(a, model, extra={"max_total_tokens": a.max_total_tokens}))
         vocab = 151000
     t0 = time.perf_counter()
     await eng.start()
@@ -432,6 +421,7 @@ def main() -> None:
     ap.add_argument("--check", type=int, default=1, help="run the per-token exactness check first (1)")
     ap.add_argument("--flush", type=int, default=0, help="reprefill passes also flush (0: the namespace alone)")
     ap.add_argument("--attn", default="triton")
+    ap.add_argument("--sampling", default="pytorch")
     ap.add_argument("--mem-fraction", type=float, default=0.85)
     ap.add_argument("--max-total-tokens", type=int, default=1_600_000)
     ap.add_argument("--graph-bs", type=int, default=256)
