@@ -58,10 +58,15 @@ for step in "$@"; do
     inf7) timeout 560 python3 bench/gpu_inflight.py --shape 7b --reps ${REPS:-2} --warmup-s ${WARM:-45} --window-s ${WIN:-30} \
             --every-s 10 --json $OUT/inflight-7b.json 2>$OUT/inflight-7b.log | quiet
           grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-7b.log | tail -30 ;;
-    inf05) timeout 560 python3 bench/gpu_inflight.py --shape 0.5b --reps ${REPS:-3} --warmup-s ${WARM:-30} --window-s ${WIN:-30} \
+    inf7h) timeout ${TI:-560} python3 bench/gpu_inflight.py --shape 7b --reps ${REPS:-2} --warmup-s ${WARM:-45} --window-s ${WIN:-30} \
+            --every-s 10 --prompt 3840 --max-new 256 --mem-fraction 0.9 --max-total-tokens 1060000 \
+            --json $OUT/inflight-7b-h100.json 2>$OUT/inflight-7b-h100.log | quiet
+          grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-7b-h100.log | tail -30 ;;
+    inf05) timeout ${TI:-560} python3 bench/gpu_inflight.py --shape 0.5b --reps ${REPS:-3} --warmup-s ${WARM:-30} --window-s ${WIN:-30} \
             --every-s 10 --json $OUT/inflight-0.5b.json 2>$OUT/inflight-0.5b.log | quiet
           grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-0.5b.log | tail -30 ;;
-    inftest) timeout 400 python3 -m pytest -n 0 -q -p no:cacheprovider tests/gpu/test_sglang_inflight.py 2>&1 | tail -15 ;;
+    inftest) timeout ${TT:-400} python3 -m pytest -n 0 -q -p no:cacheprovider -x -k "${TK:-}" tests/gpu/test_sglang_inflight.py >$OUT/inftest.log 2>&1
+          grep -a -v "Capturing\|it/s\]" $OUT/inftest.log | tail -60 ;;
     *) echo "unknown step $step" ;;
   esac
 done
