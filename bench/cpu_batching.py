@@ -160,11 +160,13 @@ async def _engine_level(engine: Any, wl: Workload, c: int, min_seconds: float, m
     return _finish_level(res, time.perf_counter() - t0)
 
 
-async def _start_engine(wl: Workload, max_c: int, home: str | None) -> tuple[Any, ImplResult]:
-    """Start a CpuEngine with its default config and warm it up."""
+async def _start_engine(
+    wl: Workload, max_c: int, home: str | None, threads: int | None = None
+) -> tuple[Any, ImplResult]:
+    """Start a CpuEngine with its default config (``threads``: its ``num_threads``) and warm it up."""
     from rollout_sdk.engines.cpu import CpuEngine, CpuEngineConfig
 
-    cfg = CpuEngineConfig(home=home)
+    cfg = CpuEngineConfig(home=home, num_threads=threads)
     result = ImplResult(name=ENGINE, config=asdict(cfg))
     t0 = time.perf_counter()
     engine = CpuEngine(cfg)
@@ -316,7 +318,7 @@ class _CbRunner:
 
 async def _run_engine(args: argparse.Namespace, wl: Workload) -> ImplResult:
     """Start the engine, run every level, close it."""
-    engine, result = await _start_engine(wl, max(args.levels), args.home)
+    engine, result = await _start_engine(wl, max(args.levels), args.home, args.threads)
     try:
         for c in args.levels:
             result.levels.append(await _engine_level(engine, wl, c, args.min_seconds, wl.max_new_tokens))
@@ -424,6 +426,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--level-timeout", type=float, default=180.0, help="give up on a CB result after this long")
     p.add_argument("--home", default=None, help="rollout-sdk home for the tiny model (default $ROLLOUT_SDK_HOME)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="the engine's num_threads (default: its default)")
     args = p.parse_args(argv)
     harness.by_mode(args, min_seconds=(3.0, 1.0))
     if 1 not in args.levels:

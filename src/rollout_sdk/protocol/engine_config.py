@@ -27,7 +27,9 @@ class CpuEngineConfig:
     max_prefill_tokens: int = 4096
     #: "float32" or "bfloat16"
     dtype: str = "float32"
-    #: torch intra-op threads; None leaves torch's default
+    #: torch intra-op threads of the engine's worker thread (its own: the process's default is left as it
+    #: was); None: one for a small model (hidden size < 512, like the embedded tiny models: its ops are too
+    #: small to split, and split ones wait on any busy core; engines/cpu/threads.py), torch's default else
     num_threads: int | None = None
     #: context length; None takes the model's max_position_embeddings
     max_context: int | None = None
@@ -47,6 +49,8 @@ class CpuEngineConfig:
         check_config_types(self)  # a mistyped value fails here, naming the field, not deep inside
         if self.max_running < 1:
             raise ConfigError("max_running", self.max_running, "must be >= 1")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError("num_threads", self.num_threads, "must be >= 1 (or None: chosen by model size)")
         if self.max_image_expansions < 1:
             raise ConfigError("max_image_expansions", self.max_image_expansions, "must be >= 1")
         if self.max_prefill_tokens < 1:

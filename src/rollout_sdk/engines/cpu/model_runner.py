@@ -44,6 +44,7 @@ from .._sampling import RowSampling, sample
 from .batch import Batch, prefill_inputs
 from .prefix_cache import Hit, PrefixCache
 from .sequence import Sequence
+from .threads import threads_for, use_threads
 
 __all__ = ["ModelRunner", "StepOutput"]
 
@@ -94,13 +95,14 @@ class ModelRunner:
     # -- loading -----------------------------------------------------------------------------------
 
     def load(self) -> EngineLimits:
-        if self.config.num_threads:
-            torch.set_num_threads(self.config.num_threads)
         path = self.config.model_path
         if path is None:
             path = str(ensure_tiny_model(self.config.home))
         if not Path(path, "config.json").exists():
             raise FileNotFoundError(f"{path!r} is not a model directory (no config.json)")
+        threads = threads_for(path, self.config.num_threads)
+        if threads is not None:  # this worker's own (threads.py: one for a small model)
+            use_threads(threads)
         dtype = getattr(torch, self.config.dtype)
 
         self.vision = load_image_processor(path)
