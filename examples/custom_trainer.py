@@ -18,6 +18,8 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 from rollout_sdk.demos.progress import blocking_phase, phase  # light: no torch
 
@@ -30,12 +32,15 @@ with blocking_phase("custom_trainer: loading torch and the SDK", enabled=__name_
     from rollout_sdk.models import quiet_weight_loading
 
 
-def _args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    argv: list[str] | None = None, *, steps: int = 4, prompts: int = 4, max_new_tokens: int = 16
+) -> argparse.Namespace:
+    """The trainer's options (examples/vl_trainer.py has the same, with its own defaults)."""
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--prompts", type=int, default=prompts)
     p.add_argument("--group-size", "--group", type=int, default=4, dest="group_size")
-    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
     p.add_argument("--lr", type=float, default=1e-2)
     args, _ = p.parse_known_args(argv)
     return args
@@ -51,22 +56,26 @@ def response_logprobs(policy: torch.nn.Module, prompt: list[int], response: list
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
 
 
-def policy_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: list) -> tuple:
-    """One GRPO step on the groups' samples; returns (loss, rewards, engine/trainer logprob gaps)."""
+def policy_step(
+    optimizer: torch.optim.Optimizer, groups: list[Any], logprobs: Callable[[Any, Any], torch.Tensor]
+) -> tuple[float, list[float], list[float]]:
+    """One GRPO step on the groups' samples; returns (loss, rewards, engine/trainer logprob gaps).
+    ``logprobs(group, result)``: the trainer's logprobs of ``result.output_ids`` (the one part a model with
+    images does differently: examples/vl_trainer.py)."""
     loss_terms, rewards, gaps = [], [], []
     for g in groups:
         rs = torch.tensor([reward(r.output_ids) for r in g.results])
         adv = (rs - rs.mean()) / (rs.std() + 1e-6)  # GRPO: group-relative advantage
         rewards.extend(rs.tolist())
         for a, r in zip(adv, g.results, strict=True):
-            lp = response_logprobs(policy, g.request.input_ids, r.output_ids)
+            lp = logprobs(g, r)
             gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
             loss_terms.append(-(a * lp).mean())
     loss = torch.stack(loss_terms).mean()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return loss.item(), rewards, gaps
+    return float(loss.item()), rewards, gaps
 
 
 async def train(args: argparse.Namespace) -> None:
@@ -83,6 +92,10 @@ async def train(args: argparse.Namespace) -> None:
                     AutoModelForCausalLM.from_pretrained, client.model_path, dtype=torch.float32
                 )
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
+
+        def logprobs(g: Any, r: Any) -> torch.Tensor:
+            return response_logprobs(policy, g.request.input_ids, r.output_ids)
+
         async with phase("joining the engines' weight-sync group (gloo)"):
             await client.init_weight_sync(backend="gloo")  # trainer = rank 0 of a group with every engine
         prompts = [[151644, 872, 198, 1000 + 17 * i] for i in range(args.prompts)]
@@ -100,7 +113,7 @@ async def train(args: argparse.Namespace) -> None:
             t_gen = time.perf_counter() - t0
             # in a worker thread: the event loop (and an embedded engine's server on it) keeps running
             async with phase(f"step {step}: policy step"):
-                loss, rewards, gaps = await asyncio.to_thread(policy_step, policy, optimizer, groups)
+                loss, rewards, gaps = await asyncio.to_thread(policy_step, optimizer, groups, logprobs)
             named = [(n, p.detach()) for n, p in policy.named_parameters()]
             sync = await client.update_weights(named, version=step + 1)  # every later result says v(step+1)
             print(
@@ -115,7 +128,7 @@ async def train(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    args = _args()
+    args = parse_args()
     if "RANK" in os.environ:  # under torchrun: every rank serves, rank 0 also trains
         from rollout_sdk.launch import run
 

@@ -27,25 +27,13 @@ with blocking_phase("vl_trainer: loading torch and the SDK", enabled=__name__ ==
     import msgspec
     import torch
 
+    # the loop's other parts are custom_trainer.py's (the same toy reward, the same GRPO step)
+    from custom_trainer import parse_args, policy_step
+
     from rollout_sdk import CpuEngineConfig, GenerateRequest, GenerateResult, RolloutClient, SamplingParams
     from rollout_sdk.models import ensure_tiny_vl_model
     from rollout_sdk.models.tiny_vl import noise_png
     from rollout_sdk.models.vision import ImageProcessor, load_image_processor
-
-
-def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--group", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-2)
-    args, _ = p.parse_known_args(argv)
-    return args
-
-
-def reward(ids: list[int]) -> float:
-    return sum(1 for t in ids if t % 2 == 0) / max(1, len(ids))
 
 
 def response_logprobs(
@@ -57,26 +45,6 @@ def response_logprobs(
     n = len(r.input_ids)
     logits = policy(**inputs).logits[0, n - 1 : -1].float()
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(r.output_ids)[:, None]).squeeze(1)
-
-
-def policy_step(
-    policy: Any, proc: ImageProcessor, optimizer: torch.optim.Optimizer, groups: list[Any]
-) -> tuple[float, list[float], list[float]]:
-    """One policy-gradient step on group-relative advantages (GRPO-style); returns loss, rewards, gaps."""
-    loss_terms, rewards, gaps = [], [], []
-    for g in groups:
-        rs = torch.tensor([reward(r.output_ids) for r in g.results])
-        adv = (rs - rs.mean()) / (rs.std() + 1e-6)
-        rewards.extend(rs.tolist())
-        for a, r in zip(adv, g.results, strict=True):
-            lp = response_logprobs(policy, proc, r, list(g.request.images))
-            gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
-            loss_terms.append(-(a * lp).mean())
-    loss = torch.stack(loss_terms).mean()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    return float(loss.item()), rewards, gaps
 
 
 async def train(args: argparse.Namespace) -> None:
@@ -95,6 +63,10 @@ async def train(args: argparse.Namespace) -> None:
                 AutoModelForImageTextToText.from_pretrained, model_dir, dtype=torch.float32
             )
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
+
+        def logprobs(g: Any, r: GenerateResult) -> torch.Tensor:
+            return response_logprobs(policy, proc, r, list(g.request.images))
+
         async with phase("joining the engines' weight-sync group (gloo)"):
             await client.init_weight_sync(backend="gloo")
         images = [[noise_png(56, 56, i)] for i in range(args.prompts)]
@@ -111,11 +83,11 @@ async def train(args: argparse.Namespace) -> None:
                 for i, imgs in enumerate(images)
             ]
             async with phase(f"step {step}: generating"):
-                groups = await client.generate_many(requests, group_size=args.group).collect()
+                groups = await client.generate_many(requests, group_size=args.group_size).collect()
             t_gen = time.perf_counter() - t0
             # in a worker thread: the event loop (and the embedded engine's server on it) keeps running
             async with phase(f"step {step}: policy step"):
-                loss, rewards, gaps = await asyncio.to_thread(policy_step, policy, proc, optimizer, groups)
+                loss, rewards, gaps = await asyncio.to_thread(policy_step, optimizer, groups, logprobs)
             named = [(n, p.detach()) for n, p in policy.named_parameters()]
             sync = await client.update_weights(named, version=step + 1)
             r0 = groups[0].results[0]
@@ -128,7 +100,7 @@ async def train(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    asyncio.run(train(_args()))
+    asyncio.run(train(parse_args(steps=2, prompts=2, max_new_tokens=8)))
     return 0
 
 
