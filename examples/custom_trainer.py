@@ -19,6 +19,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rollout_sdk.demos.progress import blocking_phase, phase  # light: no torch
@@ -78,6 +79,49 @@ def policy_step(
     return float(loss.item()), rewards, gaps
 
 
+@dataclass
+class Step:
+    """What one step of the loop did: the groups it generated and trained on, and what that cost."""
+
+    groups: list[Any]
+    loss: float
+    rewards: list[float]
+    gaps: list[float]
+    generate_s: float
+    sync: dict[str, Any]
+
+    def line(self, step: int) -> str:
+        """The start of the step's line: reward, on-policy gap, loss, generation and weight-sync time."""
+        return (
+            f"step {step}: reward {sum(self.rewards) / len(self.rewards):.3f}  engine/trainer logprob gap "
+            f"{max(self.gaps):.1e}  loss {self.loss:+.4f}  generate {self.generate_s:.2f}s  weight sync "
+            f"{self.sync['seconds']:.2f}s"
+        )
+
+
+async def train_step(
+    client: RolloutClient,
+    policy: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    requests: list[GenerateRequest],
+    *,
+    step: int,
+    group_size: int,
+    logprobs: Callable[[Any, Any], torch.Tensor],
+) -> Step:
+    """Generate the groups, take the policy step, push the new weights (version ``step + 1``)."""
+    t0 = time.perf_counter()
+    async with phase(f"step {step}: generating"):
+        groups = await client.generate_many(requests, group_size=group_size).collect()
+    generate_s = time.perf_counter() - t0
+    # in a worker thread: the event loop (and an embedded engine's server on it) keeps running
+    async with phase(f"step {step}: policy step"):
+        loss, rewards, gaps = await asyncio.to_thread(policy_step, optimizer, groups, logprobs)
+    named = [(n, p.detach()) for n, p in policy.named_parameters()]
+    sync = await client.update_weights(named, version=step + 1)  # every later result says v(step+1)
+    return Step(groups, loss, rewards, gaps, generate_s, sync)
+
+
 async def train(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -102,25 +146,17 @@ async def train(args: argparse.Namespace) -> None:
         sampling = SamplingParams(max_new_tokens=args.max_new_tokens, top_k=8, ignore_eos=True)
         print(f"training: {args.steps} steps of {args.prompts} prompts x {args.group_size} samples", flush=True)
         for step in range(args.steps):
-            t0 = time.perf_counter()
             # seeded per step and prompt (each of a group's samples gets seed+k): a reproducible run
             requests = [
                 GenerateRequest(input_ids=p, sampling=msgspec.structs.replace(sampling, seed=10_000 * step + 100 * i))
                 for i, p in enumerate(prompts)
             ]
-            async with phase(f"step {step}: generating"):
-                groups = await client.generate_many(requests, group_size=args.group_size).collect()
-            t_gen = time.perf_counter() - t0
-            # in a worker thread: the event loop (and an embedded engine's server on it) keeps running
-            async with phase(f"step {step}: policy step"):
-                loss, rewards, gaps = await asyncio.to_thread(policy_step, optimizer, groups, logprobs)
-            named = [(n, p.detach()) for n, p in policy.named_parameters()]
-            sync = await client.update_weights(named, version=step + 1)  # every later result says v(step+1)
+            done = await train_step(
+                client, policy, optimizer, requests, step=step, group_size=args.group_size, logprobs=logprobs
+            )
             print(
-                f"step {step}: reward {sum(rewards) / len(rewards):.3f}  engine/trainer logprob gap "
-                f"{max(gaps):.1e}  loss {loss:+.4f}  generate {t_gen:.2f}s  weight sync "
-                f"{sync['seconds']:.2f}s ({sync['bytes'] / 2**20:.0f} MiB)  served by "
-                f"{sorted({r.server_id for g in groups for r in g.results})}",
+                f"{done.line(step)} ({done.sync['bytes'] / 2**20:.0f} MiB)  served by "
+                f"{sorted({r.server_id for g in done.groups for r in g.results})}",
                 flush=True,
             )
         last = await client.generate(prompts[0], sampling=sampling)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 from rollout_sdk.demos.progress import blocking_phase, phase  # light: no torch
@@ -27,8 +26,8 @@ with blocking_phase("vl_trainer: loading torch and the SDK", enabled=__name__ ==
     import msgspec
     import torch
 
-    # the loop's other parts are custom_trainer.py's (the same toy reward, the same GRPO step)
-    from custom_trainer import parse_args, policy_step
+    # the loop's other parts are custom_trainer.py's (the same toy reward, GRPO step and weight push)
+    from custom_trainer import parse_args, train_step
 
     from rollout_sdk import CpuEngineConfig, GenerateRequest, GenerateResult, RolloutClient, SamplingParams
     from rollout_sdk.models import ensure_tiny_vl_model
@@ -75,26 +74,19 @@ async def train(args: argparse.Namespace) -> None:
         prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
         sampling = SamplingParams(max_new_tokens=args.max_new_tokens, top_k=8, ignore_eos=True)
         for step in range(args.steps):
-            t0 = time.perf_counter()
             requests = [
                 GenerateRequest(
                     input_ids=prompt, images=imgs, sampling=msgspec.structs.replace(sampling, seed=1000 * step + i)
                 )
                 for i, imgs in enumerate(images)
             ]
-            async with phase(f"step {step}: generating"):
-                groups = await client.generate_many(requests, group_size=args.group_size).collect()
-            t_gen = time.perf_counter() - t0
-            # in a worker thread: the event loop (and the embedded engine's server on it) keeps running
-            async with phase(f"step {step}: policy step"):
-                loss, rewards, gaps = await asyncio.to_thread(policy_step, optimizer, groups, logprobs)
-            named = [(n, p.detach()) for n, p in policy.named_parameters()]
-            sync = await client.update_weights(named, version=step + 1)
-            r0 = groups[0].results[0]
+            done = await train_step(
+                client, policy, optimizer, requests, step=step, group_size=args.group_size, logprobs=logprobs
+            )
+            r0 = done.groups[0].results[0]
             print(
-                f"step {step}: reward {sum(rewards) / len(rewards):.3f}  engine/trainer logprob gap {max(gaps):.1e}  "
-                f"loss {loss:+.4f}  generate {t_gen:.2f}s  weight sync {sync['seconds']:.2f}s  "
-                f"prompt {len(prompt)} -> {r0.prompt_tokens} tokens (image grid {r0.image_grid_thw})",
+                f"{done.line(step)}  prompt {len(prompt)} -> {r0.prompt_tokens} tokens "
+                f"(image grid {r0.image_grid_thw})",
                 flush=True,
             )
 
