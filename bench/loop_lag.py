@@ -45,8 +45,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -72,23 +70,8 @@ async def _serve(args: argparse.Namespace) -> None:
         max_generate_bytes=args.max_generate_bytes,
         offload_decode_bytes=args.offload_decode_bytes,
     )
-    server = EngineServer(engine, cfg)
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, server.stop)
-    samples: list[tuple[float, float, float]] = []
-
-    async def probe() -> None:
-        perf, cpu = time.perf_counter, time.thread_time
-        while True:
-            t, c = perf(), cpu()
-            await asyncio.sleep(0.001)
-            # (when, how late the wake-up was, CPU the loop thread spent meanwhile: work done on the loop)
-            samples.append((time.time(), perf() - t - 0.001, cpu() - c))
-
-    task = asyncio.create_task(probe())
-    await server.serve(on_ready=lambda addr: print(f"READY {addr}", flush=True))
-    task.cancel()
-    Path(args.samples).write_text(json.dumps(samples))
+    # the probe's samples: (when, how late the wake-up was, CPU the loop thread spent meanwhile: work on the loop)
+    await harness.serve(EngineServer(engine, cfg), lag_samples=args.samples)
 
 
 # -- the traffic side -----------------------------------------------------------------------------------
@@ -233,10 +216,8 @@ async def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
                 )
                 got = await _run_config(name, address, args, frames)
                 procs.stop([proc])
-                lags = json.loads(samples.read_text())
                 for row in got:
-                    window = [lag for t, lag, _ in lags if row["t0"] <= t <= row["t1"]]
-                    busy = [c for t, _, c in lags if row["t0"] <= t <= row["t1"]]
+                    window, busy = harness.lag_window(samples, row["t0"], row["t1"])
                     row["probe_n"] = len(window)
                     row["lag_p50_ms"] = 1000 * pct(window, 0.5)
                     row["lag_p99_ms"] = 1000 * pct(window, 0.99)
@@ -281,9 +262,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=None, help="alternating repetitions (full 2, quick 1)")
     args = p.parse_args()
     if args.serve:
-        import uvloop
-
-        uvloop.run(_serve(args))
+        harness.loop_runner()(_serve(args))
         return
     harness.by_mode(args, duration=(6.0, 3.0), repeats=(2, 1))
     t0 = time.time()

@@ -190,10 +190,7 @@ async def _child_main(spec: dict[str, Any], server_id: str) -> int:
         max_batch=spec["max_batch"],
     )
     server = EngineServer(FakeEngine(config, responder=responder), ServerConfig(server_id=server_id))
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.stop)
-    await server.serve(on_ready=lambda address: print(f"READY {address}", flush=True))
+    await harness.serve(server, stop_signals=(signal.SIGTERM, signal.SIGINT))
     return 0
 
 
@@ -264,11 +261,16 @@ def make_turn_sync(inner: Agent, barrier: asyncio.Barrier, phases: list[float]) 
 
     class BarrierContext(RolloutContext):
         async def generate(
-            self, input_ids: list[int], sampling: SamplingParams, images: Sequence[bytes] = ()
+            self,
+            input_ids: list[int],
+            sampling: SamplingParams,
+            images: Sequence[bytes] = (),
+            *,
+            keep_kv_s: float | None = None,
         ) -> GenerateResult:
             if await barrier.wait() == 0:  # everyone's tools are done: the generation phase starts
                 phases.append(time.perf_counter())
-            result = await super().generate(input_ids, sampling, images)
+            result = await super().generate(input_ids, sampling, images, keep_kv_s=keep_kv_s)
             if await barrier.wait() == 0:  # everyone's turn is generated: the tool phase starts
                 phases.append(time.perf_counter())
             return result
