@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,14 @@ def read_until(
     if reader.is_alive():
         raise RuntimeError(f"no {pattern!r} from {proc.args!r} within {timeout} s")
     raise RuntimeError(f"process {proc.args!r} ended before printing {pattern!r}")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a process that takes a port number)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def rss_kb(pid: int, field: str = "VmRSS") -> int:
