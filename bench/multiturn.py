@@ -99,7 +99,7 @@ from harness.stats import StepFn
 if TYPE_CHECKING:
     from rollout_sdk import RolloutClient
     from rollout_sdk.agents import Agent, RolloutContext, ToolRegistry, Trajectory
-    from rollout_sdk.protocol import GenerateRequest, GenerateResult, SamplingParams
+    from rollout_sdk.protocol import GenerateRequest, GenerateResult
 
 TARGET_RATIO = 0.5
 IM_START = 151644
@@ -260,17 +260,11 @@ def make_turn_sync(inner: Agent, barrier: asyncio.Barrier, phases: list[float]) 
     from rollout_sdk.agents import Agent, RolloutContext
 
     class BarrierContext(RolloutContext):
-        async def generate(
-            self,
-            input_ids: list[int],
-            sampling: SamplingParams,
-            images: Sequence[bytes] = (),
-            *,
-            keep_kv_s: float | None = None,
-        ) -> GenerateResult:
+        async def generate(self, *args: Any, **kwargs: Any) -> GenerateResult:
+            """RolloutContext.generate between two barriers (its arguments passed through as they come)."""
             if await barrier.wait() == 0:  # everyone's tools are done: the generation phase starts
                 phases.append(time.perf_counter())
-            result = await super().generate(input_ids, sampling, images, keep_kv_s=keep_kv_s)
+            result = await super().generate(*args, **kwargs)
             if await barrier.wait() == 0:  # everyone's turn is generated: the tool phase starts
                 phases.append(time.perf_counter())
             return result
