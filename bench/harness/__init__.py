@@ -9,7 +9,7 @@ that lives here, one noun a module:
 * :mod:`harness.machine` -- machine facts for a result's meta (date, host, CPU model, cores, load, package
   versions, the command), other people's CPU on a shared machine (:class:`ForeignCpu`), :func:`wait_quiet`.
 * :mod:`harness.procs` -- server processes the benchmark starts and always stops (:class:`ServerProcs`),
-  and what /proc says of a process (RSS and its peak, children, open descriptors).
+  what /proc says of a process (RSS and its peak, children, open descriptors), a free port.
 * :mod:`harness.serve` -- the other end: a script's own server child (``--serve``), its READY handshake,
   its stop on SIGTERM, and a loop-lag probe beside it (:func:`serve`, :func:`lag_window`).
 * :mod:`harness.passes` -- repetitions of alternating sides (ABBA order, so drift through a run is not
