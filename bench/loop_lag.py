@@ -13,7 +13,8 @@ Traffic, from this process, in phases of ``--duration`` seconds each:
 * ``normal``: a ``RolloutClient`` with ``--concurrency`` coroutines generating back to back (64-token
   prompts, 4 new tokens): the happy path;
 * ``+max``: the same, plus a raw DEALER that sends maximum-size GenerateRequests (just under
-  ``max_generate_bytes``, 3-byte token ids) one after another, each awaited;
+  ``max_generate_bytes``, 3-byte token ids, or ``MAX_INPUT_IDS`` ids where that comes first) one after
+  another, each awaited;
 * ``+over``: normal traffic plus a raw DEALER sending frames just over the limit every 100 ms (libzmq
   drops them and the connection: ``MAXMSGSIZE``);
 * ``mixed``: all three at once.
@@ -78,10 +79,11 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def _max_frame(limit: int, rid: str) -> bytes:
-    """A GenerateRequest that encodes to just under ``limit`` bytes (token ids in 256..65535: 3 bytes)."""
-    from rollout_sdk.protocol import GenerateRequest, SamplingParams, encode
+    """The largest GenerateRequest a server accepts: just under ``limit`` bytes (token ids in 256..65535: 3
+    bytes), or ``MAX_INPUT_IDS`` ids where that comes first (the default 8 MiB: about 6 MB)."""
+    from rollout_sdk.protocol import MAX_INPUT_IDS, GenerateRequest, SamplingParams, encode
 
-    n = (limit - 200) // 3
+    n = min((limit - 200) // 3, MAX_INPUT_IDS - 16)
     ids = [1000 + (i % 60000) for i in range(n)]
     data = encode(GenerateRequest(input_ids=ids, sampling=SamplingParams(max_new_tokens=1), rid=rid))
     assert len(data) <= limit, (len(data), limit)
