@@ -118,14 +118,8 @@ class Report:
 
 
 def _rss_bytes(pid: int | None = None) -> int:
-    """Resident set size of ``pid`` (this process by default)."""
-    try:
-        import psutil
-
-        return int(psutil.Process(pid).memory_info().rss)
-    except ImportError:
-        with open(f"/proc/{pid or 'self'}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    """Resident set size of ``pid`` (this process by default), in bytes."""
+    return 1024 * harness.rss_kb(os.getpid() if pid is None else pid)
 
 
 #: ``python -c`` wrapper for ``--no-fake-history``: FakeEngine keeps every request it has seen

@@ -35,7 +35,6 @@ import os
 import re
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -146,12 +145,6 @@ def curl_without_session(text: str) -> str:
         return f"curl without a session: {exc.code} {exc.read()[:400].decode()}"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def openai_snippet() -> str:
     """The quickstart's ``openai`` snippet (docs/gateway.md holds the same one: checked)."""
     qs = [b for b in python_blocks(ROOT / "docs" / "quickstart.md") if "from openai import OpenAI" in b]
@@ -199,7 +192,7 @@ def main() -> int:
 
         return then
 
-    gw_port, serve_port = free_port(), free_port()
+    gw_port, serve_port = harness.free_port(), harness.free_port()
     scripts = Path(args.home) / "scripts"
     scripts.mkdir(exist_ok=True)
     blocks = [("README example", python_blocks(ROOT / "README.md")[0])]

@@ -26,62 +26,16 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import harness
-from harness import log
+from harness import log, num_fds, reset_peak, rss_kb
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
-
-
-def rss_kb(pid: int, field: str = "VmRSS") -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return -1
-
-
-def reset_peak(pid: int) -> None:
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-
-
-def num_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-class GatewayProc:
-    def __init__(self, python: str, *args: str) -> None:
-        self.dir = tempfile.mkdtemp(prefix="gw-attacks-")
-        self.addr = os.path.join(self.dir, "url")
-        self.proc = subprocess.Popen(
-            [python, "-m", "rollout_sdk", "gateway", "--address-file", self.addr, *args],
-            stdout=subprocess.DEVNULL,
-            stderr=open(os.path.join(self.dir, "log"), "w"),  # noqa: SIM115
-            cwd=ROOT,
-        )
-
-    async def ready(self, timeout: float = 300) -> str:
-        deadline = time.monotonic() + timeout
-        while not os.path.exists(self.addr):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"gateway did not start: {Path(self.dir, 'log').read_text()[-2000:]}")
-            await asyncio.sleep(0.2)
-        url = Path(self.addr).read_text().removesuffix("/v1")
-        return url
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 async def model_name(http: Any, url: str) -> str:
@@ -342,10 +296,11 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     served = [p for p in parts if p != "bind"]
     if not served:
         return rows
-    gw = GatewayProc(args.python, "--max-sessions", "10000", *args.gateway_args.split())
-    try:
-        url = await gw.ready()
-        pid = gw.proc.pid
+    argv = [args.python, "-m", "rollout_sdk", "gateway", "--max-sessions", "10000", *args.gateway_args.split()]
+    with harness.ServerProcs.session("gw-attacks-", keep_logs=True) as procs:
+        gw, base_url = await asyncio.to_thread(procs.spawn, "gateway", argv, 300)
+        url = base_url.removesuffix("/v1")
+        pid = gw.pid
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             if "big" in served:
@@ -360,8 +315,6 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
                 rows += await part_stream(http, url)
         if "slow" in served:
             rows += await part_slow(url, pid)
-    finally:
-        gw.stop()
     return rows
 
 
@@ -373,6 +326,6 @@ if __name__ == "__main__":
     ap.add_argument("--big-mib", type=float, default=15.0, help="size of the big call's body")
     ap.add_argument("--gateway-args", default="", help="more flags for rollout-sdk gateway (one string)")
     a = ap.parse_args()
-    result = asyncio.run(main(a))
+    result = harness.run(main(a), uvloop=False)
     meta = harness.save_results(a.out, result, vars(a))
     print(json.dumps({"meta": meta, "rows": result}, indent=1))

@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, HERE)
 
 import harness  # noqa: E402  (bench/harness/)
-from harness import log, write_json  # noqa: E402
+from harness import free_port, log, write_json  # noqa: E402
 
 WORKLOADS = ("grpo", "short", "long", "oversub")
 T0 = time.perf_counter()
@@ -278,15 +278,6 @@ def stop_group(proc: subprocess.Popen[Any]) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def fake_http_server(engine: Any) -> tuple[Any, str]:

@@ -47,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -435,6 +436,27 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
             await client.run(mode="sdk", workload="short" if a.quick else "grpo", vocab=vocab)
             log("warm-up done")
             k = 0
+
+            async def counted_pass(mode: str, w: str, step: int, detail: Callable[[dict[str, Any]], str]) -> None:
+                """One counted pass: its row (or the error that broke it: one broken pass must not lose the
+                run), its stacks, a progress line (``detail``: its end), the JSON so far."""
+                nonlocal k
+                label = f"p{k:03d}-{mode}-{w}"
+                try:
+                    row = await one_pass(mode, w, label)
+                except Exception as exc:
+                    row = {"error": f"{type(exc).__name__}: {exc}"}
+                row.update(i=k, step=step, workload=w, mode=mode, label=label)
+                res["passes"].append(row)
+                await checkpoint_stacks(label)
+                k += 1
+                log(
+                    f"{label:18s} {row.get('s', '-'):>8} s {row.get('tok_s', '-'):>10} tok/s "
+                    f"gpu {row.get('gpu_util')}% {detail(row)}"
+                )
+                if a.json:
+                    write_json(a.json, res)
+
             for tok in a.plan or []:  # an explicit plan: "mode:workload" passes and "FIX" (toggle on)
                 if tok == "FIX":
                     assert toggle is not None, "--plan FIX needs --patch-after-step"
@@ -443,21 +465,9 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
                     continue
                 mode, w = tok.split(":")
                 works.setdefault(w, soak_workload(w, shape=a.shape, vocab=vocab, quick=a.quick))
-                label = f"p{k:03d}-{mode}-{w}"
-                try:
-                    row = await one_pass(mode, w, label)
-                except Exception as exc:
-                    row = {"error": f"{type(exc).__name__}: {exc}"}
-                row.update(i=k, step=0, workload=w, mode=mode, label=label)
-                res["passes"].append(row)
-                await checkpoint_stacks(label)
-                k += 1
-                log(
-                    f"{label:18s} {row.get('s', '-'):>8} s {row.get('tok_s', '-'):>10} tok/s "
-                    f"gpu {row.get('gpu_util')}% fix={row.get('patched')} stalls={row.get('stalls')} ok={row.get('ok')}"
+                await counted_pass(
+                    mode, w, 0, lambda r: f"fix={r.get('patched')} stalls={r.get('stalls')} ok={r.get('ok')}"
                 )
-                if a.json:
-                    write_json(a.json, res)
             for step in range(0 if a.plan else a.steps):
                 if toggle is not None and step == a.patch_after_step:
                     open(toggle, "w").close()  # the scheduler's evict switches to rollout-sdk's (radix_patch)
@@ -465,22 +475,15 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
                 order = ("raw", "sdk") if step % 2 == 0 else ("sdk", "raw")
                 for w in a.workloads:
                     for mode in order:
-                        label = f"p{k:03d}-{mode}-{w}"
-                        try:
-                            row = await one_pass(mode, w, label)
-                        except Exception as exc:  # one broken pass must not lose the run
-                            row = {"error": f"{type(exc).__name__}: {exc}"}
-                        row.update(i=k, step=step, workload=w, mode=mode, label=label)
-                        res["passes"].append(row)
-                        await checkpoint_stacks(label)
-                        k += 1
-                        log(
-                            f"{label:18s} {row.get('s', '-'):>8} s {row.get('tok_s', '-'):>10} tok/s "
-                            f"gpu {row.get('gpu_util')}% lag p99 {row.get('lag_p99_ms')} ms gc {row.get('gc_s')} s "
-                            f"ok={row.get('ok')} {row.get('error', '')}"
+                        await counted_pass(
+                            mode,
+                            w,
+                            step,
+                            lambda r: (
+                                f"lag p99 {r.get('lag_p99_ms')} ms gc {r.get('gc_s')} s "
+                                f"ok={r.get('ok')} {r.get('error', '')}"
+                            ),
                         )
-                        if a.json:
-                            write_json(a.json, res)
                 version = step + 1  # the weight version after this step's update
                 t0 = time.perf_counter()
                 try:

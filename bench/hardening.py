@@ -30,9 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -46,7 +44,7 @@ import zmq.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
-from harness import ServerProcs, log, pct
+from harness import ServerProcs, child_pids, lag_window, log, pct, rss_kb
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("stall", "memory", "heartbeat", "sigterm", "fairshare", "poison")
@@ -60,22 +58,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
     engine = FakeEngine(FakeEngineConfig(step_base_s=0.002, max_context=1 << 22))
     engine.requests_seen = collections.deque(maxlen=0)  # keep no history (it would hold the big prompts)
-    server = EngineServer(engine, ServerConfig())
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, server.stop)
-    samples: list[tuple[float, float]] = []
-
-    async def probe() -> None:
-        perf = time.perf_counter
-        while True:
-            t = perf()
-            await asyncio.sleep(0.001)
-            samples.append((time.time(), perf() - t - 0.001))
-
-    task = asyncio.create_task(probe())
-    await server.serve(on_ready=lambda addr: print(f"READY {addr}", flush=True))
-    task.cancel()
-    Path(args.samples).write_text(json.dumps(samples))
+    await harness.serve(EngineServer(engine, ServerConfig()), lag_samples=args.samples)
 
 
 # -- helpers --------------------------------------------------------------------------------------------
@@ -139,20 +122,6 @@ def _big_control(call_id: str) -> bytes:
     return frame
 
 
-def _rss_kb(pid: int, field: str = "VmRSS") -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
 # -- parts ----------------------------------------------------------------------------------------------
 
 
@@ -194,28 +163,27 @@ async def _stall_and_memory(procs: ServerProcs, tmp: Path, parts: set[str]) -> d
             windows.append(("control 1 MiB", t, time.time() + 0.2))
             out.setdefault("replies", {})["control 1 MiB"] = f"{type(reply).__name__} {getattr(reply, 'code', '')}"
         if "memory" in parts:
-            rss0 = _rss_kb(proc.pid)
+            rss0 = rss_kb(proc.pid)
             frame = _max_prompt("m")
             for _ in range(16):
                 reply = await peer.call(frame)
                 assert type(reply).__name__ == "GenerateResult", reply
             await peer.ping_rtt(1)
-            worker = [_rss_kb(c) for c in _children(proc.pid)]
+            worker = [rss_kb(c) for c in child_pids(proc.pid)]
             out["memory"] = {
                 "frame_MB": round(len(frame) / 1e6, 2),
                 "rss_before_MB": round(rss0 / 1024, 1),
-                "rss_after_16_MB": round(_rss_kb(proc.pid) / 1024, 1),
-                "rss_peak_MB": round(_rss_kb(proc.pid, "VmHWM") / 1024, 1),
+                "rss_after_16_MB": round(rss_kb(proc.pid) / 1024, 1),
+                "rss_peak_MB": round(rss_kb(proc.pid, "VmHWM") / 1024, 1),
                 "decode_worker_rss_MB": [round(w / 1024, 1) for w in worker],
             }
     finally:
         peer.close()
         procs.stop([proc])
     if "stall" in parts:
-        data = json.loads(samples.read_text())
         rows = []
         for kind, t0, t1 in windows:
-            lag = [x[1] * 1000 for x in data if t0 <= x[0] <= t1]
+            lag = [x * 1000 for x in lag_window(samples, t0, t1)[0]]
             rows.append({"frame": kind, "samples": len(lag), "lag_p99_ms": pct(lag, 0.99), "lag_max_ms": max(lag)})
         out["stall"] = rows
     return out
@@ -228,15 +196,7 @@ async def _heartbeat(procs: ServerProcs, tmp: Path) -> list[dict[str, Any]]:
     try:
         client = Peer(address)
         idle = [await client.ping_rtt(i) for i in range(200)]
-        rows.append(
-            {
-                "phase": "idle",
-                "pings": len(idle),
-                "p50_ms": pct(idle, 0.5) * 1e3,
-                "p99_ms": pct(idle, 0.99) * 1e3,
-                "max_ms": max(idle) * 1e3,
-            }
-        )
+        rows.append(_rtt_row("idle", idle))
         # the flooder is a process of its own (as an attacker would be), so it does not share this loop
         flooder = subprocess.Popen([sys.executable, __file__, "--flood", address], stdout=subprocess.PIPE, text=True)
         assert flooder.stdout is not None
@@ -249,20 +209,17 @@ async def _heartbeat(procs: ServerProcs, tmp: Path) -> list[dict[str, Any]]:
         flooder.send_signal(signal.SIGTERM)
         tail = (await asyncio.to_thread(flooder.communicate, None, 60))[0].split()
         sent = [int(tail[-1]) if tail else 0]
-        rows.append(
-            {
-                "phase": "one peer floods max frames",
-                "pings": len(flooded),
-                "p50_ms": pct(flooded, 0.5) * 1e3,
-                "p99_ms": pct(flooded, 0.99) * 1e3,
-                "max_ms": max(flooded) * 1e3,
-                "frames_sent": sent[0],
-            }
-        )
+        rows.append({**_rtt_row("one peer floods max frames", flooded), "frames_sent": sent[0]})
         client.close()
     finally:
         procs.stop([proc])
     return rows
+
+
+def _rtt_row(phase: str, rtts: list[float]) -> dict[str, Any]:
+    """One heartbeat row: how many Pings, their round trips' p50, p99 and max in ms."""
+    ms = [x * 1e3 for x in rtts]
+    return {"phase": phase, "pings": len(ms), "p50_ms": pct(ms, 0.5), "p99_ms": pct(ms, 0.99), "max_ms": max(ms)}
 
 
 async def _flood(address: str) -> None:
@@ -284,16 +241,12 @@ async def _flood(address: str) -> None:
 def _sigterm_one(name: str, argv: list[str], ready: str, then: Any, env: dict[str, str]) -> dict[str, Any]:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
     assert proc.stdout is not None
-    lines = []
+    lines: list[str] = []
     try:
-        while True:
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"{name} ended before it was ready:\n" + "".join(lines[-30:]))
-            lines.append(line)
-            m = re.search(ready, line)
-            if m:
-                break
+        try:
+            m = harness.read_until(proc, ready, 600, seen=lines)
+        except RuntimeError:
+            raise RuntimeError(f"{name} ended before it was ready:\n" + "".join(lines[-30:])) from None
         then(m, proc, lines)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -493,18 +446,7 @@ def _print(out: dict[str, Any]) -> None:
     for key, value in out.items():
         print(f"\n## {key}")
         rows = value if isinstance(value, list) else [value]
-        if not rows or not isinstance(rows[0], dict):
-            print(value)
-            continue
-        cols = list(rows[0])
-        print("| " + " | ".join(cols) + " |")
-        print("|" + "---|" * len(cols))
-        for r in rows:
-            print(
-                "| "
-                + " | ".join(f"{r.get(c):.2f}" if isinstance(r.get(c), float) else str(r.get(c)) for c in cols)
-                + " |"
-            )
+        print(harness.records(rows) if rows and isinstance(rows[0], dict) else value)
 
 
 def main() -> None:
@@ -522,9 +464,7 @@ def main() -> None:
         asyncio.run(_flood(args.flood))
         return
     if args.serve:
-        import uvloop
-
-        uvloop.run(_serve(args))
+        harness.loop_runner()(_serve(args))
         return
     out = harness.run(_drive(args), uvloop=False)
     _print(out)

@@ -13,7 +13,8 @@ Traffic, from this process, in phases of ``--duration`` seconds each:
 * ``normal``: a ``RolloutClient`` with ``--concurrency`` coroutines generating back to back (64-token
   prompts, 4 new tokens): the happy path;
 * ``+max``: the same, plus a raw DEALER that sends maximum-size GenerateRequests (just under
-  ``max_generate_bytes``, 3-byte token ids) one after another, each awaited;
+  ``max_generate_bytes``, 3-byte token ids, or ``MAX_INPUT_IDS`` ids where that comes first) one after
+  another, each awaited;
 * ``+over``: normal traffic plus a raw DEALER sending frames just over the limit every 100 ms (libzmq
   drops them and the connection: ``MAXMSGSIZE``);
 * ``mixed``: all three at once.
@@ -45,8 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -72,33 +71,19 @@ async def _serve(args: argparse.Namespace) -> None:
         max_generate_bytes=args.max_generate_bytes,
         offload_decode_bytes=args.offload_decode_bytes,
     )
-    server = EngineServer(engine, cfg)
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, server.stop)
-    samples: list[tuple[float, float, float]] = []
-
-    async def probe() -> None:
-        perf, cpu = time.perf_counter, time.thread_time
-        while True:
-            t, c = perf(), cpu()
-            await asyncio.sleep(0.001)
-            # (when, how late the wake-up was, CPU the loop thread spent meanwhile: work done on the loop)
-            samples.append((time.time(), perf() - t - 0.001, cpu() - c))
-
-    task = asyncio.create_task(probe())
-    await server.serve(on_ready=lambda addr: print(f"READY {addr}", flush=True))
-    task.cancel()
-    Path(args.samples).write_text(json.dumps(samples))
+    # the probe's samples: (when, how late the wake-up was, CPU the loop thread spent meanwhile: work on the loop)
+    await harness.serve(EngineServer(engine, cfg), lag_samples=args.samples)
 
 
 # -- the traffic side -----------------------------------------------------------------------------------
 
 
 def _max_frame(limit: int, rid: str) -> bytes:
-    """A GenerateRequest that encodes to just under ``limit`` bytes (token ids in 256..65535: 3 bytes)."""
-    from rollout_sdk.protocol import GenerateRequest, SamplingParams, encode
+    """The largest GenerateRequest a server accepts: just under ``limit`` bytes (token ids in 256..65535: 3
+    bytes), or ``MAX_INPUT_IDS`` ids where that comes first (the default 8 MiB: about 6 MB)."""
+    from rollout_sdk.protocol import MAX_INPUT_IDS, GenerateRequest, SamplingParams, encode
 
-    n = (limit - 200) // 3
+    n = min((limit - 200) // 3, MAX_INPUT_IDS - 16)
     ids = [1000 + (i % 60000) for i in range(n)]
     data = encode(GenerateRequest(input_ids=ids, sampling=SamplingParams(max_new_tokens=1), rid=rid))
     assert len(data) <= limit, (len(data), limit)
@@ -233,10 +218,8 @@ async def _drive(args: argparse.Namespace) -> list[dict[str, Any]]:
                 )
                 got = await _run_config(name, address, args, frames)
                 procs.stop([proc])
-                lags = json.loads(samples.read_text())
                 for row in got:
-                    window = [lag for t, lag, _ in lags if row["t0"] <= t <= row["t1"]]
-                    busy = [c for t, _, c in lags if row["t0"] <= t <= row["t1"]]
+                    window, busy = harness.lag_window(samples, row["t0"], row["t1"])
                     row["probe_n"] = len(window)
                     row["lag_p50_ms"] = 1000 * pct(window, 0.5)
                     row["lag_p99_ms"] = 1000 * pct(window, 0.99)
@@ -281,9 +264,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=None, help="alternating repetitions (full 2, quick 1)")
     args = p.parse_args()
     if args.serve:
-        import uvloop
-
-        uvloop.run(_serve(args))
+        harness.loop_runner()(_serve(args))
         return
     harness.by_mode(args, duration=(6.0, 3.0), repeats=(2, 1))
     t0 = time.time()

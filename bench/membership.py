@@ -92,4 +92,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    harness.run(main(), uvloop=False)

@@ -99,7 +99,7 @@ from harness.stats import StepFn
 if TYPE_CHECKING:
     from rollout_sdk import RolloutClient
     from rollout_sdk.agents import Agent, RolloutContext, ToolRegistry, Trajectory
-    from rollout_sdk.protocol import GenerateRequest, GenerateResult, SamplingParams
+    from rollout_sdk.protocol import GenerateRequest, GenerateResult
 
 TARGET_RATIO = 0.5
 IM_START = 151644
@@ -190,10 +190,7 @@ async def _child_main(spec: dict[str, Any], server_id: str) -> int:
         max_batch=spec["max_batch"],
     )
     server = EngineServer(FakeEngine(config, responder=responder), ServerConfig(server_id=server_id))
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.stop)
-    await server.serve(on_ready=lambda address: print(f"READY {address}", flush=True))
+    await harness.serve(server, stop_signals=(signal.SIGTERM, signal.SIGINT))
     return 0
 
 
@@ -263,12 +260,11 @@ def make_turn_sync(inner: Agent, barrier: asyncio.Barrier, phases: list[float]) 
     from rollout_sdk.agents import Agent, RolloutContext
 
     class BarrierContext(RolloutContext):
-        async def generate(
-            self, input_ids: list[int], sampling: SamplingParams, images: Sequence[bytes] = ()
-        ) -> GenerateResult:
+        async def generate(self, *args: Any, **kwargs: Any) -> GenerateResult:
+            """RolloutContext.generate between two barriers (its arguments passed through as they come)."""
             if await barrier.wait() == 0:  # everyone's tools are done: the generation phase starts
                 phases.append(time.perf_counter())
-            result = await super().generate(input_ids, sampling, images)
+            result = await super().generate(*args, **kwargs)
             if await barrier.wait() == 0:  # everyone's turn is generated: the tool phase starts
                 phases.append(time.perf_counter())
             return result

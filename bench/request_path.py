@@ -244,7 +244,6 @@ def instrument(server: Any, engine: Any, clock: StageClock) -> Callable[[], None
 
 async def _serve(args: argparse.Namespace) -> None:
     import asyncio
-    import signal
 
     from rollout_sdk.server import EngineServer, ServerConfig
 
@@ -257,7 +256,6 @@ async def _serve(args: argparse.Namespace) -> None:
     server = EngineServer(engine, ServerConfig(max_requests=max(4096, 2 * args.in_flight), **gc_kw))
     on_bound = instrument(server, engine, clock)
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, server.stop)
     marks: dict[str, float] = {}
 
     def command(line: str) -> None:  # on the loop: the driver's "reset" / "report"
@@ -283,9 +281,8 @@ async def _serve(args: argparse.Namespace) -> None:
     def ready(address: str) -> None:
         on_bound()
         threading.Thread(target=read_commands, daemon=True).start()
-        print(f"READY {address}", flush=True)
 
-    await server.serve(on_ready=ready)
+    await harness.serve(server, on_ready=ready)
 
 
 # -- the client (its own process) -------------------------------------------------------------------------
@@ -365,18 +362,6 @@ def _client(args: argparse.Namespace) -> None:
 # -- the driver -------------------------------------------------------------------------------------------
 
 
-def _readline_until(proc: subprocess.Popen[str], prefix: str, timeout: float) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"process {proc.args!r} exited before printing {prefix!r}")
-        if line.startswith(prefix):
-            return line.strip()
-    raise RuntimeError(f"no {prefix!r} from {proc.args!r} within {timeout} s")
-
-
 def _cell(server: subprocess.Popen[str], address: str, clients: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [
         sys.executable,
@@ -400,10 +385,10 @@ def _cell(server: subprocess.Popen[str], address: str, clients: int, args: argpa
     client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert server.stdin is not None and server.stdout is not None
     try:
-        _readline_until(client, "MEASURE", 60)
+        harness.read_until(client, "^MEASURE", 60)
         server.stdin.write("reset\n")
         server.stdin.flush()
-        _, ok, errors, seconds = _readline_until(client, "DONE", 60 + args.duration).split()
+        _, ok, errors, seconds = harness.read_until(client, "^DONE .*", 60 + args.duration).group(0).split()
         server.stdin.write("report\n")
         server.stdin.flush()
         report = json.loads(server.stdout.readline())
@@ -493,9 +478,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.serve:
-        import uvloop
-
-        uvloop.run(_serve(args))
+        harness.loop_runner()(_serve(args))
         return
     if args.client:
         args.clients = args.clients[0]

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+import harness
 
 PATHS = ("raw", "direct", "tm")
 LABELS = {"raw": "raw async_generate", "direct": "SglangEngine direct", "tm": "SglangEngine via TM"}
@@ -99,33 +99,27 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     finally:
         await engine.close()
     out = []
-    raw_tok_s = statistics.median(t for t, _ in rows["raw"])
+    raw_tok_s = harness.median(t for t, _ in rows["raw"])
     print(f"\n{'mode':24s} {'tok/s':>8s} {'vs raw':>7s} {'loop CPU us/req':>16s}   (medians of {args.reps})")
     for mode, vals in rows.items():
-        tok_s = statistics.median(t for t, _ in vals)
-        us = statistics.median(u for _, u in vals)
+        tok_s = harness.median(t for t, _ in vals)
+        us = harness.median(u for _, u in vals)
         print(f"{LABELS[mode]:24s} {tok_s:8.0f} {tok_s / raw_tok_s:7.2f} {us:16.0f}")
         out.append({"mode": LABELS[mode], "tok_s": tok_s, "vs_raw": tok_s / raw_tok_s, "cpu_us_per_req": us})
     return out
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__, reps=3)
     ap.add_argument("--model", required=True, help="a local model dir (its config and context length are read)")
     ap.add_argument("--requests", type=int, default=4000)
     ap.add_argument("--inflight", type=int, default=512)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--max-new", type=int, default=8)
     ap.add_argument("--step-s", type=float, default=0.001, help="the stand-in scheduler's seconds per decode step")
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--profile", help="cProfile one mode (raw, direct or tm) instead of the table")
     a = ap.parse_args()
-    try:
-        import uvloop
-
-        res = uvloop.run(main(a))
-    except ImportError:
-        res = asyncio.run(main(a))
+    res = harness.run(main(a))
     if a.json:
-        a.json.write_text(json.dumps(res, indent=1))
+        harness.write_json(a.json, res, indent=1)

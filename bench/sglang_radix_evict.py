@@ -18,14 +18,14 @@ decode step of 1,024 requests asks for), refilling what each call freed so the l
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
 from typing import Any
+
+import harness
 
 _TOGGLE = os.path.join(tempfile.gettempdir(), f"radix-evict-toggle-{os.getpid()}")
 
@@ -76,14 +76,14 @@ def measure(n_leaves: int, tokens: int, calls: int, patched: bool) -> dict[str, 
         add(-(-res.num_tokens_evicted // tokens))  # keep the leaf count where it was
     return {
         "leaves": n_leaves,
-        "evict_ms_median": round(1000 * statistics.median(times), 3),
+        "evict_ms_median": round(1000 * harness.median(times), 3),
         "evict_ms_max": round(1000 * max(times), 3),
         "leaves_after": len(cache.evictable_leaves),
     }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__)
     ap.add_argument("--leaves", type=int, nargs="*", default=[1_000, 8_000, 32_000, 64_000])
     ap.add_argument("--tokens", type=int, default=80, help="tokens per cached request (a 64-in / 16-out one)")
     ap.add_argument("--calls", type=int, default=20)

@@ -109,7 +109,7 @@ def main() -> None:
     tracemalloc.start()
     samples, summary = [], []
     for mode in args.modes:
-        rows = asyncio.run(run_mode(mode, args))
+        rows = harness.run(run_mode(mode, args), uvloop=False)
         samples += [
             [
                 mode,

@@ -97,7 +97,7 @@ def main() -> None:
     args = p.parse_args()
     path = str(ensure_tool_model(args.home))
     t0 = time.perf_counter()
-    gw_rows = asyncio.run(through_gateway(path, args.questions))
+    gw_rows = harness.run(through_gateway(path, args.questions), uvloop=False)
     print(f"\nthrough the gateway ({time.perf_counter() - t0:.0f} s)")
     table = [
         [label, api, dec, n, f"{parsed / n:.1%}", f"{solved / n:.1%}"]
@@ -114,7 +114,7 @@ def main() -> None:
     ]:
         path = str(ensure_tool_model(args.home, stage=stage))
         t0 = time.perf_counter()
-        success, called = asyncio.run(rate(path, temperature, n, k, split))
+        success, called = harness.run(rate(path, temperature, n, k, split), uvloop=False)
         rows.append(
             (
                 stage,

@@ -13,7 +13,6 @@ What is measured
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import harness
@@ -70,4 +69,4 @@ async def main() -> None:
 
 if __name__ == "__main__":
     harness.parser(__doc__).parse_args()
-    asyncio.run(main())
+    harness.run(main(), uvloop=False)

@@ -18,6 +18,9 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from rollout_sdk.demos.progress import blocking_phase, phase  # light: no torch
 
@@ -30,12 +33,15 @@ with blocking_phase("custom_trainer: loading torch and the SDK", enabled=__name_
     from rollout_sdk.models import quiet_weight_loading
 
 
-def _args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    argv: list[str] | None = None, *, steps: int = 4, prompts: int = 4, max_new_tokens: int = 16
+) -> argparse.Namespace:
+    """The trainer's options (examples/vl_trainer.py has the same, with its own defaults)."""
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--prompts", type=int, default=prompts)
     p.add_argument("--group-size", "--group", type=int, default=4, dest="group_size")
-    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
     p.add_argument("--lr", type=float, default=1e-2)
     args, _ = p.parse_known_args(argv)
     return args
@@ -51,22 +57,69 @@ def response_logprobs(policy: torch.nn.Module, prompt: list[int], response: list
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
 
 
-def policy_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: list) -> tuple:
-    """One GRPO step on the groups' samples; returns (loss, rewards, engine/trainer logprob gaps)."""
+def policy_step(
+    optimizer: torch.optim.Optimizer, groups: list[Any], logprobs: Callable[[Any, Any], torch.Tensor]
+) -> tuple[float, list[float], list[float]]:
+    """One GRPO step on the groups' samples; returns (loss, rewards, engine/trainer logprob gaps).
+    ``logprobs(group, result)``: the trainer's logprobs of ``result.output_ids`` (the one part a model with
+    images does differently: examples/vl_trainer.py)."""
     loss_terms, rewards, gaps = [], [], []
     for g in groups:
         rs = torch.tensor([reward(r.output_ids) for r in g.results])
         adv = (rs - rs.mean()) / (rs.std() + 1e-6)  # GRPO: group-relative advantage
         rewards.extend(rs.tolist())
         for a, r in zip(adv, g.results, strict=True):
-            lp = response_logprobs(policy, g.request.input_ids, r.output_ids)
+            lp = logprobs(g, r)
             gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
             loss_terms.append(-(a * lp).mean())
     loss = torch.stack(loss_terms).mean()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return loss.item(), rewards, gaps
+    return float(loss.item()), rewards, gaps
+
+
+@dataclass
+class Step:
+    """What one step of the loop did: the groups it generated and trained on, and what that cost."""
+
+    groups: list[Any]
+    loss: float
+    rewards: list[float]
+    gaps: list[float]
+    generate_s: float
+    sync: dict[str, Any]
+
+    def line(self, step: int) -> str:
+        """The start of the step's line: reward, on-policy gap, loss, generation and weight-sync time."""
+        return (
+            f"step {step}: reward {sum(self.rewards) / len(self.rewards):.3f}  engine/trainer logprob gap "
+            f"{max(self.gaps):.1e}  loss {self.loss:+.4f}  generate {self.generate_s:.2f}s  weight sync "
+            f"{self.sync['seconds']:.2f}s"
+        )
+
+
+async def train_step(
+    client: RolloutClient,
+    policy: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    requests: list[GenerateRequest],
+    *,
+    step: int,
+    group_size: int,
+    logprobs: Callable[[Any, Any], torch.Tensor],
+) -> Step:
+    """Generate the groups, take the policy step, push the new weights (version ``step + 1``)."""
+    t0 = time.perf_counter()
+    async with phase(f"step {step}: generating"):
+        groups = await client.generate_many(requests, group_size=group_size).collect()
+    generate_s = time.perf_counter() - t0
+    # in a worker thread: the event loop (and an embedded engine's server on it) keeps running
+    async with phase(f"step {step}: policy step"):
+        loss, rewards, gaps = await asyncio.to_thread(policy_step, optimizer, groups, logprobs)
+    named = [(n, p.detach()) for n, p in policy.named_parameters()]
+    sync = await client.update_weights(named, version=step + 1)  # every later result says v(step+1)
+    return Step(groups, loss, rewards, gaps, generate_s, sync)
 
 
 async def train(args: argparse.Namespace) -> None:
@@ -83,31 +136,27 @@ async def train(args: argparse.Namespace) -> None:
                     AutoModelForCausalLM.from_pretrained, client.model_path, dtype=torch.float32
                 )
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
+
+        def logprobs(g: Any, r: Any) -> torch.Tensor:
+            return response_logprobs(policy, g.request.input_ids, r.output_ids)
+
         async with phase("joining the engines' weight-sync group (gloo)"):
             await client.init_weight_sync(backend="gloo")  # trainer = rank 0 of a group with every engine
         prompts = [[151644, 872, 198, 1000 + 17 * i] for i in range(args.prompts)]
         sampling = SamplingParams(max_new_tokens=args.max_new_tokens, top_k=8, ignore_eos=True)
         print(f"training: {args.steps} steps of {args.prompts} prompts x {args.group_size} samples", flush=True)
         for step in range(args.steps):
-            t0 = time.perf_counter()
             # seeded per step and prompt (each of a group's samples gets seed+k): a reproducible run
             requests = [
                 GenerateRequest(input_ids=p, sampling=msgspec.structs.replace(sampling, seed=10_000 * step + 100 * i))
                 for i, p in enumerate(prompts)
             ]
-            async with phase(f"step {step}: generating"):
-                groups = await client.generate_many(requests, group_size=args.group_size).collect()
-            t_gen = time.perf_counter() - t0
-            # in a worker thread: the event loop (and an embedded engine's server on it) keeps running
-            async with phase(f"step {step}: policy step"):
-                loss, rewards, gaps = await asyncio.to_thread(policy_step, policy, optimizer, groups)
-            named = [(n, p.detach()) for n, p in policy.named_parameters()]
-            sync = await client.update_weights(named, version=step + 1)  # every later result says v(step+1)
+            done = await train_step(
+                client, policy, optimizer, requests, step=step, group_size=args.group_size, logprobs=logprobs
+            )
             print(
-                f"step {step}: reward {sum(rewards) / len(rewards):.3f}  engine/trainer logprob gap "
-                f"{max(gaps):.1e}  loss {loss:+.4f}  generate {t_gen:.2f}s  weight sync "
-                f"{sync['seconds']:.2f}s ({sync['bytes'] / 2**20:.0f} MiB)  served by "
-                f"{sorted({r.server_id for g in groups for r in g.results})}",
+                f"{done.line(step)} ({done.sync['bytes'] / 2**20:.0f} MiB)  served by "
+                f"{sorted({r.server_id for g in done.groups for r in g.results})}",
                 flush=True,
             )
         last = await client.generate(prompts[0], sampling=sampling)
@@ -115,7 +164,7 @@ async def train(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    args = _args()
+    args = parse_args()
     if "RANK" in os.environ:  # under torchrun: every rank serves, rank 0 also trains
         from rollout_sdk.launch import run
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 from rollout_sdk.demos.progress import blocking_phase, phase  # light: no torch
@@ -27,25 +26,13 @@ with blocking_phase("vl_trainer: loading torch and the SDK", enabled=__name__ ==
     import msgspec
     import torch
 
+    # the loop's other parts are custom_trainer.py's (the same toy reward, GRPO step and weight push)
+    from custom_trainer import parse_args, train_step
+
     from rollout_sdk import CpuEngineConfig, GenerateRequest, GenerateResult, RolloutClient, SamplingParams
     from rollout_sdk.models import ensure_tiny_vl_model
     from rollout_sdk.models.tiny_vl import noise_png
     from rollout_sdk.models.vision import ImageProcessor, load_image_processor
-
-
-def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--group", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-2)
-    args, _ = p.parse_known_args(argv)
-    return args
-
-
-def reward(ids: list[int]) -> float:
-    return sum(1 for t in ids if t % 2 == 0) / max(1, len(ids))
 
 
 def response_logprobs(
@@ -57,26 +44,6 @@ def response_logprobs(
     n = len(r.input_ids)
     logits = policy(**inputs).logits[0, n - 1 : -1].float()
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(r.output_ids)[:, None]).squeeze(1)
-
-
-def policy_step(
-    policy: Any, proc: ImageProcessor, optimizer: torch.optim.Optimizer, groups: list[Any]
-) -> tuple[float, list[float], list[float]]:
-    """One policy-gradient step on group-relative advantages (GRPO-style); returns loss, rewards, gaps."""
-    loss_terms, rewards, gaps = [], [], []
-    for g in groups:
-        rs = torch.tensor([reward(r.output_ids) for r in g.results])
-        adv = (rs - rs.mean()) / (rs.std() + 1e-6)
-        rewards.extend(rs.tolist())
-        for a, r in zip(adv, g.results, strict=True):
-            lp = response_logprobs(policy, proc, r, list(g.request.images))
-            gaps.append(float((lp.detach() - torch.tensor(r.logprobs)).abs().max()))
-            loss_terms.append(-(a * lp).mean())
-    loss = torch.stack(loss_terms).mean()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    return float(loss.item()), rewards, gaps
 
 
 async def train(args: argparse.Namespace) -> None:
@@ -95,6 +62,10 @@ async def train(args: argparse.Namespace) -> None:
                 AutoModelForImageTextToText.from_pretrained, model_dir, dtype=torch.float32
             )
         optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
+
+        def logprobs(g: Any, r: GenerateResult) -> torch.Tensor:
+            return response_logprobs(policy, proc, r, list(g.request.images))
+
         async with phase("joining the engines' weight-sync group (gloo)"):
             await client.init_weight_sync(backend="gloo")
         images = [[noise_png(56, 56, i)] for i in range(args.prompts)]
@@ -103,32 +74,25 @@ async def train(args: argparse.Namespace) -> None:
         prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
         sampling = SamplingParams(max_new_tokens=args.max_new_tokens, top_k=8, ignore_eos=True)
         for step in range(args.steps):
-            t0 = time.perf_counter()
             requests = [
                 GenerateRequest(
                     input_ids=prompt, images=imgs, sampling=msgspec.structs.replace(sampling, seed=1000 * step + i)
                 )
                 for i, imgs in enumerate(images)
             ]
-            async with phase(f"step {step}: generating"):
-                groups = await client.generate_many(requests, group_size=args.group).collect()
-            t_gen = time.perf_counter() - t0
-            # in a worker thread: the event loop (and the embedded engine's server on it) keeps running
-            async with phase(f"step {step}: policy step"):
-                loss, rewards, gaps = await asyncio.to_thread(policy_step, policy, proc, optimizer, groups)
-            named = [(n, p.detach()) for n, p in policy.named_parameters()]
-            sync = await client.update_weights(named, version=step + 1)
-            r0 = groups[0].results[0]
+            done = await train_step(
+                client, policy, optimizer, requests, step=step, group_size=args.group_size, logprobs=logprobs
+            )
+            r0 = done.groups[0].results[0]
             print(
-                f"step {step}: reward {sum(rewards) / len(rewards):.3f}  engine/trainer logprob gap {max(gaps):.1e}  "
-                f"loss {loss:+.4f}  generate {t_gen:.2f}s  weight sync {sync['seconds']:.2f}s  "
-                f"prompt {len(prompt)} -> {r0.prompt_tokens} tokens (image grid {r0.image_grid_thw})",
+                f"{done.line(step)}  prompt {len(prompt)} -> {r0.prompt_tokens} tokens "
+                f"(image grid {r0.image_grid_thw})",
                 flush=True,
             )
 
 
 def main() -> int:
-    asyncio.run(train(_args()))
+    asyncio.run(train(parse_args(steps=2, prompts=2, max_new_tokens=8)))
     return 0
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -170,3 +172,77 @@ def test_an_interrupted_bench_exits_130_after_its_finally_blocks() -> None:
         harness.run(bench(), uvloop=False)
     assert exc.value.code == 130
     assert stopped == [True]
+
+
+def test_records_is_a_markdown_table_of_result_dicts() -> None:
+    md = harness.records([{"case": "a", "s": 1.23456, "n": 3}, {"case": "b", "s": 2.0, "n": None}])
+    assert md.splitlines() == ["| case | s | n |", "| --- | --- | --- |", "| a | 1.23 | 3 |", "| b | 2.00 | None |"]
+
+
+def test_read_until_returns_the_first_matching_line_also_after_buffered_ones() -> None:
+    # three lines in one write: the two after the first sit in the reader's buffer, never seen by a select()
+    script = "import sys, time; sys.stdout.write('a\\nMEASURE\\nDONE 3 0 1.5\\n'); sys.stdout.flush(); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        seen: list[str] = []
+        assert harness.read_until(proc, "^MEASURE", 60, seen=seen).group(0) == "MEASURE"
+        assert seen == ["a\n", "MEASURE\n"]
+        assert harness.read_until(proc, r"^DONE (\d+)", 60).group(1) == "3"
+    finally:
+        harness.stop_processes([proc])
+
+
+def test_read_until_fails_when_the_process_ends_or_the_time_is_up() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "print('bye')"], stdout=subprocess.PIPE, text=True)
+    with pytest.raises(RuntimeError, match="ended before printing"):
+        harness.read_until(proc, "^READY", 60)
+    proc.wait()
+    quiet = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(RuntimeError, match=r"within 0\.2 s"):
+            harness.read_until(quiet, "^READY", 0.2)
+    finally:
+        harness.stop_processes([quiet])
+
+
+def test_process_facts_from_proc() -> None:
+    if not Path("/proc/self/status").exists():
+        pytest.skip("no /proc")
+    proc = subprocess.Popen([sys.executable, "-c", _READY], stdout=subprocess.PIPE, text=True)
+    try:
+        harness.read_until(proc, "^READY", 60)
+        assert harness.rss_kb(proc.pid) > 0
+        assert harness.rss_kb(proc.pid, "VmHWM") >= harness.rss_kb(proc.pid)
+        assert harness.rss_kb(proc.pid, "NoSuchField") == -1
+        assert harness.num_fds(proc.pid) >= 3
+        assert harness.child_pids(os.getpid()).count(proc.pid) == 1
+        assert harness.child_pids(proc.pid) == []
+    finally:
+        harness.stop_processes([proc])
+
+
+_SERVE = """
+import asyncio, sys
+sys.path.insert(0, {bench!r})
+import harness
+from rollout_sdk.engines.fake import FakeEngine
+from rollout_sdk.server import EngineServer, ServerConfig
+
+asyncio.run(harness.serve(EngineServer(FakeEngine(), ServerConfig()), lag_samples={samples!r},
+                          on_ready=lambda address: print("BOUND", address, flush=True)))
+"""
+
+
+def test_a_bench_server_child_says_ready_stops_on_sigterm_and_writes_its_lag_samples(tmp_path: Path) -> None:
+    samples = tmp_path / "lag.json"
+    code = _SERVE.format(bench=str(Path(__file__).resolve().parents[1] / "bench"), samples=str(samples))
+    with harness.ServerProcs.session("harness-serve-") as procs:
+        proc, address = procs.spawn("child", [sys.executable, "-c", code], timeout=120)
+        assert address.startswith("tcp://")
+        procs.stop([proc])  # SIGTERM: the server stops, the probe's samples are written
+        assert proc.returncode == 0
+    rows = json.loads(samples.read_text())
+    assert rows and all(len(r) == 3 for r in rows)
+    late, busy = harness.lag_window(samples, rows[0][0], rows[-1][0])
+    assert len(late) == len(busy) == len(rows)
+    assert harness.lag_window(samples, 0.0, 1.0) == ([], [])

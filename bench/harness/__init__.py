@@ -8,7 +8,10 @@ that lives here, one noun a module:
   quick Y"); :func:`run` runs the workload's coroutine on uvloop with SIGTERM unwinding like Ctrl-C.
 * :mod:`harness.machine` -- machine facts for a result's meta (date, host, CPU model, cores, load, package
   versions, the command), other people's CPU on a shared machine (:class:`ForeignCpu`), :func:`wait_quiet`.
-* :mod:`harness.procs` -- server processes the benchmark starts and always stops (:class:`ServerProcs`).
+* :mod:`harness.procs` -- server processes the benchmark starts and always stops (:class:`ServerProcs`),
+  what /proc says of a process (RSS and its peak, children, open descriptors), a free port.
+* :mod:`harness.serve` -- the other end: a script's own server child (``--serve``), its READY handshake,
+  its stop on SIGTERM, and a loop-lag probe beside it (:func:`serve`, :func:`lag_window`).
 * :mod:`harness.passes` -- repetitions of alternating sides (ABBA order, so drift through a run is not
   charged to one side), their medians, and a cell measured again when other people's load disturbed it.
 * :mod:`harness.stats` -- percentiles, medians, median [min-max], piecewise-linear step costs.
@@ -42,10 +45,22 @@ from __future__ import annotations
 from harness.cli import add_quiet, by_mode, loop_runner, mode_facts, parser, run
 from harness.machine import QUIET_PCT, CpuMeter, ForeignCpu, cpu_model, facts, foreign_load, log, versions, wait_quiet
 from harness.passes import abba, alternate, medians, until_quiet
-from harness.procs import ServerProcs, fake_server_argv, sigterm_as_interrupt, stop_processes
+from harness.procs import (
+    ServerProcs,
+    child_pids,
+    fake_server_argv,
+    free_port,
+    num_fds,
+    read_until,
+    reset_peak,
+    rss_kb,
+    sigterm_as_interrupt,
+    stop_processes,
+)
 from harness.results import publish, save_results, write_json
+from harness.serve import lag_window, serve
 from harness.stats import interpolate, median, pct, spread
-from harness.table import markdown, table
+from harness.table import markdown, records, table
 
 __all__ = [
     "QUIET_PCT",
@@ -56,22 +71,31 @@ __all__ = [
     "add_quiet",
     "alternate",
     "by_mode",
+    "child_pids",
     "cpu_model",
     "facts",
     "fake_server_argv",
     "foreign_load",
+    "free_port",
     "interpolate",
+    "lag_window",
     "log",
     "loop_runner",
     "markdown",
     "median",
     "medians",
     "mode_facts",
+    "num_fds",
     "parser",
     "pct",
     "publish",
+    "read_until",
+    "records",
+    "reset_peak",
+    "rss_kb",
     "run",
     "save_results",
+    "serve",
     "sigterm_as_interrupt",
     "spread",
     "stop_processes",

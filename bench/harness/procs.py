@@ -1,26 +1,92 @@
 """Processes a benchmark starts, and the guarantee that it stops every one of them.
 
-Servers print ``READY <address>`` once serving; :class:`ServerProcs` reads their stdout for that line (a
-handshake, not a sleep) and stops them SIGTERM-first.  :func:`sigterm_as_interrupt` makes a timeout's
-SIGTERM unwind like Ctrl-C, so the ``finally`` blocks run.
+Servers print ``READY <address>`` once serving; :class:`ServerProcs` reads their stdout for that line
+(:func:`read_until`: a handshake, not a sleep) and stops them SIGTERM-first.  :func:`sigterm_as_interrupt`
+makes a timeout's SIGTERM unwind like Ctrl-C, so the ``finally`` blocks run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import selectors
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
 
 #: the repository root: the working directory of the processes a benchmark starts
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def read_until(
+    proc: subprocess.Popen[str], pattern: str, timeout: float, *, seen: list[str] | None = None
+) -> re.Match[str]:
+    """Read ``proc``'s stdout a line at a time until one matches ``pattern`` (``re.search``): the match.  A
+    handshake, not a sleep; RuntimeError when its stdout ends or ``timeout`` passes first.  ``seen``: every
+    line read is appended to it (for an error message).
+
+    The lines are read in a thread that ends with the match or the stream (a select() on the pipe would
+    miss lines already in the text buffer); after a timeout it ends when the caller stops the process."""
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    found: list[re.Match[str]] = []
+
+    def scan() -> None:
+        for line in iter(stdout.readline, ""):
+            if seen is not None:
+                seen.append(line)
+            if (m := re.search(pattern, line)) is not None:
+                found.append(m)
+                return
+
+    reader = threading.Thread(target=scan, name=f"read_until {pattern}", daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if found:
+        return found[0]
+    if reader.is_alive():
+        raise RuntimeError(f"no {pattern!r} from {proc.args!r} within {timeout} s")
+    raise RuntimeError(f"process {proc.args!r} ended before printing {pattern!r}")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a process that takes a port number)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def rss_kb(pid: int, field: str = "VmRSS") -> int:
+    """A process's memory from /proc (``VmRSS``, or ``VmHWM``: its peak), in KiB; -1 when not there."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return -1
+
+
+def reset_peak(pid: int) -> None:
+    """Reset a process's ``VmHWM`` to its current RSS (so the next peak is this phase's)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def child_pids(pid: int) -> list[int]:
+    """A process's direct children (its worker processes), from /proc; none when it cannot be read."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def num_fds(pid: int) -> int:
+    """How many file descriptors a process has open (sockets included)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def fake_server_argv(*options: str) -> list[str]:
@@ -98,19 +164,12 @@ class ServerProcs:
                 cwd=self._cwd,
             )
         self.procs.append(proc)
-        assert proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as sel:  # read stdout until READY (a handshake, not a sleep)
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    continue
-                line = proc.stdout.readline()
-                if not line:
-                    break
-                if line.startswith("READY "):
-                    return proc, line.split()[1]
-        raise RuntimeError(f"server {name} did not become ready; its log:\n{log_path.read_text()[-4000:]}")
+        try:
+            return proc, read_until(proc, r"^READY (\S+)", timeout).group(1)
+        except RuntimeError:
+            raise RuntimeError(
+                f"server {name} did not become ready; its log:\n{log_path.read_text()[-4000:]}"
+            ) from None
 
     def stop(self, procs: Sequence[subprocess.Popen[str]] | None = None) -> None:
         """Stop ``procs`` (default: all): SIGTERM (a server drains and exits), SIGKILL after 15 s."""

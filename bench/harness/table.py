@@ -6,7 +6,7 @@ first column is left-aligned and the rest right-aligned, unless ``left`` names m
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]], *, left: Iterable[int] = (0,), gap: int = 2) -> str:
@@ -33,3 +33,13 @@ def markdown(header: Sequence[str], rows: Iterable[Sequence[object]], *, numeric
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def records(rows: Sequence[Mapping[str, object]], *, decimals: int = 2) -> str:
+    """A Markdown table of result dicts: the first one's keys are the columns, floats get ``decimals``."""
+    cols = list(rows[0]) if rows else []
+
+    def cell(v: object) -> str:
+        return f"{v:.{decimals}f}" if isinstance(v, float) else str(v)
+
+    return markdown(cols, [[cell(r.get(c)) for c in cols] for r in rows])

@@ -14,8 +14,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -26,36 +27,21 @@ pytestmark = [
     pytest.mark.timeout(1800),
     pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed"),
 ]
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+#: these tests' engines: smaller than the other modules' (two run one after the other)
+SMALL = dict(mem_fraction_static=0.4, cuda_graph_max_bs=16)
 
 
-def _engine_config(model_path: str, **extra: object):
-    from rollout_sdk.engines.sglang import SglangEngineConfig
-
-    return SglangEngineConfig(
-        model_path=model_path,
-        load_format="dummy",
-        attention_backend="triton",
-        sampling_backend="pytorch",
-        mem_fraction_static=0.4,
-        cuda_graph_max_bs=16,
-        random_seed=0,
-        extra=dict(extra),
-    )
-
-
-async def test_score_matches_transformers_on_gpu() -> None:
+async def test_score_matches_transformers_on_gpu(qwen_05b_dir: str, sglang_config: Callable[..., Any]) -> None:
     import torch
-    from gpu_check import hf_named, model_dir  # type: ignore[import-not-found]
+    from gpu_check import hf_named  # type: ignore[import-not-found]
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rollout_sdk.engines.sglang import SglangEngine
 
-    path = model_dir("0.5b")
     named = hf_named("0.5b", "cuda:0")
     prompt = [(7919 * i) % 150_000 for i in range(1, 41)]
     async with (
-        EngineServer(SglangEngine(_engine_config(path)), ServerConfig()) as server,
+        EngineServer(SglangEngine(sglang_config(qwen_05b_dir, **SMALL)), ServerConfig()) as server,
         RolloutClient([server.address]) as client,
     ):
         await client.update_weights(named, version=1, method="ipc")
@@ -66,7 +52,8 @@ async def test_score_matches_transformers_on_gpu() -> None:
     assert full.weight_version == 1 and full.output_ids == []
     assert len(scored) == len(prompt) - 1
 
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.bfloat16).cuda().eval()
+    cfg = AutoConfig.from_pretrained(qwen_05b_dir)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
     missing, _ = model.load_state_dict(dict(named), strict=False)
     assert not [m for m in missing if m != "lm_head.weight"]  # tied head
     with torch.no_grad():
@@ -113,11 +100,11 @@ def _moe_model_dir() -> str:
     return d
 
 
-async def test_routed_experts_replay_on_a_small_moe() -> None:
+async def test_routed_experts_replay_on_a_small_moe(sglang_config: Callable[..., Any]) -> None:
     from rollout_sdk.engines.sglang import SglangEngine
     from rollout_sdk.export import trajectory_from_result, write_jsonl
 
-    engine = SglangEngine(_engine_config(_moe_model_dir(), enable_return_routed_experts=True))
+    engine = SglangEngine(sglang_config(_moe_model_dir(), **SMALL, extra={"enable_return_routed_experts": True}))
     prompt = [11, 22, 33, 44, 55]
     sp = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
     async with (

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
-import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -19,26 +18,14 @@ pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed"),
 ]
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def sglang_client() -> AsyncIterator[RolloutClient]:
-    from gpu_check import model_dir  # type: ignore[import-not-found]
+async def sglang_client(qwen_05b_dir: str, sglang_config: Callable[..., Any]) -> AsyncIterator[RolloutClient]:
+    from rollout_sdk.engines.sglang import SglangEngine
 
-    from rollout_sdk.engines.sglang import SglangEngine, SglangEngineConfig
-
-    cfg = SglangEngineConfig(
-        model_path=model_dir("0.5b"),
-        load_format="dummy",
-        attention_backend="triton",
-        sampling_backend="pytorch",
-        mem_fraction_static=0.5,
-        cuda_graph_max_bs=64,
-        random_seed=0,
-    )
     async with (
-        EngineServer(SglangEngine(cfg), ServerConfig()) as server,
+        EngineServer(SglangEngine(sglang_config(qwen_05b_dir)), ServerConfig()) as server,
         RolloutClient(servers=[server.address]) as client,
     ):
         yield client

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
-import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -24,27 +22,14 @@ pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed"),
 ]
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 HIDDEN = 896  # Qwen2.5-0.5B
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def eng() -> AsyncIterator[Any]:
-    from gpu_check import model_dir  # type: ignore[import-not-found]
+async def eng(qwen_05b_dir: str, sglang_config: Callable[..., Any]) -> AsyncIterator[Any]:
+    from rollout_sdk.engines.sglang import SglangEngine
 
-    from rollout_sdk.engines.sglang import SglangEngine, SglangEngineConfig
-
-    e = SglangEngine(
-        SglangEngineConfig(
-            model_path=model_dir("0.5b"),
-            load_format="dummy",
-            attention_backend="triton",
-            sampling_backend="pytorch",
-            mem_fraction_static=0.5,
-            cuda_graph_max_bs=64,
-            random_seed=0,
-        )
-    )
+    e = SglangEngine(sglang_config(qwen_05b_dir))
     await e.start()
     try:
         yield e

@@ -107,7 +107,7 @@ class CompletionRequest(_Sampling, kw_only=True):
     best_of: Any = None
 
 
-class SessionSamplingFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class SessionSamplingFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     """What a trainer may fix per session (``POST /v1/sessions {"sampling": {...}}``)."""
 
     temperature: float | None = None

@@ -126,8 +126,7 @@ def _check_temperature(value: float | None, name: str) -> None:
 _FIXED_FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
-@dataclass(frozen=True, kw_only=True)
-class SessionSampling:
+class SessionSampling(SessionSamplingFields, frozen=True):
     """Sampling a trainer fixes for one session when it creates it (``POST /v1/sessions {"sampling": ...}``).
 
     Every field given here **overrides** the agent's value for that field on every call of the session
@@ -136,25 +135,17 @@ class SessionSampling:
     **clamped** to it (refusing would break agents that always send their own ``max_tokens``); a call
     asking for less keeps its own.  ``seed`` seeds the session: turn ``t``, choice ``k`` gets
     ``sample_seed(seed, member=k, turn=t)`` like every other API of the SDK.
-    """
 
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-    max_tokens: int | None = None
+    The fields are :class:`~.requests.SessionSamplingFields`' (typed once, there); this adds the checks a
+    type cannot say and what a session does with them, and is frozen.
+    """
 
     @classmethod
     def from_json(cls, value: Any) -> SessionSampling | None:
         """Check a JSON object (400 naming ``sampling.<field>``); None stays None."""
         if value is None:
             return None
-        fields = convert(value, SessionSamplingFields, where="sampling")
-        out = cls(**{f: v for f in fields.__struct_fields__ if (v := getattr(fields, f)) is not None})
+        out = convert(value, cls, where="sampling")
         out.check()
         return out
 
