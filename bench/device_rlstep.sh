@@ -65,7 +65,7 @@ for step in "$@"; do
     inf05) timeout ${TI:-560} python3 bench/gpu_inflight.py --shape 0.5b --reps ${REPS:-3} --warmup-s ${WARM:-30} --window-s ${WIN:-30} \
             --every-s 10 --json $OUT/inflight-0.5b.json 2>$OUT/inflight-0.5b.log | quiet
           grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-0.5b.log | tail -30 ;;
-    inftest) timeout ${TT:-400} python3 -m pytest -n 0 -q -p no:cacheprovider -x -k "${TK:-}" tests/gpu/test_sglang_inflight.py >$OUT/inftest.log 2>&1
+    inftest) timeout ${TT:-400} python3 -m pytest -n 0 -q -p no:cacheprovider -x --tb=long -k "${TK:-}" tests/gpu/test_sglang_inflight.py >$OUT/inftest.log 2>&1
           grep -a -v "Capturing\|it/s\]" $OUT/inftest.log | tail -60 ;;
     *) echo "unknown step $step" ;;
   esac
