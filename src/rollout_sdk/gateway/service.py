@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -41,7 +42,7 @@ from ..agents.parsers import ReasoningParser, get_reasoning_parser, split_reason
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams
 from ..rollouts.continuation import Continuation
 from ..rollouts.seeds import sample_seed
-from .bodies import PromptLimits
+from .bodies import PromptLimits, char_caps
 from .config import GatewayConfig
 from .errors import GatewayError, bad_request, unsupported
 from .sampling import RequestOptions, parse_options
@@ -121,6 +122,8 @@ class TurnService:
         self._eos = _eos_ids(tokenizer)
         #: the most characters one token of this tokenizer stands for (None: unknown, no character bound)
         self.max_token_chars = max_token_chars
+        self._char_caps: dict[str, int] | None = None
+        self._caps_lock = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -193,8 +196,20 @@ class TurnService:
         tokens = max(self._context() - 1, 0)
         b = self.max_token_chars
         return PromptLimits(
-            tokens=tokens, chars=None if b is None else tokens * b, probe_chars=tokens * PROBE_CHARS_PER_TOKEN
+            tokens=tokens,
+            chars=None if b is None else tokens * b,
+            probe_chars=tokens * PROBE_CHARS_PER_TOKEN,
+            char_caps=self.char_caps,
         )
+
+    def char_caps(self) -> dict[str, int]:
+        """:func:`~.bodies.char_caps` of this tokenizer's vocabulary: computed once, on first use (by the
+        thread weighing the first large body: ~0.2-0.3 s for 150k tokens, which a gateway that never sees
+        one never pays)."""
+        with self._caps_lock:
+            if self._char_caps is None:
+                self._char_caps = char_caps(_vocab(self.tokenizer) or [])
+            return self._char_caps
 
     async def probe(self, texts: list[str], param: str) -> None:
         """The prefix probe (:meth:`_probe`) on the first characters of a body not yet decoded
@@ -603,14 +618,19 @@ def max_token_chars(tokenizer: Any) -> int | None:
     """The longest token's string in ``tokenizer``'s vocabulary (added tokens included): at least as many
     characters as that token stands for in any text (a byte-level token's string has one character per
     byte).  None when the tokenizer has no vocabulary to read."""
+    vocab = _vocab(tokenizer)
+    return None if vocab is None else max((len(t) for t in vocab), default=0) or None
+
+
+def _vocab(tokenizer: Any) -> Any:
+    """The tokenizer's token strings (a dict's keys), or None when it has no vocabulary to read."""
     get_vocab = getattr(tokenizer, "get_vocab", None)
     if get_vocab is None:
         return None
     try:
-        vocab = get_vocab()
+        return get_vocab()
     except (NotImplementedError, AttributeError):
         return None
-    return max((len(t) for t in vocab), default=0) or None
 
 
 def _chars(messages: list[dict[str, Any]]) -> int:
