@@ -22,8 +22,8 @@ from rollout_sdk.engines.fake import FakeEngineConfig
 from rollout_sdk.gateway import Gateway, bodies
 from rollout_sdk.gateway.bodies import (
     SHAPE_FLOOR_BYTES,
+    CharCaps,
     PromptLimits,
-    char_caps,
     check_body,
     min_chars,
     min_kept_chars,
@@ -267,8 +267,8 @@ async def test_a_long_text_is_refused_by_its_prefix_before_the_body_is_decoded(f
 
 
 @pytest.fixture(scope="module")
-def caps(tok: Any) -> dict[str, int]:
-    return char_caps(tok.get_vocab())
+def caps(tok: Any) -> CharCaps:
+    return CharCaps(tok.get_vocab())
 
 
 def assistant_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -352,18 +352,20 @@ def test_min_kept_chars_is_a_lower_bound_of_what_templates_keep(parts: list[str]
     ).map("".join),
     st.booleans(),
 )
-def test_min_tokens_is_a_lower_bound_of_the_tokens(tok: Any, caps: dict[str, int], text: str, ascii_only: bool) -> None:
+def test_min_tokens_is_a_lower_bound_of_the_tokens(tok: Any, caps: CharCaps, text: str, ascii_only: bool) -> None:
     raw = msgspec.Raw(json.dumps(text, ensure_ascii=ascii_only).encode())
     n, _ = min_tokens([(raw, 0)], caps, 1 << 30)
     assert n <= len(tok.encode(text, add_special_tokens=False)), text
 
 
-def test_char_caps_are_the_most_copies_one_token_holds(tok: Any, caps: dict[str, int]) -> None:
+def test_char_caps_are_the_most_copies_one_token_holds(tok: Any, caps: CharCaps) -> None:
     vocab = list(tok.get_vocab())
-    assert caps == {
-        c: max(t.count(c) for t in vocab) for c in "abcdefghijklmnopqrstuvwxyz0123456789" if any(c in t for t in vocab)
-    }
-    assert caps["0"] == 1 and caps["w"] == 3  # Qwen2 splits digits; "www" is its most w's
+    for c in "abcdefghijklmnopqrstuvwxyz0123456789":
+        assert caps.cap(c) == max(t.count(c) for t in vocab), c
+    assert caps.cap("0") == 1 and caps.cap("w") == 3  # Qwen2 splits digits; "www" is its most w's
+    # a token holding a newline is still one token; a character in no token has no cap
+    odd = CharCaps(["a\naa", "b", "\n", "zz"])
+    assert (odd.cap("a"), odd.cap("b"), odd.cap("z"), odd.cap("q")) == (3, 1, 2, 0)
 
 
 _JSON = st.recursive(
@@ -386,7 +388,7 @@ _BODY = st.dictionaries(st.sampled_from(["messages", "input", "prompt", "system"
 def test_weighing_any_body_refuses_with_a_typed_400_or_passes(body: dict[str, Any], api: Any, tokens: int) -> None:
     """The weighing code on every shape a body can take (bounds low enough that every path runs): it
     passes the body on or refuses it with a typed 400, never anything else."""
-    limits = PromptLimits(tokens=tokens, chars=tokens * 2, probe_chars=tokens, char_caps=lambda: {"a": 1, "w": 3})
+    limits = PromptLimits(tokens=tokens, chars=tokens * 2, probe_chars=tokens, char_caps=CharCaps(["a", "www", "ss"]))
     raw = json.dumps(body).encode()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bodies, "SHAPE_CHECK_BYTES", 0)

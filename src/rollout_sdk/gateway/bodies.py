@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,7 +35,7 @@ import msgspec
 
 from .errors import GatewayError, bad_request
 
-__all__ = ["Api", "PromptLimits", "char_caps", "check_body"]
+__all__ = ["Api", "CharCaps", "PromptLimits", "check_body"]
 
 Api = Literal["chat", "completions", "responses", "messages", "other"]
 
@@ -59,7 +60,9 @@ _SAMPLE = 64 * 1024
 #: bytes that begin a character no ``str.strip`` removes: printable ASCII but the space, UTF-8 lead bytes
 #: of the blocks without whitespace (U+00C0-U+0FFF, U+4000-U+10FFFF)
 _SURE = bytes(range(0x21, 0x7F)) + bytes(range(0xC3, 0xE1)) + bytes(range(0xE4, 0xF5))
-_CAPPED = frozenset(string.ascii_lowercase + string.digits)
+#: the characters :class:`CharCaps` counts, and every other byte
+_COUNTED = (string.ascii_lowercase + string.digits).encode()
+_NOT_COUNTED = bytes(b for b in range(256) if b not in _COUNTED + b"\n")
 _NULL = msgspec.Raw(b"null")
 
 
@@ -72,9 +75,8 @@ class PromptLimits:
     tokens: int
     chars: int | None
     probe_chars: int | None = None
-    #: the most copies of each counted character (an ASCII lowercase letter or digit) one token of the
-    #: vocabulary holds (:func:`char_caps`); computed on first use, as only a large body asks for it
-    char_caps: Callable[[], Mapping[str, int]] | None = None
+    #: the most copies of each counted character one token of the vocabulary holds (None: unknown)
+    char_caps: CharCaps | None = None
 
 
 @dataclass(frozen=True)
@@ -340,40 +342,52 @@ def _sure_chars(text: msgspec.Raw, start: int) -> int:
     return sure - 6 * slashes
 
 
-def char_caps(vocab: Iterable[str]) -> dict[str, int]:
-    """For each ASCII lowercase letter and digit in ``vocab`` (the tokens' strings): the most copies of it
-    one token holds.  ``n`` copies of ``c`` in a text are then at least ``n / caps[c]`` tokens, whatever the
-    rest of the text: every common normaliser (NFC, NFKC, lowercasing, accents, SentencePiece's spaces)
-    keeps these characters, and byte-level and SentencePiece vocabularies write them as themselves."""
-    caps: dict[str, int] = {}
-    for token in vocab:
-        if len(token) == 1:
-            if token in _CAPPED and token not in caps:
-                caps[token] = 1
-            continue
-        kinds = set(token)
-        repeated = len(kinds) < len(token)
-        for c in kinds & _CAPPED:
-            n = token.count(c) if repeated else 1
-            if n > caps.get(c, 0):
-                caps[c] = n
-    return caps
+class CharCaps:
+    """For each ASCII lowercase letter and digit ``c``: the most copies of ``c`` one token of a vocabulary
+    holds (``cap(c)``; 0: in no token).  ``n`` copies of ``c`` in a text are then at least ``n / cap(c)``
+    tokens, whatever the rest of the text: every common normaliser (NFC, NFKC, lowercasing, accents,
+    SentencePiece's spaces) keeps these characters, and byte-level and SentencePiece vocabularies write
+    them as themselves.  Built from the vocabulary's strings once (their counted characters only, a
+    line a token: ~1 MB for 150k tokens); each character's cap is found on first use (a few searches of
+    those lines, milliseconds), so a gateway pays only for the characters large bodies are made of."""
+
+    def __init__(self, vocab: Iterable[str]) -> None:
+        tokens = list(vocab)
+        text = "\n".join(tokens)
+        if text.count("\n") != len(tokens) - 1:  # a token holds a newline: drop it (it is not counted)
+            text = "\n".join(t.replace("\n", "") for t in tokens)
+        self._lines = text.encode("utf-8", "surrogatepass").translate(None, _NOT_COUNTED)
+        self._caps: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def cap(self, c: str) -> int:
+        with self._lock:
+            cap = self._caps.get(c)
+            if cap is None:
+                only = self._lines.translate(None, _COUNTED.replace(c.encode(), b""))
+                run = c.encode()
+                cap = 0
+                while run * (cap + 1) in only:
+                    cap += 1
+                self._caps[c] = cap
+            return cap
 
 
-def min_tokens(spans: list[tuple[msgspec.Raw, int]], caps: Mapping[str, int], need: int) -> tuple[int, str]:
+def min_tokens(spans: list[tuple[msgspec.Raw, int]], caps: CharCaps, need: int) -> tuple[int, str]:
     """A lower bound of the tokens of the JSON strings ``spans`` (each from its byte offset), from how
-    often the best counted characters occur (:func:`char_caps`): at least ``ceil(n / caps[c])`` for ``n``
+    often the best counted characters occur (:class:`CharCaps`): at least ``ceil(n / cap(c))`` for ``n``
     copies of ``c``, less 4 per backslash (an escape's bytes hold at most 4 of one character).  The
-    characters are chosen from the first 64 KiB; counting stops once the bound exceeds ``need``.
-    Returns the bound and the character it came from."""
+    characters are chosen from the first 64 KiB (the 3 of the 6 most frequent there with the fewest
+    copies a token); counting stops once the bound exceeds ``need``.  Returns the bound and its character."""
     sample = b""
     for raw, start in spans:
         with memoryview(raw) as view:
             sample += view[start : start + _SAMPLE - len(sample)].tobytes()
         if len(sample) >= _SAMPLE:
             break
-    ranked = sorted(((sample.count(c.encode()) / cap, c) for c, cap in caps.items() if cap > 0), reverse=True)
-    chosen = [c for ratio, c in ranked[:3] if ratio > 0]
+    frequent = sorted(((sample.count(c), chr(c)) for c in _COUNTED), reverse=True)[:6]
+    ranked = sorted(((n / caps.cap(c), c) for n, c in frequent if n and caps.cap(c)), reverse=True)
+    chosen = {c: caps.cap(c) for _, c in ranked[:3]}
     if not chosen:
         return 0, ""
     counts = dict.fromkeys(chosen, 0)
@@ -386,7 +400,7 @@ def min_tokens(spans: list[tuple[msgspec.Raw, int]], caps: Mapping[str, int], ne
                 slashes += piece.count(b"\\")
                 for c in chosen:
                     counts[c] += piece.count(c.encode())
-                best, best_c = max((-(-max(n - 4 * slashes, 0) // caps[c]), c) for c, n in counts.items())
+                best, best_c = max((-(-max(n - 4 * slashes, 0) // chosen[c]), c) for c, n in counts.items())
                 if best > need:
                     return best, best_c
     return best, best_c
@@ -447,10 +461,10 @@ def _check_text(raw: bytes | bytearray, api: Api, limits: PromptLimits) -> Probe
                 raise _too_long(param, f"the text holds more than {limits.chars} characters", limits)
     spans = [(t, 0) for t in counted] + [span for message in kept for span in message]
     if limits.char_caps is not None and sum(len(t) - start for t, start in spans) > limits.tokens:
-        caps = limits.char_caps()
+        caps = limits.char_caps
         n, c = min_tokens(spans, caps, limits.tokens)
         if n > limits.tokens:
-            what = f"the text holds at least {n} tokens (one token holds at most {caps[c]} {c!r}, the text more)"
+            what = f"the text holds at least {n} tokens (one token holds at most {caps.cap(c)} {c!r}, the text more)"
             raise _too_long(param, what, limits)
     if limits.probe_chars is None or limits.chars is None or size <= limits.probe_chars:
         return None

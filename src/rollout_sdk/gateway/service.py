@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -42,14 +41,14 @@ from ..agents.parsers import ReasoningParser, get_reasoning_parser, split_reason
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams
 from ..rollouts.continuation import Continuation
 from ..rollouts.seeds import sample_seed
-from .bodies import PromptLimits, char_caps
+from .bodies import CharCaps, PromptLimits
 from .config import GatewayConfig
 from .errors import GatewayError, bad_request, unsupported
 from .sampling import RequestOptions, parse_options
 from .sessions import Node, Session, extend_key, prefix_keys
 from .tools import assistant_reply, canonical, parse_tool_choice, template_messages, template_tools
 
-__all__ = ["Choice", "Outcome", "TurnService", "max_token_chars"]
+__all__ = ["Choice", "Outcome", "TurnService", "max_token_chars", "vocab_bounds"]
 
 T = TypeVar("T")
 _TEMPLATES = 64
@@ -108,7 +107,14 @@ class TurnService:
     """Serves chat and text completions for sessions, against a :class:`~rollout_sdk.RolloutClient`."""
 
     def __init__(
-        self, client: Any, tokenizer: Any, *, model: str, config: GatewayConfig, max_token_chars: int | None = None
+        self,
+        client: Any,
+        tokenizer: Any,
+        *,
+        model: str,
+        config: GatewayConfig,
+        max_token_chars: int | None = None,
+        char_caps: CharCaps | None = None,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
@@ -122,8 +128,8 @@ class TurnService:
         self._eos = _eos_ids(tokenizer)
         #: the most characters one token of this tokenizer stands for (None: unknown, no character bound)
         self.max_token_chars = max_token_chars
-        self._char_caps: dict[str, int] | None = None
-        self._caps_lock = threading.Lock()
+        #: what bounds a text's tokens from its characters' counts (None: unknown)
+        self.char_caps = char_caps
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -201,15 +207,6 @@ class TurnService:
             probe_chars=tokens * PROBE_CHARS_PER_TOKEN,
             char_caps=self.char_caps,
         )
-
-    def char_caps(self) -> dict[str, int]:
-        """:func:`~.bodies.char_caps` of this tokenizer's vocabulary: computed once, on first use (by the
-        thread weighing the first large body: ~0.2-0.3 s for 150k tokens, which a gateway that never sees
-        one never pays)."""
-        with self._caps_lock:
-            if self._char_caps is None:
-                self._char_caps = char_caps(_vocab(self.tokenizer) or [])
-            return self._char_caps
 
     async def probe(self, texts: list[str], param: str) -> None:
         """The prefix probe (:meth:`_probe`) on the first characters of a body not yet decoded
@@ -612,6 +609,15 @@ def _kept_texts(messages: list[dict[str, Any]]) -> list[str]:
         elif isinstance(content, list):
             out.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return out
+
+
+def vocab_bounds(tokenizer: Any) -> tuple[int | None, CharCaps | None]:
+    """:func:`max_token_chars` and the :class:`~.bodies.CharCaps` of ``tokenizer``'s vocabulary, from one
+    read of it (at a gateway's open)."""
+    vocab = _vocab(tokenizer)
+    if vocab is None:
+        return None, None
+    return max((len(t) for t in vocab), default=0) or None, CharCaps(vocab)
 
 
 def max_token_chars(tokenizer: Any) -> int | None:
