@@ -440,7 +440,7 @@ class TurnService:
         session.check_open()
         room = self._prompt_room(opts)
         await self._cpu(lambda: self._check_messages(messages, room), _chars(messages))
-        keys = prefix_keys("chat\x00" + canonical({"tools": tools}), [canonical(m) for m in messages])
+        keys = prefix_keys("chat\x00" + canonical({"tools": tools}), (canonical(m) for m in messages))
         parent, covered = session.match(keys)
         template = self._template(tools)
         new = messages[covered:]
