@@ -12,11 +12,15 @@ looked at twice before it is decoded, each look cheap and without copies of its 
                      ──▶ skeleton: msgspec.json.decode(raw, type=<API skeleton>); every counted text is a
                          msgspec.Raw (a view into the buffer), its characters bounded below from its
                          bytes ──▶ 400 context_length_exceeded when no prompt could hold them
+                     ──▶ its tokens bounded below from how often its best lowercase letters or digits
+                         occur (:class:`CharCaps`: the most copies of one a token holds) ──▶ the same 400
+                     ──▶ still long: its first characters decoded for the service's prefix probe
                      ──▶ the whole body decoded (only now), then checked field by field (typed)
 
 The text bound is the service's (:meth:`~.service.TurnService.prompt_limits`): at most ``chars``
 characters of system, user and tool text (the texts every template renders verbatim, as
-``service._kept_texts`` counts them) and ``tokens`` prompt ids.  The bound is loose on purpose (the
+``service._kept_texts`` counts them) and of assistant text what no template drops
+(:func:`min_kept_chars`), and ``tokens`` prompt ids.  The bound is loose on purpose (the
 context less one token, whatever ``max_tokens`` asks): the exact refusal stays where it was; this one
 only has to come before the work.  A body whose skeleton does not decode (a field of the wrong type) is
 left to the full checks, which name the field.
