@@ -5,6 +5,7 @@ would outweigh it is refused without building them; on every API that takes a bo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -322,6 +323,45 @@ def test_assistant_text_no_prompt_can_hold_is_refused_from_views_into_the_buffer
     ]
     for api, body in dropped:
         assert check_body(json.dumps(body).encode(), api, LIMITS) is None, (api, body)
+    # a gateway whose template was seen to render content beside tool calls counts it (reasoning never)
+    seen = dataclasses.replace(LIMITS, call_content=True)
+    for api, body in dropped[:3]:
+        with pytest.raises(GatewayError, match="context"):
+            check_body(json.dumps(body).encode(), api, seen)
+    assert check_body(json.dumps(dropped[3][1]).encode(), "chat", seen) is None
+
+
+class JinjaTokenizer:
+    """A tokenizer whose chat template is ``source`` (only what ChatTemplate renders with)."""
+
+    def __init__(self, source: str) -> None:
+        import jinja2
+
+        self.chat_template = source
+        self._template = jinja2.Environment().from_string(source)
+
+    def apply_chat_template(self, messages: Any, tools: Any = None, **kw: Any) -> str:
+        return self._template.render(messages=messages, tools=tools, **kw)
+
+
+def test_a_template_is_probed_for_the_content_it_renders_beside_tool_calls(tok: Any) -> None:
+    from rollout_sdk.gateway.service import keeps_call_content
+
+    assert keeps_call_content(tok)  # Qwen2.5's template renders it
+    # Llama 3.1's way: a message with tool calls is rendered as its calls only
+    llama_like = (
+        "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.name }}"
+        "{% endfor %}{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    )
+    assert not keeps_call_content(JinjaTokenizer(llama_like))
+    # content kept only in the latest turn: not kept everywhere, so not counted
+    latest_only = (
+        "{% for m in messages %}{% if m.tool_calls and not loop.last and loop.index < 4 %}{{ m.role }}"
+        "{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    )
+    assert not keeps_call_content(JinjaTokenizer(latest_only))
+    assert keeps_call_content(JinjaTokenizer("{% for m in messages %}{{ m.content }}{% endfor %}"))
+    assert not keeps_call_content(JinjaTokenizer("{{ raise_here() }}"))  # a template that fails: not known
 
 
 _PIECES = st.one_of(
@@ -407,7 +447,8 @@ def _outcome(fn: Any) -> tuple[Any, GatewayError | None]:
 async def test_a_long_text_is_refused_by_counted_characters_without_tokenizing(fake_servers, tok) -> None:
     """Context 131,072 (the character bound lets 16.7M characters through): 2.5M characters of "word "
     hold 500k 'w', and no token of Qwen2 holds more than 3, so the call is refused before the body is
-    decoded and without a single call of the tokenizer; user and assistant text alike."""
+    decoded and without a single call of the tokenizer; user and assistant text alike (beside tool calls
+    too: this template renders that content)."""
     from test_gateway_hardening import CountingTokenizer
 
     counting = CountingTokenizer(tok)
@@ -422,7 +463,10 @@ async def test_a_long_text_is_refused_by_counted_characters_without_tokenizing(f
         return real(buf, *args, **kw)
 
     text = "word " * 500_000
-    calls = big_calls(text) + assistant_calls(text)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    beside_calls = [{"role": "assistant", "content": text, "tool_calls": [call]}, {"role": "tool", "content": "ok"}]
+    # Qwen2.5's template renders an assistant's content beside its tool calls: counted too
+    calls = [*big_calls(text), *assistant_calls(text), ("chat", {"messages": beside_calls})]
     routes = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
     routes |= {"responses": "/v1/responses", "messages": "/v1/messages"}
     async with RolloutClient(servers=[s.address for s in servers]) as client, Gateway(client, tokenizer=counting) as gw:

@@ -81,6 +81,8 @@ class PromptLimits:
     probe_chars: int | None = None
     #: the most copies of each counted character one token of the vocabulary holds (None: unknown)
     char_caps: CharCaps | None = None
+    #: the chat template renders an assistant message's content beside its tool calls (so it counts)
+    call_content: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,26 +272,32 @@ def _counted(body: _Body, api: Api) -> Iterator[msgspec.Raw]:
             yield from _texts(m.output)
 
 
-def _assistant(body: _Body, api: Api) -> Iterator[list[msgspec.Raw]]:
-    """The texts of each assistant message whose content every template renders (in part: see
-    :func:`min_kept_chars`): one without tool calls (a template may render a message with calls without
-    its content, as Llama 3.1's does).  Responses: a message that function calls after it join; Messages:
-    one with a ``tool_use`` block."""
+def _assistant(body: _Body, api: Api, *, calls: bool) -> Iterator[list[msgspec.Raw]]:
+    """The texts of each assistant message whose content the template renders (in part: see
+    :func:`min_kept_chars`).  One with tool calls only when ``calls`` (the template was seen to render
+    such content, :attr:`PromptLimits.call_content`; Llama 3.1's does not): in Responses, a message that
+    function calls after it join; in Messages, one with a ``tool_use`` block."""
     if api == "completions":
         return
     items = list(_items(body.input if api == "responses" else body.messages, _Message))
     for k, m in enumerate(items):
         if _small(m.role) != "assistant":
             continue
-        if api == "chat" and (len(m.tool_calls) > 64 or _decode(m.tool_calls, Any)):
+        if api == "responses" and _small(m.type) not in (None, "message"):
             continue
-        if api == "responses" and (_small(m.type) not in (None, "message") or _joined(items[k + 1 :])):
+        if not calls and _has_calls(api, m, items[k + 1 :]):
             continue
-        if api == "messages" and _first(m.content) == b"[":
-            blocks = list(_items(m.content, _Part))
-            if any(_small(b.type) == "tool_use" for b in blocks):
-                continue
         yield list(_texts(m.content))
+
+
+def _has_calls(api: Api, m: _Message, after: list[_Message]) -> bool:
+    if api == "chat":
+        return len(m.tool_calls) > 64 or bool(_decode(m.tool_calls, Any))
+    if api == "responses":
+        return _joined(after)
+    if _first(m.content) == b"[":
+        return any(_small(b.type) == "tool_use" for b in _items(m.content, _Part))
+    return False
 
 
 def _joined(after: list[_Message]) -> bool:
@@ -451,7 +459,7 @@ def _check_text(raw: bytes | bytearray, api: Api, limits: PromptLimits) -> Probe
         if ids > limits.tokens:
             raise _too_long(param, f"the prompt has {ids} tokens", limits)
     counted = list(_counted(body, api))
-    kept = [_kept_spans(texts) for texts in _assistant(body, api)]
+    kept = [_kept_spans(texts) for texts in _assistant(body, api, calls=limits.call_content)]
     size = sum(len(t) for t in counted)
     if limits.chars is not None:
         chars = 0

@@ -48,7 +48,7 @@ from .sampling import RequestOptions, parse_options
 from .sessions import Node, Session, extend_key, prefix_keys
 from .tools import assistant_reply, canonical, parse_tool_choice, template_messages, template_tools
 
-__all__ = ["Choice", "Outcome", "TurnService", "max_token_chars", "vocab_bounds"]
+__all__ = ["Choice", "Outcome", "TurnService", "keeps_call_content", "max_token_chars", "vocab_bounds"]
 
 T = TypeVar("T")
 _TEMPLATES = 64
@@ -115,6 +115,7 @@ class TurnService:
         config: GatewayConfig,
         max_token_chars: int | None = None,
         char_caps: CharCaps | None = None,
+        call_content: bool = False,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
@@ -130,6 +131,8 @@ class TurnService:
         self.max_token_chars = max_token_chars
         #: what bounds a text's tokens from its characters' counts (None: unknown)
         self.char_caps = char_caps
+        #: the chat template renders an assistant's content beside its tool calls (:func:`keeps_call_content`)
+        self.call_content = call_content
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -206,6 +209,7 @@ class TurnService:
             chars=None if b is None else tokens * b,
             probe_chars=tokens * PROBE_CHARS_PER_TOKEN,
             char_caps=self.char_caps,
+            call_content=self.call_content,
         )
 
     async def probe(self, texts: list[str], param: str) -> None:
@@ -618,6 +622,32 @@ def vocab_bounds(tokenizer: Any) -> tuple[int | None, CharCaps | None]:
     if vocab is None:
         return None, None
     return max((len(t) for t in vocab), default=0) or None, CharCaps(vocab)
+
+
+_MARKS = ("m1q7zx", "m2q7zx")
+
+
+def keeps_call_content(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template renders an assistant message's content beside its tool calls,
+    at an earlier turn and at the latest (Qwen's and Hermes' do; Llama 3.1's does not): only then is such
+    content counted before a body is decoded.  Probed once at open by rendering a small conversation, as
+    :class:`~rollout_sdk.agents.ChatTemplate` probes how a template writes arguments."""
+    call = {"type": "function", "id": "c1", "function": {"name": "f", "arguments": {}}}
+    first, latest = _MARKS
+    convo: list[dict[str, Any]] = [
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": first, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "v"},
+        {"role": "assistant", "content": latest, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+    ]
+    try:
+        text = ChatTemplate(tokenizer).render(convo, add_generation_prompt=True)
+    except Exception:  # any template error (no template, jinja, a role order it forbids): not known to keep it
+        return False
+    return first in text and latest in text
 
 
 def max_token_chars(tokenizer: Any) -> int | None:
