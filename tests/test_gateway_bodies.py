@@ -329,6 +329,9 @@ def test_assistant_text_no_prompt_can_hold_is_refused_from_views_into_the_buffer
         with pytest.raises(GatewayError, match="context"):
             check_body(json.dumps(body).encode(), api, seen)
     assert check_body(json.dumps(dropped[3][1]).encode(), "chat", seen) is None
+    # one whose template keeps reasoning counts an assistant's whole text
+    with pytest.raises(GatewayError, match="context"):
+        check_body(json.dumps(dropped[3][1]).encode(), "chat", dataclasses.replace(LIMITS, reasoning=True))
 
 
 class JinjaTokenizer:
@@ -344,8 +347,8 @@ class JinjaTokenizer:
         return self._template.render(messages=messages, tools=tools, **kw)
 
 
-def test_a_template_is_probed_for_the_content_it_renders_beside_tool_calls(tok: Any) -> None:
-    from rollout_sdk.gateway.service import keeps_call_content
+def test_a_template_is_probed_for_what_it_renders_of_an_assistant(tok: Any) -> None:
+    from rollout_sdk.gateway.service import keeps_call_content, keeps_reasoning
 
     assert keeps_call_content(tok)  # Qwen2.5's template renders it
     # Llama 3.1's way: a message with tool calls is rendered as its calls only
@@ -362,6 +365,13 @@ def test_a_template_is_probed_for_the_content_it_renders_beside_tool_calls(tok: 
     assert not keeps_call_content(JinjaTokenizer(latest_only))
     assert keeps_call_content(JinjaTokenizer("{% for m in messages %}{{ m.content }}{% endfor %}"))
     assert not keeps_call_content(JinjaTokenizer("{{ raise_here() }}"))  # a template that fails: not known
+    # reasoning: Qwen2.5's template renders an assistant's text whole; Qwen3's way drops earlier reasoning
+    assert keeps_reasoning(tok)
+    qwen3_like = (
+        "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}"
+        "{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    )
+    assert not keeps_reasoning(JinjaTokenizer(qwen3_like))
 
 
 _PIECES = st.one_of(
@@ -465,8 +475,10 @@ async def test_a_long_text_is_refused_by_counted_characters_without_tokenizing(f
     text = "word " * 500_000
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     beside_calls = [{"role": "assistant", "content": text, "tool_calls": [call]}, {"role": "tool", "content": "ok"}]
-    # Qwen2.5's template renders an assistant's content beside its tool calls: counted too
+    reasoning = [{"role": "assistant", "content": text + "</think>ok"}, {"role": "user", "content": "hi"}]
+    # Qwen2.5's template renders an assistant's content beside its tool calls, and its reasoning: counted too
     calls = [*big_calls(text), *assistant_calls(text), ("chat", {"messages": beside_calls})]
+    calls.append(("chat", {"messages": reasoning}))
     routes = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
     routes |= {"responses": "/v1/responses", "messages": "/v1/messages"}
     async with RolloutClient(servers=[s.address for s in servers]) as client, Gateway(client, tokenizer=counting) as gw:

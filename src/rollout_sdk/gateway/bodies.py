@@ -83,6 +83,8 @@ class PromptLimits:
     char_caps: CharCaps | None = None
     #: the chat template renders an assistant message's content beside its tool calls (so it counts)
     call_content: bool = False
+    #: the chat template renders an assistant's text before ``</think>`` (so all of it counts)
+    reasoning: bool = False
 
 
 @dataclass(frozen=True)
@@ -322,12 +324,14 @@ def min_kept_chars(texts: list[msgspec.Raw]) -> int:
     return max(sum(_sure_chars(text, start) - 10 for text, start in _kept_spans(texts)), 0)
 
 
-def _kept_spans(texts: list[msgspec.Raw]) -> list[tuple[msgspec.Raw, int]]:
-    """``texts`` from the byte after their last ``think`` on (all of them when none holds one)."""
-    for k in range(len(texts) - 1, -1, -1):
-        pos = _rfind(texts[k], b"think")
-        if pos >= 0:
-            return [(texts[k], pos + 5), *((t, 0) for t in texts[k + 1 :])]
+def _kept_spans(texts: list[msgspec.Raw], *, whole: bool = False) -> list[tuple[msgspec.Raw, int]]:
+    """``texts`` from the byte after their last ``think`` on (all of them when none holds one, or
+    ``whole``: the template keeps reasoning)."""
+    if not whole:
+        for k in range(len(texts) - 1, -1, -1):
+            pos = _rfind(texts[k], b"think")
+            if pos >= 0:
+                return [(texts[k], pos + 5), *((t, 0) for t in texts[k + 1 :])]
     return [(t, 0) for t in texts]
 
 
@@ -459,7 +463,7 @@ def _check_text(raw: bytes | bytearray, api: Api, limits: PromptLimits) -> Probe
         if ids > limits.tokens:
             raise _too_long(param, f"the prompt has {ids} tokens", limits)
     counted = list(_counted(body, api))
-    kept = [_kept_spans(texts) for texts in _assistant(body, api, calls=limits.call_content)]
+    kept = [_kept_spans(texts, whole=limits.reasoning) for texts in _assistant(body, api, calls=limits.call_content)]
     size = sum(len(t) for t in counted)
     if limits.chars is not None:
         chars = 0

@@ -61,7 +61,7 @@ from .listener import BoundedSite
 from .records import ExportLease, SessionRecord, session_record
 from .routes import build_app
 from .sampling import SessionSampling
-from .service import Outcome, TurnService, keeps_call_content, vocab_bounds
+from .service import Outcome, TurnService, keeps_call_content, keeps_reasoning, vocab_bounds
 from .sessions import Session, SessionStore
 
 __all__ = ["Gateway", "GatewayConfig", "SessionHandle", "read_trajectories"]
@@ -165,6 +165,7 @@ class Gateway(OpenedWith):
         self.model_name = cfg.model_name or (Path(model_path).name if model_path else "") or "rollout-sdk"
         token_chars, caps = await asyncio.to_thread(vocab_bounds, tokenizer)
         call_content = await asyncio.to_thread(keeps_call_content, tokenizer)
+        reasoning = await asyncio.to_thread(keeps_reasoning, tokenizer)
         self._service = TurnService(
             self._client,
             tokenizer,
@@ -173,6 +174,7 @@ class Gateway(OpenedWith):
             max_token_chars=token_chars,
             char_caps=caps,
             call_content=call_content,
+            reasoning=reasoning,
         )
         self._runner = web.AppRunner(
             build_app(self),

@@ -48,7 +48,15 @@ from .sampling import RequestOptions, parse_options
 from .sessions import Node, Session, extend_key, prefix_keys
 from .tools import assistant_reply, canonical, parse_tool_choice, template_messages, template_tools
 
-__all__ = ["Choice", "Outcome", "TurnService", "keeps_call_content", "max_token_chars", "vocab_bounds"]
+__all__ = [
+    "Choice",
+    "Outcome",
+    "TurnService",
+    "keeps_call_content",
+    "keeps_reasoning",
+    "max_token_chars",
+    "vocab_bounds",
+]
 
 T = TypeVar("T")
 _TEMPLATES = 64
@@ -116,6 +124,7 @@ class TurnService:
         max_token_chars: int | None = None,
         char_caps: CharCaps | None = None,
         call_content: bool = False,
+        reasoning: bool = False,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
@@ -133,6 +142,8 @@ class TurnService:
         self.char_caps = char_caps
         #: the chat template renders an assistant's content beside its tool calls (:func:`keeps_call_content`)
         self.call_content = call_content
+        #: the chat template renders an assistant's text before ``</think>`` (:func:`keeps_reasoning`)
+        self.reasoning = reasoning
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -210,6 +221,7 @@ class TurnService:
             probe_chars=tokens * PROBE_CHARS_PER_TOKEN,
             char_caps=self.char_caps,
             call_content=self.call_content,
+            reasoning=self.reasoning,
         )
 
     async def probe(self, texts: list[str], param: str) -> None:
@@ -633,14 +645,27 @@ def keeps_call_content(tokenizer: Any) -> bool:
     content counted before a body is decoded.  Probed once at open by rendering a small conversation, as
     :class:`~rollout_sdk.agents.ChatTemplate` probes how a template writes arguments."""
     call = {"type": "function", "id": "c1", "function": {"name": "f", "arguments": {}}}
+    return _renders_both(tokenizer, lambda mark: {"role": "assistant", "content": mark, "tool_calls": [call]})
+
+
+def keeps_reasoning(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template renders what an assistant's content holds before ``</think>``,
+    at an earlier turn and at the latest (Qwen2.5's does; Qwen3's and DeepSeek-R1's drop earlier
+    reasoning): only then is an assistant's text counted whole, else from its last ``think`` on."""
+    return _renders_both(tokenizer, lambda mark: {"role": "assistant", "content": mark + "</think>ok"})
+
+
+def _renders_both(tokenizer: Any, assistant: Callable[[str], dict[str, Any]]) -> bool:
+    """Whether both marks appear when the template renders ``assistant(mark)`` as an earlier turn and as
+    the latest, each followed by a tool result (a message with calls needs one) or a user message."""
     first, latest = _MARKS
     convo: list[dict[str, Any]] = [
         {"role": "user", "content": "u"},
-        {"role": "assistant", "content": first, "tool_calls": [call]},
+        assistant(first),
         {"role": "tool", "tool_call_id": "c1", "content": "r"},
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": "v"},
-        {"role": "assistant", "content": latest, "tool_calls": [call]},
+        assistant(latest),
         {"role": "tool", "tool_call_id": "c1", "content": "r"},
     ]
     try:
