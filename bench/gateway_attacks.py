@@ -43,6 +43,10 @@ async def model_name(http: Any, url: str) -> str:
         return str((await r.json())["data"][0]["id"])
 
 
+_HI = {"role": "user", "content": "hi"}
+_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
 async def part_big(http: Any, url: str, pid: int, apis: list[str], mib: float) -> list[dict[str, Any]]:
     name = await model_name(http, url)
     text = "word " * (int(mib * MiB) // 5 - 40)
@@ -53,10 +57,24 @@ async def part_big(http: Any, url: str, pid: int, apis: list[str], mib: float) -
             "responses": ("/v1/responses", {"input": text}),
             "messages": ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": text}]}),
             "completions": ("/v1/completions", {"prompt": text}),
-            # not counted before decoding (a template may drop part of an assistant's text): the residue
+            # an assistant's text: counted from its last "think" on, not beside tool calls (templates may drop it)
             "chat-assistant": (
                 "/v1/chat/completions",
                 {"messages": [{"role": "assistant", "content": text}, {"role": "user", "content": "hi"}]},
+            ),
+            # not counted before decoding: reasoning before "</think>", content beside tool calls (the residue)
+            "chat-reasoning": (
+                "/v1/chat/completions",
+                {"messages": [{"role": "assistant", "content": text + "</think>ok"}, _HI]},
+            ),
+            "chat-assistant-calls": (
+                "/v1/chat/completions",
+                {
+                    "messages": [
+                        {"role": "assistant", "content": text, "tool_calls": [_CALL]},
+                        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                    ]
+                },
             ),
         }[api]
         cases.append((api, path, json.dumps({"model": name, **body}).encode()))

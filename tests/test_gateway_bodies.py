@@ -5,6 +5,7 @@ would outweigh it is refused without building them; on every API that takes a bo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -19,8 +20,17 @@ from hypothesis import strategies as st
 
 from rollout_sdk import RolloutClient
 from rollout_sdk.engines.fake import FakeEngineConfig
-from rollout_sdk.gateway import Gateway
-from rollout_sdk.gateway.bodies import SHAPE_FLOOR_BYTES, PromptLimits, check_body, min_chars, object_cost
+from rollout_sdk.gateway import Gateway, bodies
+from rollout_sdk.gateway.bodies import (
+    SHAPE_FLOOR_BYTES,
+    CharCaps,
+    PromptLimits,
+    check_body,
+    min_chars,
+    min_kept_chars,
+    min_tokens,
+    object_cost,
+)
 from rollout_sdk.gateway.errors import GatewayError
 from test_gateway import IM_END, RecordingClient, Script
 
@@ -85,8 +95,14 @@ def test_a_text_no_prompt_can_hold_is_refused_from_views_into_the_buffer() -> No
     # the same bodies within the limits pass (the exact check later decides), and so do assistant texts
     for api, body in big_calls("word " * 1000):
         check_body(bytearray(json.dumps(body).encode() + b" " * MiB), api, LIMITS)
-    assistant = {"messages": [{"role": "assistant", "content": text}, {"role": "user", "content": "hi"}]}
-    check_body(json.dumps(assistant).encode(), "chat", LIMITS)
+    # an assistant's text counts from its last "think" on (templates drop earlier reasoning), and not at
+    # all beside tool calls (a template may render a call without its message's content)
+    for content in (text + "</think>ok", [{"type": "text", "text": text}, {"type": "text", "text": "</think>"}]):
+        reasoning = {"messages": [{"role": "assistant", "content": content}, {"role": "user", "content": "hi"}]}
+        check_body(json.dumps(reasoning).encode(), "chat", LIMITS)
+    calls = [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    with_calls = {"messages": [{"role": "assistant", "content": text, "tool_calls": calls}]}
+    check_body(json.dumps(with_calls).encode(), "chat", LIMITS)
     # a body of another shape than its API's is left to the full checks (which name the field)
     check_body(json.dumps({"messages": text}).encode(), "chat", LIMITS)
 
@@ -228,7 +244,7 @@ async def test_a_long_text_is_refused_by_its_prefix_before_the_body_is_decoded(f
             decoded.append(len(buf))
         return real(buf, *args, **kw)
 
-    text = "word " * 300_000
+    text = "WORD " * 300_000  # no lowercase letter or digit: the counted characters cannot decide (see below)
     async with RolloutClient(servers=[s.address for s in servers]) as client, Gateway(client, tokenizer=counting) as gw:
         root = gw.url.removesuffix("/v1")
         routes = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -245,4 +261,237 @@ async def test_a_long_text_is_refused_by_its_prefix_before_the_body_is_decoded(f
                 assert r.status == 400 and err["code"] == "context_length_exceeded", (api, err)
                 assert decoded == [], api  # refused before the body was decoded
                 assert counting.encoded and max(counting.encoded) <= 8 * 16384, (api, counting.encoded)
+        assert not gw.store.sessions
+
+
+# -- assistant text, and a bound from counted characters that needs no tokenizer ---------------------------
+
+
+@pytest.fixture(scope="module")
+def caps(tok: Any) -> CharCaps:
+    return CharCaps(tok.get_vocab())
+
+
+def assistant_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """One call per API whose assistant message holds ``text`` (no reasoning tag, no tool call)."""
+    user = {"role": "user", "content": "hi"}
+    half = [{"type": "text", "text": text[: len(text) // 2]}, {"type": "text", "text": text[len(text) // 2 :]}]
+    return [
+        ("chat", {"messages": [{"role": "assistant", "content": text}, user]}),
+        ("chat", {"messages": [{"role": "assistant", "content": half, "tool_calls": []}, user]}),
+        ("responses", {"input": [{"role": "assistant", "content": text}, user]}),
+        (
+            "responses",
+            {
+                "input": [
+                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]},
+                    {"type": "reasoning"},
+                    {"type": "function_call_output", "call_id": "c", "output": "x"},
+                ]
+            },
+        ),
+        ("messages", {"max_tokens": 8, "messages": [user, {"role": "assistant", "content": text}, user]}),
+        ("messages", {"max_tokens": 8, "messages": [user, {"role": "assistant", "content": half}, user]}),
+    ]
+
+
+def test_assistant_text_no_prompt_can_hold_is_refused_from_views_into_the_buffer() -> None:
+    """The residue of the first round (peak 5x the body): an assistant's text is counted too, from its last
+    ``think`` on and only characters no strip removes; not beside tool calls."""
+    text = "word " * (3 * MiB // 5)
+    for api, body in assistant_calls(text):
+        raw = bytearray(json.dumps({"model": "m", **body}).encode())
+        peak, err = traced_peak(lambda raw=raw, api=api: check_body(raw, api, LIMITS))  # type: ignore[misc]
+        assert isinstance(err, GatewayError) and err.code == "context_length_exceeded", (api, body)
+        assert peak < 2 * MiB, (api, peak)
+    # what a template may drop is not counted: a message a function call joins (Responses), one with a
+    # tool_use block (Messages), one with tool calls (chat), reasoning before </think>
+    call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
+    dropped = [
+        ("responses", {"input": [{"role": "assistant", "content": text}, {"type": "reasoning"}, call]}),
+        (
+            "messages",
+            {
+                "max_tokens": 8,
+                "messages": [
+                    {"role": "assistant", "content": [{"type": "text", "text": text}, {"type": "tool_use"}]},
+                ],
+            },
+        ),
+        ("chat", {"messages": [{"role": "assistant", "content": text, "tool_calls": [{"function": {}}]}]}),
+        ("chat", {"messages": [{"role": "assistant", "content": text + "</think>\n\n  \u3000 ok  "}]}),
+    ]
+    for api, body in dropped:
+        assert check_body(json.dumps(body).encode(), api, LIMITS) is None, (api, body)
+    # a gateway whose template was seen to render content beside tool calls counts it (reasoning never)
+    seen = dataclasses.replace(LIMITS, call_content=True)
+    for api, body in dropped[:3]:
+        with pytest.raises(GatewayError, match="context"):
+            check_body(json.dumps(body).encode(), api, seen)
+    assert check_body(json.dumps(dropped[3][1]).encode(), "chat", seen) is None
+    # one whose template keeps reasoning counts an assistant's whole text
+    with pytest.raises(GatewayError, match="context"):
+        check_body(json.dumps(dropped[3][1]).encode(), "chat", dataclasses.replace(LIMITS, reasoning=True))
+
+
+class JinjaTokenizer:
+    """A tokenizer whose chat template is ``source`` (only what ChatTemplate renders with)."""
+
+    def __init__(self, source: str) -> None:
+        import jinja2
+
+        self.chat_template = source
+        self._template = jinja2.Environment().from_string(source)
+
+    def apply_chat_template(self, messages: Any, tools: Any = None, **kw: Any) -> str:
+        return self._template.render(messages=messages, tools=tools, **kw)
+
+
+def test_a_template_is_probed_for_what_it_renders_of_an_assistant(tok: Any) -> None:
+    from rollout_sdk.gateway.service import keeps_call_content, keeps_reasoning
+
+    assert keeps_call_content(tok)  # Qwen2.5's template renders it
+    # Llama 3.1's way: a message with tool calls is rendered as its calls only
+    llama_like = (
+        "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.name }}"
+        "{% endfor %}{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    )
+    assert not keeps_call_content(JinjaTokenizer(llama_like))
+    # content kept only in the latest turn: not kept everywhere, so not counted
+    latest_only = (
+        "{% for m in messages %}{% if m.tool_calls and not loop.last and loop.index < 4 %}{{ m.role }}"
+        "{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    )
+    assert not keeps_call_content(JinjaTokenizer(latest_only))
+    assert keeps_call_content(JinjaTokenizer("{% for m in messages %}{{ m.content }}{% endfor %}"))
+    assert not keeps_call_content(JinjaTokenizer("{{ raise_here() }}"))  # a template that fails: not known
+    # reasoning: Qwen2.5's template renders an assistant's text whole; Qwen3's way drops earlier reasoning
+    assert keeps_reasoning(tok)
+    qwen3_like = (
+        "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}"
+        "{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    )
+    assert not keeps_reasoning(JinjaTokenizer(qwen3_like))
+
+
+_PIECES = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(
+        ["</think>", "</seed:think>", "\u25c1/think\u25b7", "think", " ", "\n", "\u3000", "\xa0", "\\", '"']
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(st.lists(_PIECES, max_size=8).map("".join), min_size=1, max_size=4), st.booleans())
+def test_min_kept_chars_is_a_lower_bound_of_what_templates_keep(parts: list[str], ascii_only: bool) -> None:
+    raws = [msgspec.Raw(json.dumps(p, ensure_ascii=ascii_only).encode()) for p in parts]
+    joined = "".join(parts)
+    for tag in ("</think>", "</seed:think>", "\u25c1/think\u25b7"):
+        kept = joined.split(tag)[-1]
+        assert min_kept_chars(raws) <= len(kept.strip()), (tag, kept)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(["word", " ", "www", "1234567", "e" * 20, "\n", "é", "\\u0077"]), st.text(max_size=12)
+        ),
+        max_size=60,
+    ).map("".join),
+    st.booleans(),
+)
+def test_min_tokens_is_a_lower_bound_of_the_tokens(tok: Any, caps: CharCaps, text: str, ascii_only: bool) -> None:
+    raw = msgspec.Raw(json.dumps(text, ensure_ascii=ascii_only).encode())
+    n, _ = min_tokens([(raw, 0)], caps, 1 << 30)
+    assert n <= len(tok.encode(text, add_special_tokens=False)), text
+
+
+def test_char_caps_are_the_most_copies_one_token_holds(tok: Any, caps: CharCaps) -> None:
+    vocab = list(tok.get_vocab())
+    for c in "abcdefghijklmnopqrstuvwxyz0123456789":
+        assert caps.cap(c) == max(t.count(c) for t in vocab), c
+    assert caps.cap("0") == 1 and caps.cap("w") == 3  # Qwen2 splits digits; "www" is its most w's
+    # a token holding a newline is still one token; a character in no token has no cap
+    odd = CharCaps(["a\naa", "b", "\n", "zz"])
+    assert (odd.cap("a"), odd.cap("b"), odd.cap("z"), odd.cap("q")) == (3, 1, 2, 0)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20) | st.sampled_from(["assistant", "user", "think"]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["role", "type", "content", "text", "output", "tool_calls", "messages", "input", "x"]),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=20,
+)
+_BODY = st.dictionaries(st.sampled_from(["messages", "input", "prompt", "system", "instructions", "model"]), _JSON)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(_BODY, st.sampled_from(["chat", "completions", "responses", "messages", "other"]), st.integers(1, 64))
+def test_weighing_any_body_refuses_with_a_typed_400_or_passes(body: dict[str, Any], api: Any, tokens: int) -> None:
+    """The weighing code on every shape a body can take (bounds low enough that every path runs): it
+    passes the body on or refuses it with a typed 400, never anything else."""
+    limits = PromptLimits(tokens=tokens, chars=tokens * 2, probe_chars=tokens, char_caps=CharCaps(["a", "www", "ss"]))
+    raw = json.dumps(body).encode()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bodies, "SHAPE_CHECK_BYTES", 0)
+        probe, err = _outcome(lambda: check_body(raw, api, limits))
+    assert err is None or (err.status == 400 and err.code in ("context_length_exceeded", "too_many_items")), err
+    assert probe is None or all(isinstance(t, str) for t in probe.texts)
+
+
+def _outcome(fn: Any) -> tuple[Any, GatewayError | None]:
+    try:
+        return fn(), None
+    except GatewayError as exc:
+        return None, exc
+
+
+async def test_a_long_text_is_refused_by_counted_characters_without_tokenizing(fake_servers, tok) -> None:
+    """Context 131,072 (the character bound lets 16.7M characters through): 2.5M characters of "word "
+    hold 500k 'w', and no token of Qwen2 holds more than 3, so the call is refused before the body is
+    decoded and without a single call of the tokenizer; user and assistant text alike (beside tool calls
+    too: this template renders that content)."""
+    from test_gateway_hardening import CountingTokenizer
+
+    counting = CountingTokenizer(tok)
+    config = FakeEngineConfig(eos_token_ids=(IM_END,), max_context=131072)
+    servers = await fake_servers(1, config, responder=Script(tok, ["ok"]))
+    decoded: list[int] = []
+    real = msgspec.json.decode
+
+    def spy(buf: Any, *args: Any, **kw: Any) -> Any:
+        if kw.get("type") is None and not args:
+            decoded.append(len(buf))
+        return real(buf, *args, **kw)
+
+    text = "word " * 500_000
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    beside_calls = [{"role": "assistant", "content": text, "tool_calls": [call]}, {"role": "tool", "content": "ok"}]
+    reasoning = [{"role": "assistant", "content": text + "</think>ok"}, {"role": "user", "content": "hi"}]
+    # Qwen2.5's template renders an assistant's content beside its tool calls, and its reasoning: counted too
+    calls = [*big_calls(text), *assistant_calls(text), ("chat", {"messages": beside_calls})]
+    calls.append(("chat", {"messages": reasoning}))
+    routes = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+    routes |= {"responses": "/v1/responses", "messages": "/v1/messages"}
+    async with RolloutClient(servers=[s.address for s in servers]) as client, Gateway(client, tokenizer=counting) as gw:
+        root = gw.url.removesuffix("/v1")
+        async with aiohttp.ClientSession() as http:
+            for api, body in calls:
+                raw = json.dumps({"model": gw.model_name, **body}).encode()
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr("rollout_sdk.gateway.routes.msgspec.json.decode", spy)
+                    async with http.post(root + routes[api], data=raw, headers={"x-api-key": "k"}) as r:
+                        err = (await r.json())["error"]
+                assert r.status == 400 and err["code"] == "context_length_exceeded", (api, err)
+                assert "at least" in err["message"] and "'w'" in err["message"], err
+                assert decoded == [], api
+        assert counting.encoded == []  # the tokenizer never ran
         assert not gw.store.sessions

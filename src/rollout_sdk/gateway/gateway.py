@@ -61,7 +61,7 @@ from .listener import BoundedSite
 from .records import ExportLease, SessionRecord, session_record
 from .routes import build_app
 from .sampling import SessionSampling
-from .service import Outcome, TurnService, max_token_chars
+from .service import Outcome, TurnService, keeps_call_content, keeps_reasoning, vocab_bounds
 from .sessions import Session, SessionStore
 
 __all__ = ["Gateway", "GatewayConfig", "SessionHandle", "read_trajectories"]
@@ -163,9 +163,18 @@ class Gateway(OpenedWith):
         if tokenizer is None:
             tokenizer = await asyncio.to_thread(_load_tokenizer, cfg.tokenizer, model_path)
         self.model_name = cfg.model_name or (Path(model_path).name if model_path else "") or "rollout-sdk"
-        token_chars = await asyncio.to_thread(max_token_chars, tokenizer)
+        token_chars, caps = await asyncio.to_thread(vocab_bounds, tokenizer)
+        call_content = await asyncio.to_thread(keeps_call_content, tokenizer)
+        reasoning = await asyncio.to_thread(keeps_reasoning, tokenizer)
         self._service = TurnService(
-            self._client, tokenizer, model=self.model_name, config=cfg, max_token_chars=token_chars
+            self._client,
+            tokenizer,
+            model=self.model_name,
+            config=cfg,
+            max_token_chars=token_chars,
+            char_caps=caps,
+            call_content=call_content,
+            reasoning=reasoning,
         )
         self._runner = web.AppRunner(
             build_app(self),

@@ -41,14 +41,22 @@ from ..agents.parsers import ReasoningParser, get_reasoning_parser, split_reason
 from ..protocol import GenerateRequest, GenerateResult, Lifecycle, SamplingParams
 from ..rollouts.continuation import Continuation
 from ..rollouts.seeds import sample_seed
-from .bodies import PromptLimits
+from .bodies import CharCaps, PromptLimits
 from .config import GatewayConfig
 from .errors import GatewayError, bad_request, unsupported
 from .sampling import RequestOptions, parse_options
 from .sessions import Node, Session, extend_key, prefix_keys
 from .tools import assistant_reply, canonical, parse_tool_choice, template_messages, template_tools
 
-__all__ = ["Choice", "Outcome", "TurnService", "max_token_chars"]
+__all__ = [
+    "Choice",
+    "Outcome",
+    "TurnService",
+    "keeps_call_content",
+    "keeps_reasoning",
+    "max_token_chars",
+    "vocab_bounds",
+]
 
 T = TypeVar("T")
 _TEMPLATES = 64
@@ -107,7 +115,16 @@ class TurnService:
     """Serves chat and text completions for sessions, against a :class:`~rollout_sdk.RolloutClient`."""
 
     def __init__(
-        self, client: Any, tokenizer: Any, *, model: str, config: GatewayConfig, max_token_chars: int | None = None
+        self,
+        client: Any,
+        tokenizer: Any,
+        *,
+        model: str,
+        config: GatewayConfig,
+        max_token_chars: int | None = None,
+        char_caps: CharCaps | None = None,
+        call_content: bool = False,
+        reasoning: bool = False,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
@@ -121,6 +138,12 @@ class TurnService:
         self._eos = _eos_ids(tokenizer)
         #: the most characters one token of this tokenizer stands for (None: unknown, no character bound)
         self.max_token_chars = max_token_chars
+        #: what bounds a text's tokens from its characters' counts (None: unknown)
+        self.char_caps = char_caps
+        #: the chat template renders an assistant's content beside its tool calls (:func:`keeps_call_content`)
+        self.call_content = call_content
+        #: the chat template renders an assistant's text before ``</think>`` (:func:`keeps_reasoning`)
+        self.reasoning = reasoning
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -193,7 +216,12 @@ class TurnService:
         tokens = max(self._context() - 1, 0)
         b = self.max_token_chars
         return PromptLimits(
-            tokens=tokens, chars=None if b is None else tokens * b, probe_chars=tokens * PROBE_CHARS_PER_TOKEN
+            tokens=tokens,
+            chars=None if b is None else tokens * b,
+            probe_chars=tokens * PROBE_CHARS_PER_TOKEN,
+            char_caps=self.char_caps,
+            call_content=self.call_content,
+            reasoning=self.reasoning,
         )
 
     async def probe(self, texts: list[str], param: str) -> None:
@@ -428,7 +456,7 @@ class TurnService:
         session.check_open()
         room = self._prompt_room(opts)
         await self._cpu(lambda: self._check_messages(messages, room), _chars(messages))
-        keys = prefix_keys("chat\x00" + canonical({"tools": tools}), [canonical(m) for m in messages])
+        keys = prefix_keys("chat\x00" + canonical({"tools": tools}), (canonical(m) for m in messages))
         parent, covered = session.match(keys)
         template = self._template(tools)
         new = messages[covered:]
@@ -599,18 +627,71 @@ def _kept_texts(messages: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def vocab_bounds(tokenizer: Any) -> tuple[int | None, CharCaps | None]:
+    """:func:`max_token_chars` and the :class:`~.bodies.CharCaps` of ``tokenizer``'s vocabulary, from one
+    read of it (at a gateway's open)."""
+    vocab = _vocab(tokenizer)
+    if vocab is None:
+        return None, None
+    return max((len(t) for t in vocab), default=0) or None, CharCaps(vocab)
+
+
+_MARKS = ("m1q7zx", "m2q7zx")
+
+
+def keeps_call_content(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template renders an assistant message's content beside its tool calls,
+    at an earlier turn and at the latest (Qwen's and Hermes' do; Llama 3.1's does not): only then is such
+    content counted before a body is decoded.  Probed once at open by rendering a small conversation, as
+    :class:`~rollout_sdk.agents.ChatTemplate` probes how a template writes arguments."""
+    call = {"type": "function", "id": "c1", "function": {"name": "f", "arguments": {}}}
+    return _renders_both(tokenizer, lambda mark: {"role": "assistant", "content": mark, "tool_calls": [call]})
+
+
+def keeps_reasoning(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template renders what an assistant's content holds before ``</think>``,
+    at an earlier turn and at the latest (Qwen2.5's does; Qwen3's and DeepSeek-R1's drop earlier
+    reasoning): only then is an assistant's text counted whole, else from its last ``think`` on."""
+    return _renders_both(tokenizer, lambda mark: {"role": "assistant", "content": mark + "</think>ok"})
+
+
+def _renders_both(tokenizer: Any, assistant: Callable[[str], dict[str, Any]]) -> bool:
+    """Whether both marks appear when the template renders ``assistant(mark)`` as an earlier turn and as
+    the latest, each followed by a tool result (a message with calls needs one) or a user message."""
+    first, latest = _MARKS
+    convo: list[dict[str, Any]] = [
+        {"role": "user", "content": "u"},
+        assistant(first),
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "v"},
+        assistant(latest),
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+    ]
+    try:
+        text = ChatTemplate(tokenizer).render(convo, add_generation_prompt=True)
+    except Exception:  # any template error (no template, jinja, a role order it forbids): not known to keep it
+        return False
+    return first in text and latest in text
+
+
 def max_token_chars(tokenizer: Any) -> int | None:
     """The longest token's string in ``tokenizer``'s vocabulary (added tokens included): at least as many
     characters as that token stands for in any text (a byte-level token's string has one character per
     byte).  None when the tokenizer has no vocabulary to read."""
+    vocab = _vocab(tokenizer)
+    return None if vocab is None else max((len(t) for t in vocab), default=0) or None
+
+
+def _vocab(tokenizer: Any) -> Any:
+    """The tokenizer's token strings (a dict's keys), or None when it has no vocabulary to read."""
     get_vocab = getattr(tokenizer, "get_vocab", None)
     if get_vocab is None:
         return None
     try:
-        vocab = get_vocab()
+        return get_vocab()
     except (NotImplementedError, AttributeError):
         return None
-    return max((len(t) for t in vocab), default=0) or None
 
 
 def _chars(messages: list[dict[str, Any]]) -> int:

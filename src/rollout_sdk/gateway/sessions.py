@@ -41,7 +41,7 @@ import hashlib
 import re
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,17 +57,26 @@ __all__ = ["Node", "Session", "SessionStore", "extend_key", "prefix_keys"]
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
 
 
-def prefix_keys(base: str, items: Sequence[str]) -> list[str]:
-    """``keys[i]``: the key of ``items[:i]`` under ``base`` (``keys[0]`` is the base's)."""
+def prefix_keys(base: str, items: Iterable[str]) -> list[str]:
+    """``keys[i]``: the key of ``items[:i]`` under ``base`` (``keys[0]`` is the base's).  ``items`` may
+    be a generator: each item is dropped once hashed (a long message is not held twice)."""
     keys = [hashlib.blake2b(base.encode(), digest_size=16).hexdigest()]
     for item in items:
         keys.append(extend_key(keys[-1], item))
     return keys
 
 
+#: a long item is hashed this many characters at a time (its UTF-8 form is never built whole)
+_HASH_PIECE = 1 << 20
+
+
 def extend_key(key: str, item: str) -> str:
-    """The key of a conversation ``key`` stands for, followed by ``item``."""
-    return hashlib.blake2b((key + "\x00" + item).encode(), digest_size=16).hexdigest()
+    """The key of a conversation ``key`` stands for, followed by ``item``: the hash of ``key``, a NUL and
+    ``item`` in UTF-8, taken a piece at a time (no copy of ``item`` beyond a piece)."""
+    h = hashlib.blake2b((key + "\x00").encode(), digest_size=16)
+    for pos in range(0, len(item), _HASH_PIECE):
+        h.update(item[pos : pos + _HASH_PIECE].encode())
+    return h.hexdigest()
 
 
 @dataclass(kw_only=True, slots=True, eq=False, repr=False)
