@@ -177,6 +177,12 @@ async def test_inflight_and_min_weight_version_are_checked_at_construction() -> 
         UpdateWeightsDistributed(call_id="c", group_name="g", buckets=[], inflight="keep", flush_cache=True)
     msg = UpdateWeightsDistributed(call_id="c", group_name="g", buckets=[], inflight="keep", flush_cache=False)
     assert decode_client_message(encode(msg)) == msg
+    # flush_cache left out follows the mode: a `keep` message built without it is valid and does not flush
+    # (the GPU test built one that way and was refused while the default was True for both modes)
+    kept = UpdateWeightsDistributed(call_id="c", group_name="g", buckets=[], inflight="keep")
+    assert not kept.flushes and decode_client_message(encode(kept)) == kept
+    assert UpdateWeightsDistributed(call_id="c", group_name="g", buckets=[]).flushes
+    assert not UpdateWeightsDistributed(call_id="c", group_name="g", buckets=[], flush_cache=False).flushes
     for bad in (-1, MAX_WEIGHT_VERSION + 1, 1.5, "3", True):
         with pytest.raises(InvalidRequestError, match="min_weight_version"):
             GenerateRequest(input_ids=[1], min_weight_version=bad)  # type: ignore[arg-type]

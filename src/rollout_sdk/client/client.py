@@ -65,6 +65,7 @@ from ..protocol import (
     check_inflight,
     encode,
     expect_sampling,
+    flushes,
 )
 from ..protocol.checks import expect, expect_ids
 from ..protocol.engine_config import CpuEngineConfig
@@ -688,7 +689,7 @@ class RolloutClient(OpenedWith):
         WeightUpdateError; an engine left half-updated is marked dead.  Returns timings and bytes.
         """
         check_inflight(inflight, bool(flush_cache))
-        flush = inflight == "reprefill" if flush_cache is None else flush_cache
+        flush = flushes(inflight, flush_cache)
         t0 = time.perf_counter()
         ok = False
         if pause is not None:

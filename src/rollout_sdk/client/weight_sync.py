@@ -38,6 +38,7 @@ from ..protocol import (
     ResumeGeneration,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
+    flushes,
 )
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ class WeightSync:
         *,
         version: int | None,
         bucket_bytes: int,
-        flush_cache: bool = True,
+        flush_cache: bool | None = None,
         inflight: InflightMode = "reprefill",
     ) -> dict[str, float]:
         """Broadcast ``named`` in flattened buckets; every server loads them and takes ``version``."""
@@ -210,7 +211,7 @@ async def update_weights_ipc(
     *,
     version: int | None,
     bucket_bytes: int,
-    flush_cache: bool = True,
+    flush_cache: bool | None = None,
     inflight: InflightMode = "reprefill",
     hold: bool = True,
 ) -> dict[str, float]:
@@ -243,7 +244,7 @@ async def _send_ipc_buckets(
     buckets: list[Any],
     *,
     version: int | None,
-    flush_cache: bool,
+    flush_cache: bool | None,
     inflight: InflightMode,
 ) -> None:
     import torch  # door: torch
@@ -264,7 +265,7 @@ async def _send_ipc_buckets(
                 handles=[h],
                 buckets=[b.metas],
                 version=version if last else None,
-                flush_cache=flush_cache and last,
+                flush_cache=flushes(inflight, flush_cache) and last,
                 inflight=inflight if last else "keep",  # the version (and the re-keying) comes with the last
             )
 

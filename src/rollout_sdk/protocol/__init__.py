@@ -91,6 +91,7 @@ __all__ = [
     "encode",
     "error_reply",
     "expect_sampling",
+    "flushes",
     "is_generate_frame",
     "mixed_tokens",
 ]
@@ -174,6 +175,12 @@ def check_inflight(inflight: Any, flush_cache: bool) -> None:
         raise _bad("inflight", inflight, f"must be one of {', '.join(INFLIGHT_MODES)}")
     if inflight == "keep" and flush_cache:
         raise _bad("flush_cache", flush_cache, "inflight='keep' goes on with the cached KV a flush would drop")
+
+
+def flushes(inflight: InflightMode, flush_cache: bool | None) -> bool:
+    """Whether a weight update drops the old KV: ``flush_cache``, or when None its mode's default (yes for
+    ``reprefill``, no for ``keep``, whose requests go on with that KV)."""
+    return inflight == "reprefill" if flush_cache is None else flush_cache
 
 
 def mixed_tokens(version_runs: Sequence[tuple[int, int]], kv_runs: Sequence[tuple[int, int]]) -> int:
@@ -724,12 +731,19 @@ class _WeightUpdate(msgspec.Struct, frozen=True, kw_only=True):
     call_id: str
     buckets: _Buckets
     version: int | None = None
-    flush_cache: bool = True
+    #: also drop the old KV at once; None: by ``inflight`` (yes for ``reprefill``, no for ``keep``, whose
+    #: requests go on with that KV).  Not needed for correctness: prefix caches are namespaced by version.
+    flush_cache: bool | None = None
     #: the requests in flight: re-prefilled on the new weights, or kept on their KV (``InflightMode``)
     inflight: InflightMode = "reprefill"
 
     def __post_init__(self) -> None:
-        check_inflight(self.inflight, self.flush_cache)
+        check_inflight(self.inflight, bool(self.flush_cache))
+
+    @property
+    def flushes(self) -> bool:
+        """Whether this update drops the old KV (``flush_cache``, or its default for ``inflight``)."""
+        return flushes(self.inflight, self.flush_cache)
 
 
 class UpdateWeightsDistributed(_WeightUpdate, tag="update_weights_dist", frozen=True, kw_only=True):

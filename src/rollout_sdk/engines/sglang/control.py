@@ -378,7 +378,7 @@ class Control:
             await self._receive_distributed(msg.group_name, _discarded(msg.buckets))
             raise WeightUpdateError("; ".join(problems), applied=False)
         await self._update(
-            lambda: self._receive_distributed(msg.group_name, msg.buckets), msg.version, msg.flush_cache, msg.inflight
+            lambda: self._receive_distributed(msg.group_name, msg.buckets), msg.version, msg.flushes, msg.inflight
         )
 
     async def _receive_distributed(self, group_name: str, buckets: list[list[TensorMeta]]) -> None:
@@ -437,7 +437,7 @@ class Control:
                 )
                 _check_bucket(ok, text, i, len(msg.buckets))
 
-        await self._update(load, msg.version, msg.flush_cache, msg.inflight)
+        await self._update(load, msg.version, msg.flushes, msg.inflight)
 
     async def _finish_update(self, version: int | None, flush_cache: bool, inflight: InflightMode) -> None:
         """The weights changed (quiesced: nothing runs inside SGLang).  ``reprefill``: every held request
