@@ -228,13 +228,12 @@ def test_a_long_text_within_the_character_bound_is_probed_from_a_decoded_prefix_
         assert peak < 2 * MiB, (api, peak)  # the prefix and 256 KiB pieces of the count, never the whole text
 
 
-async def test_a_long_text_is_refused_by_its_prefix_before_the_body_is_decoded(fake_servers, tok) -> None:
-    """Context 16,384: 1.5M characters are within 16,383 x 128, so the prefix probe decides; the tokenizer
-    sees pieces of at most 8 characters per token of room, and the body is never decoded whole."""
+async def _counted(fake_servers: Any, tok: Any, *, max_context: int) -> tuple[Any, Any, list[int], Any]:
+    """A tokenizer that counts its calls, one fake server of ``max_context``, and a spy for the routes'
+    ``msgspec.json.decode`` that records the size of every untyped (whole-body) decode in ``decoded``."""
     from test_gateway_hardening import CountingTokenizer
 
-    counting = CountingTokenizer(tok)
-    config = FakeEngineConfig(eos_token_ids=(IM_END,), max_context=16384)
+    config = FakeEngineConfig(eos_token_ids=(IM_END,), max_context=max_context)
     servers = await fake_servers(1, config, responder=Script(tok, ["ok"]))
     decoded: list[int] = []
     real = msgspec.json.decode
@@ -243,6 +242,24 @@ async def test_a_long_text_is_refused_by_its_prefix_before_the_body_is_decoded(f
         if kw.get("type") is None and not args:
             decoded.append(len(buf))
         return real(buf, *args, **kw)
+
+    return CountingTokenizer(tok), servers, decoded, spy
+
+
+async def _refused(http: Any, url: str, body: dict[str, Any], spy: Any) -> dict[str, Any]:
+    """POST ``body`` with the routes' decode spied on; the error of its 400."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("rollout_sdk.gateway.routes.msgspec.json.decode", spy)
+        async with http.post(url, data=json.dumps(body).encode(), headers={"x-api-key": "k"}) as r:
+            err: dict[str, Any] = (await r.json())["error"]
+    assert r.status == 400, err
+    return err
+
+
+async def test_a_long_text_is_refused_by_its_prefix_before_the_body_is_decoded(fake_servers, tok) -> None:
+    """Context 16,384: 1.5M characters are within 16,383 x 128, so the prefix probe decides; the tokenizer
+    sees pieces of at most 8 characters per token of room, and the body is never decoded whole."""
+    counting, servers, decoded, spy = await _counted(fake_servers, tok, max_context=16384)
 
     text = "WORD " * 300_000  # no lowercase letter or digit: the counted characters cannot decide (see below)
     async with RolloutClient(servers=[s.address for s in servers]) as client, Gateway(client, tokenizer=counting) as gw:
@@ -253,12 +270,8 @@ async def test_a_long_text_is_refused_by_its_prefix_before_the_body_is_decoded(f
             for api, body in big_calls(text):
                 counting.encoded.clear()
                 decoded.clear()
-                raw = json.dumps({"model": gw.model_name, **body}).encode()
-                with pytest.MonkeyPatch.context() as mp:
-                    mp.setattr("rollout_sdk.gateway.routes.msgspec.json.decode", spy)
-                    async with http.post(root + routes[api], data=raw, headers={"x-api-key": "k"}) as r:
-                        err = (await r.json())["error"]
-                assert r.status == 400 and err["code"] == "context_length_exceeded", (api, err)
+                err = await _refused(http, root + routes[api], {"model": gw.model_name, **body}, spy)
+                assert err["code"] == "context_length_exceeded", (api, err)
                 assert decoded == [], api  # refused before the body was decoded
                 assert counting.encoded and max(counting.encoded) <= 8 * 16384, (api, counting.encoded)
         assert not gw.store.sessions
@@ -459,18 +472,7 @@ async def test_a_long_text_is_refused_by_counted_characters_without_tokenizing(f
     hold 500k 'w', and no token of Qwen2 holds more than 3, so the call is refused before the body is
     decoded and without a single call of the tokenizer; user and assistant text alike (beside tool calls
     too: this template renders that content)."""
-    from test_gateway_hardening import CountingTokenizer
-
-    counting = CountingTokenizer(tok)
-    config = FakeEngineConfig(eos_token_ids=(IM_END,), max_context=131072)
-    servers = await fake_servers(1, config, responder=Script(tok, ["ok"]))
-    decoded: list[int] = []
-    real = msgspec.json.decode
-
-    def spy(buf: Any, *args: Any, **kw: Any) -> Any:
-        if kw.get("type") is None and not args:
-            decoded.append(len(buf))
-        return real(buf, *args, **kw)
+    counting, servers, decoded, spy = await _counted(fake_servers, tok, max_context=131072)
 
     text = "word " * 500_000
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -485,12 +487,8 @@ async def test_a_long_text_is_refused_by_counted_characters_without_tokenizing(f
         root = gw.url.removesuffix("/v1")
         async with aiohttp.ClientSession() as http:
             for api, body in calls:
-                raw = json.dumps({"model": gw.model_name, **body}).encode()
-                with pytest.MonkeyPatch.context() as mp:
-                    mp.setattr("rollout_sdk.gateway.routes.msgspec.json.decode", spy)
-                    async with http.post(root + routes[api], data=raw, headers={"x-api-key": "k"}) as r:
-                        err = (await r.json())["error"]
-                assert r.status == 400 and err["code"] == "context_length_exceeded", (api, err)
+                err = await _refused(http, root + routes[api], {"model": gw.model_name, **body}, spy)
+                assert err["code"] == "context_length_exceeded", (api, err)
                 assert "at least" in err["message"] and "'w'" in err["message"], err
                 assert decoded == [], api
         assert counting.encoded == []  # the tokenizer never ran
