@@ -16,8 +16,11 @@ Per pass (its window): output tokens/s, prompt tokens re-prefilled per update (e
 in place / checkpointed per update, the update call's time, stale hits, and inter-token gaps: every token's
 arrival is recorded on the engine's direct path (``SGLANG_FORCE_STREAM_INTERVAL=1`` so each step reports;
 both modes pay it alike); the gap of a token is the time since the previous token of the same request;
-"around an update": tokens arriving from the update's start to 2 s after its end; "straddle": the gap of a
-request across an update (its first token after it minus its last before).
+"around an update": tokens arriving from the update's start to 2 s after its end; "straddle": the gaps that
+span any part of an update call (a token's previous one came before the call ended and it came after the call
+began): the decoding pause the update itself causes.  Requests SGLang had retracted for KV memory when an
+update came (queued with tokens) are counted apart: SGLang prefills them again with or without the update.
+``--extra '{"chunked_prefill_size": 1024}'`` passes SGLang server arguments (both modes alike).
 
 ``--engine standin --quick`` runs it on a CPU (SGLang's tokenizer manager over the stand-in scheduler, which
 answers SGLang's weight call and then samples with other weights).
@@ -61,9 +64,11 @@ class Tracker:
         self.last: dict[str, float] = {}
         self.gaps: list[tuple[float, float]] = []  # (arrival, gap)
         self.seen: set[str] = set()  # requests that have had a part
-        self.parts: dict[str, tuple[float, int]] = {}  # continuation sid -> (submitted at, tokens fed)
-        #: (continuation submitted at, prompt tokens it computed again): attributed to the update before it
-        self.recomputed: list[tuple[float, int]] = []
+        #: continuation sid -> (submitted at, tokens fed, a retracted part's continuation)
+        self.parts: dict[str, tuple[float, int, bool]] = {}
+        #: (continuation submitted at, prompt tokens it computed again, retracted): attributed to the update
+        #: before it (a retracted part's to SGLang's retraction)
+        self.recomputed: list[tuple[float, int, bool]] = []
         tm = eng._tm
         orig_batch = tm._handle_batch_output  # the direct path's hook (it passes foreign rids on)
         orig_submit = eng._submit
@@ -77,8 +82,8 @@ class Tracker:
             cached = getattr(recv, "cached_tokens", None) or []
             for i, sid in enumerate(rids):
                 if sid in tracker.parts and i < len(ends) and ends[i] is not None:
-                    t_sub, fed = tracker.parts.pop(sid)
-                    tracker.recomputed.append((t_sub, max(0, fed - 1 - int(cached[i] or 0))))
+                    t_sub, fed, retr = tracker.parts.pop(sid)
+                    tracker.recomputed.append((t_sub, max(0, fed - 1 - int(cached[i] or 0)), retr))
                 rid = tracker.rid_of.get(sid)
                 if rid is None or i >= len(outs) or not outs[i]:
                     continue
@@ -93,7 +98,9 @@ class Tracker:
         def submit(sid: str, inputs: Any, sp: Any, req: Any, **kw: Any) -> Any:
             tracker.rid_of[sid] = req.rid
             if req.rid in tracker.seen:  # a continuation after a checkpoint
-                tracker.parts[sid] = (time.perf_counter(), len(inputs["input_ids"]))
+                flight = eng._flights.get(req.rid)
+                retr = bool(getattr(flight, "retracted", False))
+                tracker.parts[sid] = (time.perf_counter(), len(inputs["input_ids"]), retr)
             tracker.seen.add(req.rid)
             return orig_submit(sid, inputs, sp, req, **kw)
 
@@ -275,6 +282,7 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
             w0 = time.perf_counter()
             tr.gaps.clear()
             kept0, ckpt0 = eng._control.kept_in_place, eng._control.checkpointed
+            retr0 = getattr(eng._control, "retracted", 0)
             updates: list[dict[str, Any]] = []
             spans: list[tuple[float, float]] = []
             probes = []
@@ -295,7 +303,7 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
             await asyncio.gather(*workers, return_exceptions=True)
         around = [g for t, g in arrivals if any(lo <= t <= hi + 2.0 for lo, hi in spans)]
         # the gap of a request across an update: its first token after the update minus its last before
-        straddle = [g for t, g in arrivals if any(t >= hi and t - g <= lo for lo, hi in spans)]
+        straddle = [g for t, g in arrivals if any(t >= lo and t - g <= hi for lo, hi in spans)]
         for u, p in zip(updates, probes, strict=True):
             u["probe_cached"] = (await p).cached_tokens
         gaps = [g for _, g in arrivals]
@@ -309,7 +317,13 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
             "update_s_median": round(statistics.median(u["took_s"] for u in updates), 4),
             # every continuation has ended (the workers stopped): what this window's updates made
             # its requests compute again
-            "reprefilled_per_update": round(sum(m for t, m in tr.recomputed if w0 <= t <= w1 + 60) / len(updates)),
+            "reprefilled_per_update": round(
+                sum(m for t, m, r in tr.recomputed if w0 <= t <= w1 + 60 and not r) / len(updates)
+            ),
+            "retracted_per_update": round((getattr(eng._control, "retracted", 0) - retr0) / len(updates), 1),
+            "retraction_reprefilled_per_update": round(
+                sum(m for t, m, r in tr.recomputed if w0 <= t <= w1 + 60 and r) / len(updates)
+            ),
             "kept_in_place_per_update": round((eng._control.kept_in_place - kept0) / len(updates), 1),
             "checkpointed_per_update": round((eng._control.checkpointed - ckpt0) / len(updates), 1),
             "stale_hits": sum(1 for u in updates if u["probe_cached"] > 0),
@@ -346,7 +360,8 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
         import gpu_check
 
         model = gpu_check.model_dir(a.shape)
-        eng = SglangEngine(gpu_check.dummy_engine_config(a, model, extra={"max_total_tokens": a.max_total_tokens}))
+        extra = {"max_total_tokens": a.max_total_tokens, **json.loads(a.extra)}
+        eng = SglangEngine(gpu_check.dummy_engine_config(a, model, extra=extra))
         vocab = 151000
     t0 = time.perf_counter()
     await eng.start()
@@ -384,6 +399,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "reprefilled_per_update",
         "kept_in_place_per_update",
         "checkpointed_per_update",
+        "retracted_per_update",
+        "retraction_reprefilled_per_update",
         "update_s_median",
         "stale_hits",
         "gap_p50_ms",
@@ -426,6 +443,7 @@ def main() -> None:
     ap.add_argument("--max-total-tokens", type=int, default=1_600_000)
     ap.add_argument("--graph-bs", type=int, default=256)
     ap.add_argument("--hidden", type=int, default=0, help="model.norm.weight size (default: the shape's)")
+    ap.add_argument("--extra", default="{}", help="SGLang server arguments, a JSON object (both modes alike)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.quick:

@@ -56,6 +56,7 @@ def scheduler_class() -> type:
             self.running_batch = Batch([])
             self.last_batch: Batch | None = None
             self.chunked_req: Req | None = None
+            self.waiting_queue: list[Req] = []
             self.paused = False
             self.processed = 0
 
@@ -92,11 +93,12 @@ def test_the_pending_batch_is_processed_at_the_pause_once_and_counted() -> None:
     sched.last_batch = sched.running_batch
     # launched before the pause: one token each sampled on the GPU, not yet appended; "gone" ends with it
     sched.result_queue.append((Batch([a, b, gone]), Result({"a": 7, "b": 8, "gone": 9}, finishes={"gone"})))
-    assert sched.get_internal_state(None).internal_state[inplace.KEY] == {"pauses": 0, "counts": None}
+    assert sched.get_internal_state(None).internal_state[inplace.KEY] == {"pauses": 0, "counts": None, "retracted": []}
 
     sched.pause_generation(Pause("in_place"))
     state = sched.get_internal_state(None).internal_state
-    assert state[inplace.KEY] == {"pauses": 1, "counts": {"a": 4, "b": 2}}  # finished "gone" is not held
+    # finished "gone" is not held
+    assert state[inplace.KEY] == {"pauses": 1, "counts": {"a": 4, "b": 2}, "retracted": []}
     assert state["model_path"] == "m" and sched.paused
     assert (a.output_ids, b.output_ids) == ([1, 2, 3, 7], [4, 8])
     sched.pop_and_process()  # the loop after the resume: the entry is skipped, not appended twice
@@ -115,6 +117,17 @@ def test_a_prefill_just_run_and_a_chunked_request_are_counted() -> None:
     sched.pause_generation(Pause("in_place"))
     counts = sched.get_internal_state(None).internal_state[inplace.KEY]["counts"]
     assert counts == {"r": 1, "fresh": 1, "chunk": 0}
+
+
+def test_requests_retracted_for_memory_are_named_apart_from_those_never_started() -> None:
+    """SGLang's retract_decode puts a request back in the waiting queue with its tokens (its KV freed): it is
+    not held in place, and the record names it so its prefill again is not charged to the update."""
+    sched = scheduler_class()()
+    sched.running_batch = Batch([Req("r", [1, 2])])
+    sched.waiting_queue = [Req("new"), Req("back", [3, 4, 5])]
+    sched.pause_generation(Pause("in_place"))
+    record = sched.get_internal_state(None).internal_state[inplace.KEY]
+    assert (record["counts"], record["retracted"]) == ({"r": 2}, ["back"])
 
 
 def test_without_overlap_nothing_is_pending_and_other_modes_record_nothing() -> None:

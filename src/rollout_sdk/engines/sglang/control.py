@@ -62,7 +62,19 @@ T = TypeVar("T")
 class Flight:
     """One request of ours: possibly several SGLang requests (parts), one per weight version."""
 
-    __slots__ = ("held", "kv_epoch", "kv_key", "kv_version", "sid", "slot", "splits", "task", "user_aborted", "wake")
+    __slots__ = (
+        "held",
+        "kv_epoch",
+        "kv_key",
+        "kv_version",
+        "retracted",
+        "sid",
+        "slot",
+        "splits",
+        "task",
+        "user_aborted",
+        "wake",
+    )
 
     def __init__(self) -> None:
         self.sid = ""
@@ -75,6 +87,9 @@ class Flight:
         self.slot = False  # holds a place in the engine's decode window (engine.py)
         self.task: asyncio.Future[Any] | None = None
         self.held = False  # checkpointed: its abort result means "continue after the gate opens"
+        #: checkpointed at an in-place pause while SGLang held it retracted (queued with tokens, no KV): its
+        #: continuation's prefill is the retraction's cost, not the update's
+        self.retracted = False
         self.user_aborted = False
         self.wake: asyncio.Future[None] | None = None
 
@@ -131,6 +146,9 @@ class Control:
         #: running in place: what updates cost the requests in flight
         self.checkpointed = 0
         self.kept_in_place = 0
+        #: of the checkpointed at in-place pauses: parts SGLang had retracted for KV memory (queued with
+        #: tokens), which SGLang would prefill again anyway
+        self.retracted = 0
         #: one weight change at a time: control calls run concurrently, and two updates overlapping would
         #: open the gate (or resume SGLang) while the other still loads
         self._updating = asyncio.Lock()
@@ -217,6 +235,11 @@ class Control:
                 yield None
                 return
             kept = [(f, counts[f.sid]) for f in self._host.flights.values() if f.running and f.sid in counts]
+            retracted = set(states[0].get(KEY, {}).get("retracted") or ())
+            for f in self._host.flights.values():
+                if f.running and f.sid in retracted:
+                    f.retracted = True
+                    self.retracted += 1
             # queued ones hold no KV: aborted at once by the paused scheduler, continued after the gate opens
             await self._checkpoint(hold=True, skip=frozenset(f.sid for f, _ in kept))
             yield kept

@@ -125,6 +125,7 @@ class SglangEngine(Engine):
         self.prefill_once_tokens = 0
         #: prompt tokens continuations (after a checkpoint) computed instead of taking them from the cache
         self.reprefilled_tokens = 0
+        self.retraction_reprefilled_tokens = 0  # of continuations of parts SGLang had retracted (control.py)
         self._warned_seed = False
         self.startup_s = 0.0
         #: agent sessions whose KV is kept (engines/sessions.py), and the batched pin changes for SGLang's
@@ -532,7 +533,12 @@ class SglangEngine(Engine):
                 again = seq_len if parts.ids else 0
                 kind = parts.add(done, version, kv, again, splits=flight.splits)
                 flight.splits = []
-                self.reprefilled_tokens += max(0, again - 1 - done.cached_tokens) if again else 0
+                computed = max(0, again - 1 - done.cached_tokens) if again else 0
+                if again and flight.retracted:  # SGLang retracted it before the update: its own cost (control.py)
+                    self.retraction_reprefilled_tokens += computed
+                    flight.retracted = False
+                else:
+                    self.reprefilled_tokens += computed
                 if req.return_routed_experts:
                     parts.add_routed(done.routed, seq_len + len(done.ids), self._top_k)
                 if kind == "abort" and flight.held and not flight.user_aborted:

@@ -15,7 +15,10 @@ exact here:
 * It then records, for every request that holds KV in the scheduler (the running batch, the prefill batch
   just run, the request being prefilled in chunks), how many output tokens it has: exactly the tokens of
   the old weights.  Everything it samples after the resume is of the new weights.  Requests still in the
-  waiting queue are not recorded (they hold no KV yet); the engine checkpoints those the old way.
+  waiting queue are not recorded (they hold no KV yet); the engine checkpoints those the old way.  Among
+  them, those that already hold output tokens are requests SGLang *retracted* from a decode batch when its
+  KV pool ran short (SGLang prefills them again, prompt and tokens, whether or not an update comes): the
+  record names them (``retracted``), so the re-prefill they cost is not charged to the update.
 
 The engine reads the record through ``get_internal_state`` (key :data:`KEY`; its presence says the patch
 is in this scheduler).  It is applied by rollout-sdk's SGLang plugin (:mod:`.radix_patch`) in the
@@ -30,11 +33,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["KEY", "apply", "snapshot"]
+__all__ = ["KEY", "apply", "retracted", "snapshot"]
 
 log = logging.getLogger("rollout_sdk.engines.sglang")
 
-#: the key of ``get_internal_state``'s answer: ``{"pauses": n, "counts": {rid: output tokens} | None}``
+#: the key of ``get_internal_state``'s answer:
+#: ``{"pauses": n, "counts": {rid: output tokens} | None, "retracted": [rid of a queued request with tokens]}``
 KEY = "rollout_sdk_inplace"
 _NEEDS = ("pause_generation", "process_batch_result", "get_internal_state")
 _DONE = "_rollout_sdk_processed"  # set on a batch result processed at a pause
@@ -68,6 +72,17 @@ def snapshot(scheduler: Any) -> dict[str, int]:
     return {r.rid: len(r.output_ids) for r in reqs if not r.finished()}
 
 
+def retracted(scheduler: Any) -> list[str]:
+    """The rids of requests waiting in ``scheduler``'s queue with output tokens: retracted from a decode
+    batch for KV memory, to be prefilled again (prompt and tokens) by SGLang itself."""
+    queue = getattr(scheduler, "waiting_queue", None) or ()
+    return [r.rid for r in queue if getattr(r, "output_ids", None)]
+
+
+def _empty() -> dict[str, Any]:
+    return {"pauses": 0, "counts": None, "retracted": []}
+
+
 def apply(scheduler_cls: Any) -> bool:
     """Patch SGLang's ``Scheduler`` class in this process (idempotent); returns whether it is patched."""
     if scheduler_cls.__dict__.get(_MARK):
@@ -82,12 +97,13 @@ def apply(scheduler_cls: Any) -> bool:
 
     def pause_generation(self: Any, recv_req: Any) -> Any:
         if getattr(recv_req, "mode", None) == "in_place":
-            record = self.__dict__.setdefault(KEY, {"pauses": 0, "counts": None})
+            record = self.__dict__.setdefault(KEY, _empty())
             record["pauses"] += 1
             try:
                 record["counts"] = snapshot(self)
+                record["retracted"] = retracted(self)
             except Exception:  # the engine sees counts=None and falls back; the scheduler goes on
-                record["counts"] = None
+                record["counts"], record["retracted"] = None, []
                 log.exception("in-place pause: could not record the requests' tokens")
         return original_pause(self, recv_req)
 
@@ -100,8 +116,8 @@ def apply(scheduler_cls: Any) -> bool:
         out = original_state(self, recv_req)  # GetInternalStateReqOutput(internal_state=dict) in 0.5.16
         state = getattr(out, "internal_state", out)
         if isinstance(state, dict):
-            record = self.__dict__.get(KEY) or {"pauses": 0, "counts": None}
-            state[KEY] = {"pauses": record["pauses"], "counts": record["counts"]}  # msgpack-native
+            record = self.__dict__.get(KEY) or _empty()
+            state[KEY] = dict(record)  # msgpack-native
         return out
 
     scheduler_cls.pause_generation = pause_generation

@@ -97,6 +97,10 @@ class StandinScheduler:
     vocab_size: int = 151936
     #: answer like a scheduler with rollout-sdk's in-place patch (engines/sglang/inplace.py)
     inplace: bool = True
+    #: a KV pool of this many tokens (None: unbounded): admission waits for room, and when the running
+    #: requests outgrow it the newest is *retracted* as SGLang does (back to the front of the queue with its
+    #: tokens, prefilled again when re-admitted); the last running request is never retracted
+    kv_tokens: int | None = None
 
 
 class _Req:
@@ -150,7 +154,8 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
     prefilled: set[tuple[str | None, int]] = set()  # the modelled prefix cache (module docstring)
     weights = 0  # the modelled weights: bumped by every weight update, mixed into each token it samples
     paused = False  # SGLang's in-place pause: nothing decodes, control calls and aborts of queued ones go on
-    inplace: dict[str, Any] = {"pauses": 0, "counts": None}  # what our scheduler patch records (inplace.py)
+    # what our scheduler patch records (inplace.py)
+    inplace: dict[str, Any] = {"pauses": 0, "counts": None, "retracted": []}
     ready.set()
 
     def finish(req: _Req, reason: dict[str, Any]) -> tuple[_Req, dict[str, Any]]:
@@ -195,11 +200,13 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
                     paused = True
                     if msg.mode == "in_place":
                         counts = {rid: len(q.out) for rid, q in running.items()}  # queued ones: no KV yet
-                        inplace = {"pauses": inplace["pauses"] + 1, "counts": counts}
+                        retracted = [w.rid for w in waiting if w.out]
+                        inplace = {"pauses": inplace["pauses"] + 1, "counts": counts, "retracted": retracted}
                 elif isinstance(msg, io.ContinueGenerationReqInput):
                     paused = False
                 elif isinstance(msg, io.GetInternalStateReq):
-                    state = {"model_path": "standin"} | ({inplace_key: inplace} if cfg.inplace else {})
+                    state = {"model_path": "standin", "standin_retracted": [w.rid for w in waiting if w.out]}
+                    state |= {inplace_key: inplace} if cfg.inplace else {}
                     io.sock_send(push, io.GetInternalStateReqOutput(internal_state=state))
                 elif isinstance(msg, io.UpdateWeightsFromTensorReqInput):
                     weights += 1
@@ -207,8 +214,16 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
         if paused:
             continue
         admitted: list[_Req] = []
+        used = sum(r.n_prompt + len(r.out) for r in running.values()) if cfg.kv_tokens is not None else 0
         while waiting and len(running) < cfg.max_running:
+            if (
+                cfg.kv_tokens is not None
+                and running
+                and used + waiting[0].n_prompt + len(waiting[0].out) > cfg.kv_tokens
+            ):
+                break
             w = waiting.popleft()
+            used += w.n_prompt + len(w.out)
             running[w.rid] = w
             admitted.append(w)
         for w in admitted:
@@ -219,6 +234,11 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
             prefilled.clear()
         if not running:
             continue
+        if cfg.kv_tokens is not None:  # this step's tokens need room: retract the newest (SGLang's retract_decode)
+            while len(running) > 1 and used + len(running) > cfg.kv_tokens:
+                victim = running.pop(next(reversed(running)))
+                used -= victim.n_prompt + len(victim.out)
+                waiting.appendleft(victim)
         ended: list[tuple[_Req, dict[str, Any] | None]] = []
         for r in list(running.values()):
             if r.max_new < 0:
