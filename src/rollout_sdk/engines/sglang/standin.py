@@ -205,7 +205,8 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
                 elif isinstance(msg, io.ContinueGenerationReqInput):
                     paused = False
                 elif isinstance(msg, io.GetInternalStateReq):
-                    state = {"model_path": "standin", "standin_retracted": [w.rid for w in waiting if w.out]}
+                    state: dict[str, Any] = {"model_path": "standin"}
+                    state["standin_retracted"] = [w.rid for w in waiting if w.out]
                     state |= {inplace_key: inplace} if cfg.inplace else {}
                     io.sock_send(push, io.GetInternalStateReqOutput(internal_state=state))
                 elif isinstance(msg, io.UpdateWeightsFromTensorReqInput):
