@@ -283,6 +283,7 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
             tr.gaps.clear()
             kept0, ckpt0 = eng._control.kept_in_place, eng._control.checkpointed
             retr0 = getattr(eng._control, "retracted", 0)
+            eng._control.unheld.clear()
             updates: list[dict[str, Any]] = []
             spans: list[tuple[float, float]] = []
             probes = []
@@ -327,6 +328,8 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
             "kept_in_place_per_update": round((eng._control.kept_in_place - kept0) / len(updates), 1),
             "checkpointed_per_update": round((eng._control.checkpointed - ckpt0) / len(updates), 1),
             "stale_hits": sum(1 for u in updates if u["probe_cached"] > 0),
+            # parts an in-place pause did not hold, and where SGLang had them (diagnosis of checkpoints)
+            "unheld": [list(x) for x in list(eng._control.unheld)[:32]],
             "gap_p50_ms": round(1000 * (pct(gaps, 0.5) or 0), 2),
             "gap_p99_ms": round(1000 * (pct(gaps, 0.99) or 0), 2),
             "gap_p99_around_update_ms": round(1000 * (pct(around, 0.99) or 0), 2),

@@ -93,12 +93,24 @@ def test_the_pending_batch_is_processed_at_the_pause_once_and_counted() -> None:
     sched.last_batch = sched.running_batch
     # launched before the pause: one token each sampled on the GPU, not yet appended; "gone" ends with it
     sched.result_queue.append((Batch([a, b, gone]), Result({"a": 7, "b": 8, "gone": 9}, finishes={"gone"})))
-    assert sched.get_internal_state(None).internal_state[inplace.KEY] == {"pauses": 0, "counts": None, "retracted": []}
+    assert sched.get_internal_state(None).internal_state[inplace.KEY] == {
+        "pauses": 0,
+        "counts": None,
+        "retracted": [],
+        "finished": [],
+        "queued": [],
+    }
 
     sched.pause_generation(Pause("in_place"))
     state = sched.get_internal_state(None).internal_state
-    # finished "gone" is not held
-    assert state[inplace.KEY] == {"pauses": 1, "counts": {"a": 4, "b": 2}, "retracted": []}
+    # "gone" ended with the batch processed at the pause: not held, and named so it is not stopped either
+    assert state[inplace.KEY] == {
+        "pauses": 1,
+        "counts": {"a": 4, "b": 2},
+        "retracted": [],
+        "finished": ["gone"],
+        "queued": [],
+    }
     assert state["model_path"] == "m" and sched.paused
     assert (a.output_ids, b.output_ids) == ([1, 2, 3, 7], [4, 8])
     sched.pop_and_process()  # the loop after the resume: the entry is skipped, not appended twice
@@ -127,7 +139,7 @@ def test_requests_retracted_for_memory_are_named_apart_from_those_never_started(
     sched.waiting_queue = [Req("new"), Req("back", [3, 4, 5])]
     sched.pause_generation(Pause("in_place"))
     record = sched.get_internal_state(None).internal_state[inplace.KEY]
-    assert (record["counts"], record["retracted"]) == ({"r": 2}, ["back"])
+    assert (record["counts"], record["retracted"], record["queued"]) == ({"r": 2}, ["back"], ["new"])
 
 
 def test_without_overlap_nothing_is_pending_and_other_modes_record_nothing() -> None:

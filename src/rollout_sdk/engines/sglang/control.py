@@ -33,6 +33,7 @@ Everything here runs on the server's event loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -149,6 +150,8 @@ class Control:
         #: of the checkpointed at in-place pauses: parts SGLang had retracted for KV memory (queued with
         #: tokens), which SGLang would prefill again anyway
         self.retracted = 0
+        #: the last parts an in-place pause did not hold (sid, where SGLang had them): for diagnosis
+        self.unheld: collections.deque[tuple[str, str]] = collections.deque(maxlen=256)
         #: one weight change at a time: control calls run concurrently, and two updates overlapping would
         #: open the gate (or resume SGLang) while the other still loads
         self._updating = asyncio.Lock()
@@ -235,13 +238,19 @@ class Control:
                 yield None
                 return
             kept = [(f, counts[f.sid]) for f in self._host.flights.values() if f.running and f.sid in counts]
-            retracted = set(states[0].get(KEY, {}).get("retracted") or ())
+            record = states[0].get(KEY) or {}
+            retracted = set(record.get("retracted") or ())
+            queued = set(record.get("queued") or ())
+            ended = set(record.get("finished") or ())  # their last output is on its way: nothing to stop
             for f in self._host.flights.values():
-                if f.running and f.sid in retracted:
-                    f.retracted = True
-                    self.retracted += 1
+                if f.running and f.sid not in counts and f.sid not in ended:
+                    where = "retracted" if f.sid in retracted else "queued" if f.sid in queued else "absent"
+                    self.unheld.append((f.sid, where))
+                    if f.sid in retracted:
+                        f.retracted = True
+                        self.retracted += 1
             # queued ones hold no KV: aborted at once by the paused scheduler, continued after the gate opens
-            await self._checkpoint(hold=True, skip=frozenset(f.sid for f, _ in kept))
+            await self._checkpoint(hold=True, skip=frozenset(f.sid for f, _ in kept) | ended)
             yield kept
         finally:
             if paused and self._host.dead is None:

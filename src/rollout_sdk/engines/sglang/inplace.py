@@ -33,12 +33,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["KEY", "apply", "retracted", "snapshot"]
+__all__ = ["KEY", "apply", "finished", "retracted", "snapshot"]
 
 log = logging.getLogger("rollout_sdk.engines.sglang")
 
 #: the key of ``get_internal_state``'s answer:
-#: ``{"pauses": n, "counts": {rid: output tokens} | None, "retracted": [rid of a queued request with tokens]}``
+#: ``{"pauses": n, "counts": {rid: output tokens} | None, "retracted": [rid of a queued request with tokens],
+#: "finished": [rid of a request that ended in the batch processed at the pause], "queued": [rid waiting, no tokens]}``
 KEY = "rollout_sdk_inplace"
 _NEEDS = ("pause_generation", "process_batch_result", "get_internal_state")
 _DONE = "_rollout_sdk_processed"  # set on a batch result processed at a pause
@@ -72,6 +73,17 @@ def snapshot(scheduler: Any) -> dict[str, int]:
     return {r.rid: len(r.output_ids) for r in reqs if not r.finished()}
 
 
+def finished(scheduler: Any) -> list[str]:
+    """The rids of requests of ``scheduler``'s batches that have finished (their last output is on its way
+    to the tokenizer side): neither held in place nor to be checkpointed."""
+    reqs: list[Any] = []
+    for name in ("running_batch", "last_batch"):
+        batch = getattr(scheduler, name, None)
+        if batch is not None:
+            reqs += list(batch.reqs)
+    return sorted({r.rid for r in reqs if r.finished()})
+
+
 def retracted(scheduler: Any) -> list[str]:
     """The rids of requests waiting in ``scheduler``'s queue with output tokens: retracted from a decode
     batch for KV memory, to be prefilled again (prompt and tokens) by SGLang itself."""
@@ -80,7 +92,7 @@ def retracted(scheduler: Any) -> list[str]:
 
 
 def _empty() -> dict[str, Any]:
-    return {"pauses": 0, "counts": None, "retracted": []}
+    return {"pauses": 0, "counts": None, "retracted": [], "finished": [], "queued": []}
 
 
 def apply(scheduler_cls: Any) -> bool:
@@ -102,8 +114,10 @@ def apply(scheduler_cls: Any) -> bool:
             try:
                 record["counts"] = snapshot(self)
                 record["retracted"] = retracted(self)
+                record["finished"] = finished(self)
+                record["queued"] = [r.rid for r in getattr(self, "waiting_queue", None) or () if not r.output_ids]
             except Exception:  # the engine sees counts=None and falls back; the scheduler goes on
-                record["counts"], record["retracted"] = None, []
+                record["counts"], record["retracted"], record["finished"], record["queued"] = None, [], [], []
                 log.exception("in-place pause: could not record the requests' tokens")
         return original_pause(self, recv_req)
 
