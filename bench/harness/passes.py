@@ -23,6 +23,12 @@ def abba(reps: int, sides: Sequence[T]) -> Iterator[tuple[int, T]]:
             yield rep, side
 
 
+def rotate(sides: Sequence[T], rep: int) -> list[T]:
+    """The sides in repetition ``rep``'s order: rotated by ``rep``, so each side takes each place in turn."""
+    k = rep % len(sides)
+    return [*sides[k:], *sides[:k]]
+
+
 async def alternate(reps: int, sides: Mapping[str, Callable[[int], Awaitable[T]]]) -> dict[str, list[T]]:
     """Await ``sides[name](rep)`` for every repetition in ABBA order; each side's results in repetition order."""
     out: dict[str, list[T]] = {name: [] for name in sides}
