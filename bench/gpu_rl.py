@@ -265,28 +265,26 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
             for mode in modes:  # warm-up: every mode once on a small workload
                 await one_pass(mode, "warm")
             log("warm-up done")
-            for rep in range(a.reps):
-                t_rep = time.perf_counter()
-                for w in a.workloads:
-                    for mode in harness.rotate(modes, rep):
-                        try:
-                            row = await one_pass(mode, w)
-                        except Exception as exc:  # one broken pass must not lose the run
-                            row = {"error": f"{type(exc).__name__}: {exc}"}
-                        row.update(rep=rep, workload=w, mode=mode)
-                        res["passes"].append(row)
-                        shown = {k: v for k, v in row.items() if k in ("s", "tok_s", "ok", "error")}
-                        log(f"rep {rep} {w:8s} {mode:4s} {json.dumps(shown)} win={row.get('client_in_flight_window')}")
-                        if a.json:
-                            write_json(a.json, res)
-                rep_s = time.perf_counter() - t_rep
-                left = a.budget_s - (time.perf_counter() - T0)
-                if rep + 1 < a.reps and left < 1.15 * rep_s:
-                    res["stopped_early"] = (
-                        f"after {rep + 1} reps: {left:.0f}s of --budget-s left, a rep takes {rep_s:.0f}s"
-                    )
-                    log(res["stopped_early"])
-                    break
+
+            def record(row: dict[str, Any]) -> None:
+                res["passes"].append(row)
+                shown = {k: v for k, v in row.items() if k in ("s", "tok_s", "ok", "error")}
+                w, mode = row["workload"], row["mode"]
+                log(f"rep {row['rep']} {w:8s} {mode:4s} {json.dumps(shown)} win={row.get('client_in_flight_window')}")
+                if a.json:
+                    write_json(a.json, res)
+
+            stopped = await harness.run_plan(
+                [(w, modes) for w in a.workloads],
+                a.reps,
+                lambda mode, w, rep: one_pass(mode, w),
+                record,
+                budget_s=a.budget_s,
+                started=T0,
+                margin=1.15,
+            )
+            if stopped:
+                res["stopped_early"] = stopped
             res["profile"] = {}
             for w in a.profile:  # cProfile of this process's event loop thread, one extra pass per mode
                 if w not in works:
@@ -321,21 +319,14 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def summary(res: dict[str, Any]) -> dict[str, Any]:
+    """Per workload: per mode the span of tok/s over repetitions, the ratios per repetition, all ``ok``."""
     out: dict[str, Any] = {}
-    passes = [p for p in res["passes"] if "tok_s" in p]
-    for w in dict.fromkeys(p["workload"] for p in res["passes"]):
-        row: dict[str, Any] = {}
-        by: dict[str, dict[int, float]] = {}
-        for p in passes:
-            if p["workload"] == w:
-                by.setdefault(p["mode"], {})[p["rep"]] = p["tok_s"]
-        for mode, reps in by.items():
-            row[mode] = harness.span(list(reps.values()), None)
-        for num, den in (("sdk", "raw"), ("http", "raw"), ("sdk", "http"), ("sdktm", "raw"), ("sdk", "sdktm")):
-            if num in by and den in by:
-                rs = [by[num][r] / by[den][r] for r in by[num] if r in by[den]]
-                if rs:
-                    row[f"{num}/{den}"] = harness.span(rs)
+    pairs = (("sdk", "raw"), ("http", "raw"), ("sdk", "http"), ("sdktm", "raw"), ("sdk", "sdktm"))
+    for w, by in harness.by_side(res["passes"]).items():
+        row: dict[str, Any] = {
+            mode: harness.span([p["tok_s"] for p in reps.values()], None) for mode, reps in by.items()
+        }
+        row.update(harness.ratios(by, pairs))
         row["all_ok"] = all(p.get("ok") for p in res["passes"] if p["workload"] == w)
         out[w] = row
     return out

@@ -370,21 +370,11 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
             row["wall_s"] = round(time.perf_counter() - t, 3)
             return with_load(row)
 
-        for rep in range(a.reps):
-            t_rep = time.perf_counter()
-            for wname, modes in plan:
-                for mode in harness.rotate(modes, rep):
-                    try:
-                        row = await one_pass(mode, wname, rep)
-                    except Exception as exc:  # one broken pass must not lose the run
-                        row = {"error": f"{type(exc).__name__}: {exc}"}
-                    record(a, res, row, rep=rep, workload=wname, mode=mode)
-            rep_s = time.perf_counter() - t_rep
-            left = a.budget_s - (time.perf_counter() - T0)
-            if rep + 1 < a.reps and left < 1.1 * rep_s:
-                res["stopped_early"] = f"after {rep + 1} reps: {left:.0f}s of --budget-s left, a rep takes {rep_s:.0f}s"
-                log(res["stopped_early"])
-                break
+        stopped = await harness.run_plan(
+            plan, a.reps, one_pass, lambda row: record(a, res, row), budget_s=a.budget_s, started=T0
+        )
+        if stopped:
+            res["stopped_early"] = stopped
     finally:
         if client is not None:
             client.close()
@@ -454,13 +444,12 @@ _LOGGED = ("s", "tok_s", "prefill_x", "prefill_sched", "load_cv_requests", "load
            "turn_p50_s", "turn_p99_s", "reprefill_frac", "ok", "error")  # fmt: skip
 
 
-def record(a: argparse.Namespace, res: dict[str, Any], row: dict[str, Any], **where: Any) -> None:
+def record(a: argparse.Namespace, res: dict[str, Any], row: dict[str, Any]) -> None:
     """A pass's row into the results (rewritten at once with ``--json``: a killed run keeps what it had) and
     the log."""
-    row.update(where)
     res["passes"].append(row)
     shown = {k: row[k] for k in _LOGGED if k in row}
-    log(f"rep {where['rep']} {where['workload']:12s} {where['mode']:6s} {json.dumps(shown)}")
+    log(f"rep {row['rep']} {row['workload']:12s} {row['mode']:6s} {json.dumps(shown)}")
     if a.json:
         harness.write_json(a.json, res)
 
@@ -500,24 +489,19 @@ async def fleet_main(a: argparse.Namespace, plan: list[tuple[str, list[str]]], r
         argv = [sys.executable, os.path.abspath(__file__), "--client", ",".join(fleet.addresses.values())]
         argv += ["--shape", a.shape, "--serve", str(a.serve)] + (["--quick"] if a.quick else [])
         client = await harness.ClientProc(argv).started()
-        rep_s = 0.0
+
+        async def one_pass(mode: str, wname: str, rep: int) -> dict[str, Any]:
+            t = time.perf_counter()
+            row = await client.run(mode=mode, workload=wname, vocab=vocab, salt=f"{rep}-{mode}")
+            row["wall_s"] = round(time.perf_counter() - t, 3)
+            return with_load(row)
+
         try:
-            for rep in range(a.reps):
-                t_rep = time.perf_counter()
-                if rep and a.budget_s - (time.perf_counter() - T0) < 1.1 * rep_s:
-                    res["stopped_early"] = f"after {rep} reps (--budget-s)"
-                    break
-                for wname, modes in plan:
-                    for mode in harness.rotate(modes, rep):
-                        t = time.perf_counter()
-                        try:
-                            row = await client.run(mode=mode, workload=wname, vocab=vocab, salt=f"{rep}-{mode}")
-                            row["wall_s"] = round(time.perf_counter() - t, 3)
-                            with_load(row)
-                        except Exception as exc:
-                            row = {"error": f"{type(exc).__name__}: {exc}"}
-                        record(a, res, row, rep=rep, workload=wname, mode=mode)
-                rep_s = time.perf_counter() - t_rep
+            stopped = await harness.run_plan(
+                plan, a.reps, one_pass, lambda row: record(a, res, row), budget_s=a.budget_s, started=T0
+            )
+            if stopped:
+                res["stopped_early"] = stopped
         finally:
             client.close()
     res["summary"] = summary(res)
@@ -542,29 +526,26 @@ def parse_plan(items: list[str]) -> list[tuple[str, list[str]]]:
 _KEYS = ("s", "tok_s", "prefill_x", "prefill_sched", "load_cv_tokens", "turn_p50_s", "turn_p99_s", "reprefill_frac")
 
 
+#: the ratios of tok/s the summary gives, where both sides ran
+_RATIOS = [
+    (n, d)
+    for n in ("sdk", "sdkpin", "sdkoff", "http")
+    for d in ("raw", "rawcap", "http", "sdkoff", "sdkflat", "sdkpin")
+]
+
+
 def summary(res: dict[str, Any]) -> dict[str, Any]:
+    """Per workload: per side the span (median, min, max) over repetitions of each of _KEYS, the ratios of
+    tok/s per repetition, whether every pass was ``ok``."""
     out: dict[str, Any] = {}
-    passes = [p for p in res["passes"] if "tok_s" in p]
-    for w in dict.fromkeys(p["workload"] for p in res["passes"]):
+    for w, by in harness.by_side(res["passes"]).items():
         row: dict[str, Any] = {}
-        by: dict[str, dict[int, dict[str, Any]]] = {}
-        for p in passes:
-            if p["workload"] == w:
-                by.setdefault(p["mode"], {})[p["rep"]] = p
-
-        def med(ps: dict[int, dict[str, Any]], key: str) -> dict[str, float] | None:
-            v = [p[key] for p in ps.values() if p.get(key) is not None]
-            return harness.span(v) if v else None
-
         for mode, ps in by.items():
-            row[mode] = {k: med(ps, k) for k in _KEYS}
-        for num in ("sdk", "sdkpin", "sdkoff", "http"):
-            for den in ("raw", "rawcap", "http", "sdkoff", "sdkflat", "sdkpin"):
-                if num == den or num not in by or den not in by:
-                    continue
-                rs = [by[num][r]["tok_s"] / by[den][r]["tok_s"] for r in by[num] if r in by[den]]
-                if rs:
-                    row[f"{num}/{den}"] = harness.span(rs)
+            row[mode] = {}
+            for k in _KEYS:
+                v = [p[k] for p in ps.values() if p.get(k) is not None]
+                row[mode][k] = harness.span(v) if v else None
+        row.update(harness.ratios(by, _RATIOS))
         row["all_ok"] = all(p.get("ok") for p in res["passes"] if p["workload"] == w)
         out[w] = row
     return out

@@ -17,7 +17,8 @@ that lives here, one noun a module:
   its stop on SIGTERM, and a loop-lag probe beside it (:func:`serve`, :func:`lag_window`).
 * :mod:`harness.passes` -- repetitions of alternating sides (ABBA order, so drift through a run is not
   charged to one side) or rotated (:func:`rotate`), their medians, and a cell measured again when other
-  people's load disturbed it.
+  people's load disturbed it; a plan of workloads and their sides run in rotation within a time budget
+  (:func:`run_plan`), its rows read back by side (:func:`by_side`, :func:`ratios`).
 * :mod:`harness.stats` -- percentiles, medians, median [min-max] (:func:`span` as a result records it),
   piecewise-linear step costs.
 * :mod:`harness.table` -- aligned text and Markdown tables, a ``median [min-max]`` cell.
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 from harness.cli import add_quiet, by_mode, loop_runner, mode_facts, parser, run
 from harness.machine import QUIET_PCT, CpuMeter, ForeignCpu, cpu_model, facts, foreign_load, log, versions, wait_quiet
-from harness.passes import abba, alternate, medians, rotate, until_quiet
+from harness.passes import Plan, abba, alternate, by_side, medians, ratios, rotate, run_plan, until_quiet
 from harness.pipe import ClientProc, Pipe, raise_nofile
 from harness.procs import (
     ServerProcs,
@@ -76,11 +77,13 @@ __all__ = [
     "CpuMeter",
     "ForeignCpu",
     "Pipe",
+    "Plan",
     "ServerProcs",
     "abba",
     "add_quiet",
     "alternate",
     "by_mode",
+    "by_side",
     "child_pids",
     "cpu_model",
     "cpu_times",
@@ -101,12 +104,14 @@ __all__ = [
     "pct",
     "publish",
     "raise_nofile",
+    "ratios",
     "read_until",
     "records",
     "reset_peak",
     "rotate",
     "rss_kb",
     "run",
+    "run_plan",
     "save_results",
     "serve",
     "sigterm_as_interrupt",

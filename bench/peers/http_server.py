@@ -13,7 +13,7 @@ import time
 import urllib.request
 from typing import Any
 
-from harness import free_port, log
+from harness import free_port, log, stop_group
 
 
 def http_argv(model: str, port: int, a: argparse.Namespace, max_total_tokens: int) -> list[str]:
@@ -32,7 +32,8 @@ async def start(
     model: str, a: argparse.Namespace, max_total_tokens: int, log_path: str, *, extra: list[str] | None = None
 ) -> tuple[subprocess.Popen[Any], str]:
     """Start the server (:func:`http_argv` plus ``extra``) in its own process group, its output to
-    ``log_path``, and wait until it answers: ``(process, URL)``.  Stop it with ``harness.stop_group``."""
+    ``log_path``, and wait until it answers: ``(process, URL)``.  Stop it with ``harness.stop_group``; one
+    that never answers is stopped here."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     out = open(log_path, "w")  # noqa: SIM115  (the server's, for as long as it runs)
@@ -42,7 +43,11 @@ async def start(
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: stopped with all its children
     )
-    await asyncio.to_thread(wait_http, url, proc, 900)
+    try:
+        await asyncio.to_thread(wait_http, url, proc, 900)
+    except BaseException:  # not serving (or interrupted): stopped with its children, not left behind
+        stop_group(proc)
+        raise
     return proc, url
 
 
