@@ -52,11 +52,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-import gpu_check  # noqa: E402
 import harness  # noqa: E402
 import load_balance  # noqa: E402
 import longtail  # noqa: E402
 from harness import stop_processes  # noqa: E402
+from peers import shapes  # noqa: E402  (bench/peers/: the dummy-weight model)
 
 SCHEMES = ("static", "round_robin", "least_load", "least_load_cap")
 
@@ -225,7 +225,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def main_async(a: argparse.Namespace) -> dict[str, Any]:
-    model = gpu_check.model_dir("0.5b") if a.engine == "sglang" else ""
+    model = shapes.model_dir("0.5b") if a.engine == "sglang" else ""
     log_dir = a.log_dir or tempfile.mkdtemp(prefix="fleet-logs-")
     res: dict[str, Any] = {"benchmark": "gpu_fleet", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "config": vars(a)}
     t0 = time.perf_counter()

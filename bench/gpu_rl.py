@@ -47,7 +47,7 @@ sys.path.insert(0, HERE)
 
 import harness  # noqa: E402  (bench/harness/)
 from harness import log, write_json  # noqa: E402
-from peers import http_server  # noqa: E402  (bench/peers/: SGLang's HTTP server)
+from peers import http_server, shapes  # noqa: E402  (bench/peers/: SGLang's HTTP server, the model)
 from peers.raw import raw_generate  # noqa: E402  (bench/peers/: raw SGLang in this process)
 from workloads.fixed import make_workload, summarize  # noqa: E402  (bench/workloads/)
 
@@ -167,11 +167,9 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
     max_total_tokens = a.max_total_tokens or (3_000_000 if a.shape != "7b" else 600_000)
     res["max_total_tokens"] = max_total_tokens
     if a.engine == "sglang":
-        import gpu_check  # bench/gpu_check.py: the config-only model dirs
-
         from rollout_sdk.engines.sglang import SglangEngine
 
-        model = gpu_check.model_dir(a.shape)
+        model = shapes.model_dir(a.shape)
         if a.http:  # first, so the in-process engine sizes itself from what the HTTP server left free
             t0 = time.perf_counter()
             log_path = os.path.join(a.log_dir, f"http-{a.shape}.log")
@@ -179,7 +177,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
             res["http_start_s"] = round(time.perf_counter() - t0, 1)
             log(f"HTTP server ready in {res['http_start_s']}s at {http_url}")
         engine: Any = SglangEngine(
-            gpu_check.dummy_engine_config(
+            shapes.dummy_engine_config(
                 a,
                 model,
                 max_running_requests=a.max_running or None,

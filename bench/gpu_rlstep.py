@@ -69,7 +69,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, HERE)
 
 import harness  # noqa: E402  (bench/harness/: the client process's pipe, the rotation, the tables)
-from peers import http_server  # noqa: E402  (bench/peers/: SGLang's HTTP server)
+from peers import http_server, shapes  # noqa: E402  (bench/peers/: SGLang's HTTP server, the model)
 from peers.raw import RawGenerate, raw_generate  # noqa: E402  (bench/peers/: raw SGLang in this process)
 from workloads import Out, Work, inferred_group_prefills, load_cv, make_work, summarize  # noqa: E402
 from workloads.agent import run_agent  # noqa: E402
@@ -184,15 +184,13 @@ def make_engines(a: argparse.Namespace, model: str) -> list[Any]:
     stand-in (SGLang's tokenizer manager over a stand-in scheduler), or the fake."""
     engines: list[Any] = []
     if a.engine == "sglang":
-        import gpu_check
-
         from rollout_sdk.engines.sglang import SglangEngine
 
         per = kv_tokens(a) // a.engines
         for e in range(a.engines):
             mem = a.mem_fraction / (a.engines - e) if a.engines > 1 else a.mem_fraction
             extra = {"max_total_tokens": per, **json.loads(a.extra)}
-            cfg = gpu_check.dummy_engine_config(
+            cfg = shapes.dummy_engine_config(
                 a, model, mem_fraction_static=mem, session_admission=a.session_admission or None, extra=extra
             )
             engines.append(SglangEngine(cfg))
@@ -290,9 +288,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
     fake_runner: Any = None
     model = ""
     if a.engine == "sglang":
-        import gpu_check
-
-        model = gpu_check.model_dir(a.shape)
+        model = shapes.model_dir(a.shape)
         if want_http:  # first, so the in-process engines size themselves from what the HTTP server left free
             t0 = time.perf_counter()
             log_path = os.path.join(a.log_dir, f"rlstep-http-{a.shape}.log")
@@ -456,14 +452,13 @@ def record(a: argparse.Namespace, res: dict[str, Any], row: dict[str, Any]) -> N
 
 async def fleet_main(a: argparse.Namespace, plan: list[tuple[str, list[str]]], res: dict[str, Any]) -> dict[str, Any]:
     """``--serve N``: N engine server processes on the one GPU, the SDK's sides only."""
-    import gpu_check
     import gpu_fleet
 
     bad = [m for _, ms in plan for m in ms if m not in ("sdk", "sdkflat")]
     if bad:
         raise SystemExit(f"--serve runs the sdk and sdkflat sides only, not {sorted(set(bad))}")
     per = kv_tokens(a) // a.serve
-    model = gpu_check.model_dir(a.shape) if a.engine == "sglang" else "fake"
+    model = shapes.model_dir(a.shape) if a.engine == "sglang" else "fake"
 
     class Engines(gpu_fleet.Fleet):
         def engine_args(self) -> str:

@@ -54,6 +54,7 @@ sys.path.insert(0, HERE)
 import _stacks  # noqa: E402  (bench/ on sys.path)
 import harness  # noqa: E402
 from harness import ClientProc, cpu_times, log, write_json  # noqa: E402
+from peers import shapes  # noqa: E402  (bench/peers/: the dummy-weight model)
 from peers.raw import raw_generate  # noqa: E402  (bench/peers/: raw SGLang in this process)
 from workloads import fixed  # noqa: E402  (bench/workloads/)
 from workloads.fixed import agent_plan, run_agents, soak_workload, summarize  # noqa: E402
@@ -80,9 +81,7 @@ async def client_main(a: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             if "update" in cmd:  # a trainer's weight push: the whole model, CUDA IPC
                 if named is None:
-                    import gpu_check
-
-                    named = gpu_check.hf_named(a.shape, "cuda")
+                    named = shapes.hf_named(a.shape, "cuda")
                 st = await client.update_weights(
                     named, version=cmd["update"], method="ipc", flush_cache=cmd.get("flush", True)
                 )
@@ -266,14 +265,12 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
         "plan": a.plan,
     }
     if a.engine == "sglang":
-        import gpu_check
-
         from rollout_sdk.engines.sglang import SglangEngine
 
         engine: Any = SglangEngine(
-            gpu_check.dummy_engine_config(
+            shapes.dummy_engine_config(
                 a,
-                gpu_check.model_dir(a.shape),
+                shapes.model_dir(a.shape),
                 extra={"max_total_tokens": a.max_total_tokens} if a.max_total_tokens else {},
             )
         )
