@@ -1,5 +1,5 @@
-"""The workloads of the RL-step bench (bench/gpu_rlstep.py), one module each, and the fixed workloads of
-bench/gpu_rl.py and bench/gpu_soak.py.
+"""What the benches send, one workload a module: the RL step's (bench/gpu_rlstep.py), the fixed ones of
+bench/gpu_rl.py and bench/gpu_soak.py, load_balance.py's long-tailed batches, multiturn.py's scripted agent.
 
 * :mod:`workloads.work` -- what a pass sends (:class:`Work`: requests, or agent sessions) and its
   accounting: :func:`summarize` (tokens, prefill computed against the ideal, per engine), :func:`load_cv`;
@@ -7,7 +7,10 @@ bench/gpu_rl.py and bench/gpu_soak.py.
 * :mod:`workloads.batch` -- ``long`` and ``short``: requests on their own;
 * :mod:`workloads.agent` -- ``agent``: sessions of turns with tool waits, and :func:`run_agent` to drive them;
 * :mod:`workloads.update` -- ``update``: a GRPO pass with a weight-version change half way (:func:`mid_update`);
-* :mod:`workloads.fixed` -- gpu_rl.py's and gpu_soak.py's (prompt, new tokens) lists from a fixed seed.
+* :mod:`workloads.fixed` -- gpu_rl.py's and gpu_soak.py's (prompt, new tokens) lists from a fixed seed;
+* :mod:`workloads.lengths` -- load_balance.py's and gpu_fleet.py's long-tailed batches (response lengths);
+* :mod:`workloads.tool_agent` -- multiturn.py's tool-calling agent on a scripted model (its turns, its tool
+  and the tool's clock, its questions, the check).
 
 :func:`make_work` builds an RL-step workload by name, deterministic from (name, shape, salt).  A new one is
 a module with a function ``(name, draw, *, quick, big, salt) -> Work`` and a line in :data:`NAMED`; gpu_rlstep.py's
