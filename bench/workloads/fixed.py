@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from workloads.work import Draw
 
 #: (prompt ids, new tokens) per request
 Requests = list[tuple[list[int], int]]
@@ -18,19 +19,16 @@ Requests = list[tuple[list[int], int]]
 def make_workload(name: str, *, shape: str, max_running: int, vocab: int, quick: bool) -> Requests:
     """gpu_rl.py's: ``grpo``, ``short``, ``long``, ``oversub`` (4x the engine's running-request limit) and
     ``warm`` (a warm-up); deterministic from the name, the shape and the engine's limit."""
-    rnd = random.Random(f"{name}-{shape}")
+    draw = Draw(f"{name}-{shape}", vocab)
+    ids = draw.ids
     big = shape != "7b"
-
-    def ids(n: int) -> list[int]:
-        return [rnd.randrange(1000, vocab - 1000) for _ in range(n)]
-
-    if name == "grpo":  # prompts x 8 samples, lognormal lengths (median 300) capped at 2,048
+    if name == "grpo":  # prompts x 8 samples, GRPO's long-tailed lengths
         prompts = 16 if quick else (64 if big else 32)
         out: Requests = []
         for _ in range(prompts):
-            p = ids(rnd.randrange(128, 513))
+            p = ids(draw.rnd.randrange(128, 513))
             for _ in range(8):
-                n = int(min(2048, max(16, rnd.lognormvariate(math.log(300), 1.0))))
+                n = draw.tail_len()  # drawn in quick mode too: the same prompts in both modes
                 out.append((p, 64 if quick else n))
         return out
     if name == "warm":
@@ -52,26 +50,27 @@ def soak_workload(name: str, *, shape: str, vocab: int, quick: bool) -> Requests
     issue #30) and ``long128`` (the same prompts, 128 new tokens: a shorter look at a stall)."""
     if name in ("grpo", "short", "oversub"):
         return make_workload(name, shape=shape, max_running=64 if quick else 4096, vocab=vocab, quick=quick)
-    rnd = random.Random(f"soak-{name}-{shape}")
+    draw = Draw(f"soak-{name}-{shape}", vocab)
     if name in ("long", "long128"):
         n, out = (32, 64) if quick else ((1024 if shape != "7b" else 256), 512 if name == "long" else 128)
-        return [([rnd.randrange(1000, vocab - 1000) for _ in range(64 if quick else 512)], out) for _ in range(n)]
+        return [(draw.ids(64 if quick else 512), out) for _ in range(n)]
     raise ValueError(name)
 
 
 def agent_plan(*, shape: str, vocab: int, quick: bool) -> list[dict[str, Any]]:
     """gpu_soak.py's agents: per agent its first prompt, then per turn (new tokens, tool-result ids appended
     after the turn)."""
-    rnd = random.Random(f"soak-agent-{shape}")
+    draw = Draw(f"soak-agent-{shape}", vocab)
+    rnd = draw.rnd
     agents = 16 if quick else (128 if shape != "7b" else 64)
     turns = 3 if quick else 4
     out = []
     for _ in range(agents):
-        prompt = [rnd.randrange(1000, vocab - 1000) for _ in range(rnd.randrange(128, 385))]
+        prompt = draw.ids(rnd.randrange(128, 385))
         steps = []
         for _ in range(turns):
             n = 16 if quick else int(min(512, max(16, rnd.lognormvariate(math.log(128), 0.7))))
-            steps.append((n, [rnd.randrange(1000, vocab - 1000) for _ in range(rnd.randrange(32, 97))]))
+            steps.append((n, draw.ids(rnd.randrange(32, 97))))
         out.append({"prompt": prompt, "turns": steps})
     return out
 
