@@ -31,9 +31,9 @@ users deploy them; SGLang supports one engine per process) instead of one in thi
 ``sdk`` and ``sdkflat`` sides run there, and a group's prefill pass is inferred from its members' results
 (a server whose members took the prompt from the cache prefilled it once).
 
-Workloads (deterministic from name, shape and pass; prompts are fresh random ids in every pass, so no
-pass is served from another's prefix cache and no flush is needed: "fresh" cache state; ``--cache
-flush`` flushes before every pass instead):
+Workloads (bench/workloads/, a module each; deterministic from name, shape and pass; prompts are fresh
+random ids in every pass, so no pass is served from another's prefix cache and no flush is needed: "fresh"
+cache state; ``--cache flush`` flushes before every pass instead):
 
 * ``grpoPxG`` (e.g. ``grpo2048x8``, ``grpo8192x16``): 64 prompts of P tokens x G samples, lognormal output
   lengths (median 300, capped at 2,048: the long tail of GRPO); ``grpoPxGfN``: N output tokens each;
