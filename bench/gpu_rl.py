@@ -318,16 +318,10 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
 
 def summary(res: dict[str, Any]) -> dict[str, Any]:
     """Per workload: per mode the span of tok/s over repetitions, the ratios per repetition, all ``ok``."""
-    out: dict[str, Any] = {}
     pairs = (("sdk", "raw"), ("http", "raw"), ("sdk", "http"), ("sdktm", "raw"), ("sdk", "sdktm"))
-    for w, by in harness.by_side(res["passes"]).items():
-        row: dict[str, Any] = {
-            mode: harness.span([p["tok_s"] for p in reps.values()], None) for mode, reps in by.items()
-        }
-        row.update(harness.ratios(by, pairs))
-        row["all_ok"] = all(p.get("ok") for p in res["passes"] if p["workload"] == w)
-        out[w] = row
-    return out
+    return harness.plan_summary(
+        res["passes"], lambda reps: harness.span([p["tok_s"] for p in reps.values()], None), pairs
+    )
 
 
 def table(res: dict[str, Any]) -> str:

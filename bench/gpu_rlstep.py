@@ -532,18 +532,15 @@ _RATIOS = [
 def summary(res: dict[str, Any]) -> dict[str, Any]:
     """Per workload: per side the span (median, min, max) over repetitions of each of _KEYS, the ratios of
     tok/s per repetition, whether every pass was ``ok``."""
-    out: dict[str, Any] = {}
-    for w, by in harness.by_side(res["passes"]).items():
-        row: dict[str, Any] = {}
-        for mode, ps in by.items():
-            row[mode] = {}
-            for k in _KEYS:
-                v = [p[k] for p in ps.values() if p.get(k) is not None]
-                row[mode][k] = harness.span(v) if v else None
-        row.update(harness.ratios(by, _RATIOS))
-        row["all_ok"] = all(p.get("ok") for p in res["passes"] if p["workload"] == w)
-        out[w] = row
-    return out
+
+    def spans(reps: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        out = {}
+        for k in _KEYS:
+            v = [p[k] for p in reps.values() if p.get(k) is not None]
+            out[k] = harness.span(v) if v else None
+        return out
+
+    return harness.plan_summary(res["passes"], spans, _RATIOS)
 
 
 def table(res: dict[str, Any]) -> str:

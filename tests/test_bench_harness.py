@@ -280,6 +280,11 @@ async def test_run_plan_rotates_records_every_row_and_turns_a_failure_into_an_er
     ratios = harness.ratios(by["grpo"], [("sdk", "raw"), ("sdk", "sdk"), ("http", "raw")])
     assert list(ratios) == ["sdk/raw"]
     assert ratios["sdk/raw"] == harness.span([120 / 100, 121 / 101])
+    summary = harness.plan_summary(rows, lambda reps: sorted(reps), [("sdk", "raw")])
+    assert summary == {
+        "grpo": {"raw": [0, 1], "sdk": [0, 1], "sdk/raw": ratios["sdk/raw"], "all_ok": False},
+        "broken": {"all_ok": False},
+    }
 
 
 async def test_run_plan_begins_no_repetition_past_the_budget() -> None:

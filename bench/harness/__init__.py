@@ -18,7 +18,7 @@ that lives here, one noun a module:
 * :mod:`harness.passes` -- repetitions of alternating sides (ABBA order, so drift through a run is not
   charged to one side) or rotated (:func:`rotate`), their medians, and a cell measured again when other
   people's load disturbed it; a plan of workloads and their sides run in rotation within a time budget
-  (:func:`run_plan`), its rows read back by side (:func:`by_side`, :func:`ratios`).
+  (:func:`run_plan`), its rows read back by side (:func:`by_side`, :func:`ratios`, :func:`plan_summary`).
 * :mod:`harness.stats` -- percentiles, medians, median [min-max] (:func:`span` as a result records it),
   piecewise-linear step costs.
 * :mod:`harness.table` -- aligned text and Markdown tables, a ``median [min-max]`` cell.
@@ -50,7 +50,18 @@ from __future__ import annotations
 
 from harness.cli import add_quiet, by_mode, loop_runner, mode_facts, parser, run
 from harness.machine import QUIET_PCT, CpuMeter, ForeignCpu, cpu_model, facts, foreign_load, log, versions, wait_quiet
-from harness.passes import Plan, abba, alternate, by_side, medians, ratios, rotate, run_plan, until_quiet
+from harness.passes import (
+    Plan,
+    abba,
+    alternate,
+    by_side,
+    medians,
+    plan_summary,
+    ratios,
+    rotate,
+    run_plan,
+    until_quiet,
+)
 from harness.pipe import ClientProc, Pipe, raise_nofile
 from harness.procs import (
     ServerProcs,
@@ -102,6 +113,7 @@ __all__ = [
     "num_fds",
     "parser",
     "pct",
+    "plan_summary",
     "publish",
     "raise_nofile",
     "ratios",

@@ -6,7 +6,8 @@ repetitions, and the median of each repetition's paired ratio, are what the tabl
 
 The GPU benches run a plan instead (:func:`run_plan`): per workload its sides, rotated every repetition,
 each pass's row recorded as it comes (a killed run keeps what it had), no repetition begun that would not
-fit the time left; :func:`by_side` and :func:`ratios` read the rows back by workload, side and repetition.
+fit the time left; :func:`by_side` and :func:`ratios` read the rows back by workload, side and repetition,
+:func:`plan_summary` does both for every workload.
 """
 
 from __future__ import annotations
@@ -136,4 +137,21 @@ def ratios(
         rs = [sides[num][r][key] / sides[den][r][key] for r in sides[num] if r in sides[den]]
         if rs:
             out[f"{num}/{den}"] = span(rs)
+    return out
+
+
+def plan_summary(
+    passes: Sequence[Mapping[str, Any]],
+    side: Callable[[Mapping[int, Any]], Any],
+    pairs: Sequence[tuple[str, str]],
+    key: str = "tok_s",
+) -> dict[str, dict[str, Any]]:
+    """Per workload of :func:`run_plan`'s rows: ``side(rows by repetition)`` for each side, the :func:`ratios`
+    of ``key`` for ``pairs``, and ``all_ok``: every pass of the workload, failed ones too, was ``ok``."""
+    out: dict[str, dict[str, Any]] = {}
+    for workload, by in by_side(passes, key).items():
+        row: dict[str, Any] = {name: side(reps) for name, reps in by.items()}
+        row.update(ratios(by, pairs, key))
+        row["all_ok"] = all(p.get("ok") for p in passes if p["workload"] == workload)
+        out[workload] = row
     return out
