@@ -293,7 +293,7 @@ async def test_run_plan_begins_no_repetition_past_the_budget() -> None:
     async def one_pass(side: str, workload: str, rep: int) -> dict:
         return {"tok_s": 1.0}
 
-    stopped = await harness.run_plan([("w", ["a"])], 5, one_pass, rows.append, budget_s=0.0)
+    stopped = await harness.run_plan([("w", ["a"])], 5, one_pass, rows.append, budget_s=-1.0)  # spent already
     assert [r["rep"] for r in rows] == [0]
     assert stopped is not None and stopped.startswith("after 1 reps")
 
