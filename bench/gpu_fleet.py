@@ -52,11 +52,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-import gpu_check  # noqa: E402
 import harness  # noqa: E402
 import load_balance  # noqa: E402
 import longtail  # noqa: E402
 from harness import stop_processes  # noqa: E402
+from peers import shapes  # noqa: E402  (bench/peers/: the dummy-weight model)
+from workloads.lengths import WORKLOADS  # noqa: E402  (bench/workloads/: the long-tailed batches)
 
 SCHEMES = ("static", "round_robin", "least_load", "least_load_cap")
 
@@ -147,7 +148,7 @@ async def balance(fleet: Fleet, a: argparse.Namespace) -> list[dict[str, Any]]:
     # warm every engine and code path
     await load_balance.run_once("least_load", [fleet.addresses[n] for n in names], [64] * 256, cost, 64)
     for wname in a.workloads:
-        w = load_balance.WORKLOADS[wname]
+        w = WORKLOADS[wname]
         for sname, members in sets.items():
             addrs = [fleet.addresses[n] for n in members]
             for si, seed in enumerate(a.seeds):
@@ -225,7 +226,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def main_async(a: argparse.Namespace) -> dict[str, Any]:
-    model = gpu_check.model_dir("0.5b") if a.engine == "sglang" else ""
+    model = shapes.model_dir("0.5b") if a.engine == "sglang" else ""
     log_dir = a.log_dir or tempfile.mkdtemp(prefix="fleet-logs-")
     res: dict[str, Any] = {"benchmark": "gpu_fleet", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "config": vars(a)}
     t0 = time.perf_counter()
@@ -271,7 +272,7 @@ def main() -> None:
     ap.add_argument("--placement", type=int, nargs="+", default=[2, 3], help="engines per GPU (GPU 0, 1, ...)")
     ap.add_argument("--max-running", type=int, default=128)
     ap.add_argument("--engine", choices=["sglang", "fake"], default="sglang", help="fake: a CPU dry run")
-    ap.add_argument("--workloads", nargs="+", default=["skewed", "throughput"], choices=sorted(load_balance.WORKLOADS))
+    ap.add_argument("--workloads", nargs="+", default=["skewed", "throughput"], choices=sorted(WORKLOADS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--lt-batch", type=int, default=128)
     ap.add_argument("--lt-steps", type=int, default=6)

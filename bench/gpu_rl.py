@@ -33,18 +33,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import cProfile
 import json
-import math
 import os
 import pstats
-import random
-import resource
-import subprocess
 import sys
 import time
-import urllib.request
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,77 +46,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, HERE)
 
 import harness  # noqa: E402  (bench/harness/)
-from harness import free_port, log, write_json  # noqa: E402
+from harness import log, write_json  # noqa: E402
+from peers import http_server, shapes  # noqa: E402  (bench/peers/: SGLang's HTTP server, the model)
+from peers.raw import raw_generate  # noqa: E402  (bench/peers/: raw SGLang in this process)
+from workloads.fixed import make_workload, summarize  # noqa: E402  (bench/workloads/)
 
 WORKLOADS = ("grpo", "short", "long", "oversub")
 T0 = time.perf_counter()
-
-
-# -- workloads ---------------------------------------------------------------------------------------
-
-
-def make_workload(name: str, *, shape: str, max_running: int, vocab: int, quick: bool) -> list[tuple[list[int], int]]:
-    """(prompt ids, new tokens) per request; deterministic from the name, the shape and the engine's limit."""
-    rnd = random.Random(f"{name}-{shape}")
-    big = shape != "7b"
-
-    def ids(n: int) -> list[int]:
-        return [rnd.randrange(1000, vocab - 1000) for _ in range(n)]
-
-    if name == "grpo":  # prompts x 8 samples, lognormal lengths (median 300) capped at 2,048
-        prompts = 16 if quick else (64 if big else 32)
-        out: list[tuple[list[int], int]] = []
-        for _ in range(prompts):
-            p = ids(rnd.randrange(128, 513))
-            for _ in range(8):
-                n = int(min(2048, max(16, rnd.lognormvariate(math.log(300), 1.0))))
-                out.append((p, 64 if quick else n))
-        return out
-    if name == "warm":
-        return [(ids(64), 8) for _ in range(256)]
-    if name == "short":  # 64 in / 16 out
-        return [(ids(64), 16) for _ in range(256 if quick else (8192 if big else 4096))]
-    if name == "long":  # fixed 512-token prompts, long fixed outputs
-        n, o = (32, 64) if quick else ((256, 1024) if big else (256, 512))
-        return [(ids(64 if quick else 512), o) for _ in range(n)]
-    if name == "oversub":  # 4x the engine's running-request limit at once
-        n = 4 * max_running
-        return [(ids(16), 8 if quick else 16) for _ in range(n)]
-    raise ValueError(name)
-
-
-def cpu_times(http_proc: Any = None) -> dict[str, float]:
-    """CPU seconds so far: this thread (the event loop), each SGLang child of this process, the HTTP server."""
-    out = {"loop": time.thread_time()}
-    try:
-        import psutil
-    except ImportError:
-        return out
-    http_tree: list[Any] = []
-    if http_proc is not None:
-        with contextlib.suppress(psutil.Error):
-            hp = psutil.Process(http_proc.pid)
-            http_tree = [hp, *hp.children(recursive=True)]
-    skip = {p.pid for p in http_tree}
-    for c in psutil.Process().children(recursive=True):
-        if c.pid in skip:
-            continue
-        with contextlib.suppress(psutil.Error):
-            name = "client" if "--client" in c.cmdline() else c.name()
-            t = c.cpu_times()
-            out[name] = out.get(name, 0.0) + t.user + t.system
-    for c in http_tree:
-        with contextlib.suppress(psutil.Error):
-            t = c.cpu_times()
-            out["http:" + c.name()] = out.get("http:" + c.name(), 0.0) + t.user + t.system
-    return out
-
-
-def summarize(name: str, outs: list[tuple[int, int]], dt: float, expect: list[int]) -> dict[str, Any]:
-    """``outs``: (output tokens, logprobs) per request, in request order."""
-    toks = sum(o for o, _ in outs)
-    ok = len(outs) == len(expect) and all(o == e and lp == e for (o, lp), e in zip(outs, expect, strict=True))
-    return {"s": round(dt, 3), "tok": toks, "tok_s": round(toks / dt, 1), "req_s": round(len(outs) / dt, 1), "ok": ok}
 
 
 # -- the client process (sdk and http modes) --------------------------------------------------------
@@ -131,10 +61,8 @@ def summarize(name: str, outs: list[tuple[int, int]], dt: float, expect: list[in
 async def client_main(a: argparse.Namespace) -> None:
     from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
 
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    pipe = await harness.Pipe.open()
+    nofile = pipe.nofile
     session: Any = None
     if a.http_url:
         import aiohttp
@@ -144,18 +72,12 @@ async def client_main(a: argparse.Namespace) -> None:
             connector=aiohttp.TCPConnector(limit=http_limit, force_close=False),
             timeout=aiohttp.ClientTimeout(total=None),
         )
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     from rollout_sdk import AdmissionConfig
 
     admission = AdmissionConfig(queue_fraction=a.queue_fraction) if a.queue_fraction is not None else None
     async with RolloutClient(servers=[a.client], connect_timeout_s=120, admission=admission) as client:
-        print(json.dumps({"ready": True, "nofile": nofile}), flush=True)
-        while line := await reader.readline():
-            cmd = json.loads(line)
-            if cmd.get("quit"):
-                break
+        pipe.reply({"ready": True, "nofile": nofile})
+        async for cmd in pipe:
             work = make_workload(
                 cmd["workload"], shape=a.shape, max_running=cmd["max_running"], vocab=cmd["vocab"], quick=a.quick
             )
@@ -176,143 +98,19 @@ async def client_main(a: argparse.Namespace) -> None:
             else:
 
                 async def one(p: list[int], n: int) -> tuple[int, int]:
-                    body = {
-                        "input_ids": p,
-                        "sampling_params": {"max_new_tokens": n, "temperature": 1.0, "ignore_eos": True},
-                        "return_logprob": True,
-                    }
-                    async with session.post(a.http_url + "/generate", json=body) as resp:
-                        resp.raise_for_status()
-                        out = await resp.json()
+                    out = await http_server.generate(session, a.http_url, p, n)
                     lps = out.get("meta_info", {}).get("output_token_logprobs") or []
                     return len(out.get("output_ids") or []), len(lps)
 
                 outs = list(await asyncio.gather(*(one(p, n) for p, n in work)))
             dt = time.perf_counter() - t0
-            row = summarize(cmd["workload"], outs, dt, [n for _, n in work])
+            row = summarize(outs, [n for _, n in work], dt, req_s=True)
             st = client.stats()
             row["client_in_flight_window"] = client.scheduler.window()
             row["retried"] = st.retried
-            print(json.dumps(row), flush=True)
+            pipe.reply(row)
     if session is not None:
         await session.close()
-
-
-class ClientProc:
-    """The client process, driven one pass at a time over stdin/stdout."""
-
-    def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1")
-        )
-        self.hello: dict[str, Any] = {}
-
-    async def started(self) -> ClientProc:
-        self.hello = await asyncio.to_thread(self._read)  # the server must keep serving the handshake
-        return self
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"client process ended (exit {self.proc.poll()})")
-        out: dict[str, Any] = json.loads(line)
-        return out
-
-    async def run(self, **cmd: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        return await asyncio.to_thread(self._read)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                assert self.proc.stdin is not None
-                self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
-                self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
-# -- the HTTP server peer ---------------------------------------------------------------------------
-
-
-def http_argv(model: str, port: int, a: argparse.Namespace, max_total_tokens: int) -> list[str]:
-    return [
-        sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--load-format", "dummy",
-        "--skip-tokenizer-init", "--attention-backend", a.attn, "--sampling-backend", a.sampling,
-        "--mem-fraction-static", str(a.http_mem_fraction), "--max-total-tokens", str(max_total_tokens),
-        "--cuda-graph-max-bs-decode", str(a.graph_bs), "--disable-prefill-cuda-graph",
-        "--random-seed", "0", "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port),
-    ] + (["--max-running-requests", str(a.max_running)] if a.max_running else [])  # fmt: skip
-
-
-def wait_http(url: str, proc: subprocess.Popen[Any] | None, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the HTTP server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/get_model_info", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"the HTTP server at {url} did not answer within {timeout:.0f}s")
-
-
-def stop_group(proc: subprocess.Popen[Any]) -> None:
-    """SIGTERM the process group ``proc`` leads (the HTTP server and its scheduler children), then SIGKILL."""
-    import signal
-
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-async def fake_http_server(engine: Any) -> tuple[Any, str]:
-    """CPU dry run only: an aiohttp stand-in for SGLang's /generate over the fake engine."""
-    from aiohttp import web
-
-    from rollout_sdk import GenerateRequest, SamplingParams
-
-    seq = 0
-
-    async def generate(request: web.Request) -> web.Response:
-        nonlocal seq
-        body = await request.json()
-        sp = body["sampling_params"]
-        seq += 1
-        r = await engine.generate(
-            GenerateRequest(
-                input_ids=body["input_ids"],
-                rid=f"http-{seq}",
-                sampling=SamplingParams(max_new_tokens=sp["max_new_tokens"], ignore_eos=True),
-            )
-        )
-        lps = [[lp, t, None] for lp, t in zip(r.logprobs or [], r.output_ids, strict=False)]
-        return web.json_response({"output_ids": r.output_ids, "meta_info": {"output_token_logprobs": lps}})
-
-    async def info(request: web.Request) -> web.Response:
-        return web.json_response({"model_path": "fake"})
-
-    app = web.Application()
-    app.add_routes([web.post("/generate", generate), web.get("/get_model_info", info)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
 
 
 # -- the server process (raw mode, the engine, the orchestration) ----------------------------------
@@ -353,7 +151,7 @@ def profile_groups(prof: cProfile.Profile) -> dict[str, float]:
 
 
 async def server_main(a: argparse.Namespace) -> dict[str, Any]:
-    from rollout_sdk import EngineServer, GenerateRequest, SamplingParams, ServerConfig
+    from rollout_sdk import EngineServer, ServerConfig
 
     res: dict[str, Any] = {
         "shape": a.shape,
@@ -363,33 +161,23 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
         "argv": sys.argv,
         "passes": [],
     }
-    http_proc: subprocess.Popen[Any] | None = None
+    http_proc: Any = None
     http_url = ""
     fake_runner: Any = None
     max_total_tokens = a.max_total_tokens or (3_000_000 if a.shape != "7b" else 600_000)
     res["max_total_tokens"] = max_total_tokens
     if a.engine == "sglang":
-        import gpu_check  # bench/gpu_check.py: the config-only model dirs
-
         from rollout_sdk.engines.sglang import SglangEngine
 
-        model = gpu_check.model_dir(a.shape)
+        model = shapes.model_dir(a.shape)
         if a.http:  # first, so the in-process engine sizes itself from what the HTTP server left free
-            port = free_port()
-            http_url = f"http://127.0.0.1:{port}"
             t0 = time.perf_counter()
-            http_log = open(os.path.join(a.log_dir, f"http-{a.shape}.log"), "w")  # noqa: SIM115
-            http_proc = subprocess.Popen(
-                http_argv(model, port, a, max_total_tokens),
-                stdout=http_log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stopped with all its children below
-            )
-            await asyncio.to_thread(wait_http, http_url, http_proc, 900)
+            log_path = os.path.join(a.log_dir, f"http-{a.shape}.log")
+            http_proc, http_url = await http_server.start(model, a, max_total_tokens, log_path)
             res["http_start_s"] = round(time.perf_counter() - t0, 1)
             log(f"HTTP server ready in {res['http_start_s']}s at {http_url}")
         engine: Any = SglangEngine(
-            gpu_check.dummy_engine_config(
+            shapes.dummy_engine_config(
                 a,
                 model,
                 max_running_requests=a.max_running or None,
@@ -403,7 +191,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
         engine = FakeEngine(FakeEngineConfig(step_base_s=0.002, step_per_seq_s=2e-6, max_batch=a.fake_max_batch))
     server = EngineServer(engine, ServerConfig(server_id=f"rl-{a.shape}", drain_timeout_s=5))
     t0 = time.perf_counter()
-    client: ClientProc | None = None
+    client: harness.ClientProc | None = None
     try:
         async with server:
             res["engine_start_s"] = round(time.perf_counter() - t0, 1)
@@ -414,39 +202,21 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                 max_running = int(snaps[0].max_running_requests)
                 res["engine_max_total_tokens"] = int(snaps[0].max_total_num_tokens)
             else:
-                fake_runner, http_url = (await fake_http_server(engine)) if a.http else (None, "")
+                fake_runner, http_url = (await http_server.fake_server(engine)) if a.http else (None, "")
             res["max_running"] = max_running
             log(f"engine ready in {res['engine_start_s']}s; max_running={max_running} vocab={vocab}")
             argv = [sys.executable, os.path.abspath(__file__), "--client", server.address, "--shape", a.shape]
             argv += ["--http-url", http_url] if http_url else []
             argv += ["--quick"] if a.quick else []
             argv += ["--queue-fraction", str(a.queue_fraction)] if a.queue_fraction is not None else []
-            client = await ClientProc(argv).started()
+            client = await harness.ClientProc(argv).started()
             res["client_nofile"] = client.hello.get("nofile")
 
+            raw = raw_generate(engine, sglang=a.engine == "sglang")
+
             async def raw_pass(work: list[tuple[list[int], int]]) -> list[tuple[int, int]]:
-                if a.engine == "sglang":
-                    raw = engine._engine
-
-                    async def one(p: list[int], n: int) -> tuple[int, int]:
-                        sp = {"max_new_tokens": n, "temperature": 1.0, "ignore_eos": True}
-                        o = await raw.async_generate(input_ids=p, sampling_params=sp, return_logprob=True)
-                        return len(o["output_ids"]), len(o["meta_info"]["output_token_logprobs"])
-
-                else:
-                    seq = iter(range(1 << 62))
-
-                    async def one(p: list[int], n: int) -> tuple[int, int]:
-                        r = await engine.generate(
-                            GenerateRequest(
-                                input_ids=p,
-                                rid=f"raw-{next(seq)}",
-                                sampling=SamplingParams(max_new_tokens=n, ignore_eos=True),
-                            )
-                        )
-                        return len(r.output_ids), len(r.logprobs or [])
-
-                return list(await asyncio.gather(*(one(p, n) for p, n in work)))
+                outs = await asyncio.gather(*(raw(p, n, None) for p, n in work))
+                return [(len(o.output_ids), o.logprobs) for o in outs]
 
             modes = ["raw", "sdk"] + (["sdktm"] if a.sdk_tm else []) + (["http"] if http_url else [])
             direct = getattr(engine, "_path", None)
@@ -463,17 +233,15 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                     return
                 await engine.flush_cache()
                 if http_url:
-                    req = urllib.request.Request(http_url + "/flush_cache", data=b"", method="POST")
-                    with contextlib.suppress(OSError):
-                        await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=30).read())
+                    await http_server.flush(http_url)
 
             async def one_pass(mode: str, w: str) -> dict[str, Any]:
                 await flush()
-                cpu0 = cpu_times(http_proc)
+                cpu0 = harness.cpu_times(http_proc)
                 t = time.perf_counter()
                 if mode == "raw":
                     outs = await raw_pass(works[w])
-                    row = summarize(w, outs, time.perf_counter() - t, [n for _, n in works[w]])
+                    row = summarize(outs, [n for _, n in works[w]], time.perf_counter() - t, req_s=True)
                 elif mode == "sdktm":  # the same SDK path with the engine's direct path detached for this pass
                     assert client is not None
                     engine._path = None
@@ -485,7 +253,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                     assert client is not None
                     row = await client.run(mode=mode, workload=w, max_running=max_running, vocab=vocab)
                 wall = time.perf_counter() - t
-                cpu1 = cpu_times(http_proc)
+                cpu1 = harness.cpu_times(http_proc)
                 # CPU seconds per wall second: this process's event loop thread (tokenizer manager + SDK
                 # server), SGLang's scheduler processes, the HTTP server's process tree
                 row["cpu"] = {k: round((cpu1[k] - cpu0.get(k, 0.0)) / wall, 3) for k in cpu1}
@@ -495,29 +263,26 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
             for mode in modes:  # warm-up: every mode once on a small workload
                 await one_pass(mode, "warm")
             log("warm-up done")
-            for rep in range(a.reps):
-                t_rep = time.perf_counter()
-                order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
-                for w in a.workloads:
-                    for mode in order:
-                        try:
-                            row = await one_pass(mode, w)
-                        except Exception as exc:  # one broken pass must not lose the run
-                            row = {"error": f"{type(exc).__name__}: {exc}"}
-                        row.update(rep=rep, workload=w, mode=mode)
-                        res["passes"].append(row)
-                        shown = {k: v for k, v in row.items() if k in ("s", "tok_s", "ok", "error")}
-                        log(f"rep {rep} {w:8s} {mode:4s} {json.dumps(shown)} win={row.get('client_in_flight_window')}")
-                        if a.json:
-                            write_json(a.json, res)
-                rep_s = time.perf_counter() - t_rep
-                left = a.budget_s - (time.perf_counter() - T0)
-                if rep + 1 < a.reps and left < 1.15 * rep_s:
-                    res["stopped_early"] = (
-                        f"after {rep + 1} reps: {left:.0f}s of --budget-s left, a rep takes {rep_s:.0f}s"
-                    )
-                    log(res["stopped_early"])
-                    break
+
+            def record(row: dict[str, Any]) -> None:
+                res["passes"].append(row)
+                shown = {k: v for k, v in row.items() if k in ("s", "tok_s", "ok", "error")}
+                w, mode = row["workload"], row["mode"]
+                log(f"rep {row['rep']} {w:8s} {mode:4s} {json.dumps(shown)} win={row.get('client_in_flight_window')}")
+                if a.json:
+                    write_json(a.json, res)
+
+            stopped = await harness.run_plan(
+                [(w, modes) for w in a.workloads],
+                a.reps,
+                lambda mode, w, rep: one_pass(mode, w),
+                record,
+                budget_s=a.budget_s,
+                started=T0,
+                margin=1.15,
+            )
+            if stopped:
+                res["stopped_early"] = stopped
             res["profile"] = {}
             for w in a.profile:  # cProfile of this process's event loop thread, one extra pass per mode
                 if w not in works:
@@ -546,40 +311,21 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
         if fake_runner is not None:
             await fake_runner.cleanup()
         if http_proc is not None:
-            stop_group(http_proc)
+            harness.stop_group(http_proc)
     res["summary"] = summary(res)
     return res
 
 
 def summary(res: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    passes = [p for p in res["passes"] if "tok_s" in p]
-    for w in dict.fromkeys(p["workload"] for p in res["passes"]):
-        row: dict[str, Any] = {}
-        by: dict[str, dict[int, float]] = {}
-        for p in passes:
-            if p["workload"] == w:
-                by.setdefault(p["mode"], {})[p["rep"]] = p["tok_s"]
-        for mode, reps in by.items():
-            med, lo, hi = harness.spread(list(reps.values()))
-            row[mode] = {"median": round(med), "min": round(lo), "max": round(hi)}
-        for num, den in (("sdk", "raw"), ("http", "raw"), ("sdk", "http"), ("sdktm", "raw"), ("sdk", "sdktm")):
-            if num in by and den in by:
-                rs = [by[num][r] / by[den][r] for r in by[num] if r in by[den]]
-                if rs:
-                    med, lo, hi = harness.spread(rs)
-                    row[f"{num}/{den}"] = {"median": round(med, 3), "min": round(lo, 3), "max": round(hi, 3)}
-        row["all_ok"] = all(p.get("ok") for p in res["passes"] if p["workload"] == w)
-        out[w] = row
-    return out
+    """Per workload: per mode the span of tok/s over repetitions, the ratios per repetition, all ``ok``."""
+    pairs = (("sdk", "raw"), ("http", "raw"), ("sdk", "http"), ("sdktm", "raw"), ("sdk", "sdktm"))
+    return harness.plan_summary(
+        res["passes"], lambda reps: harness.span([p["tok_s"] for p in reps.values()], None), pairs
+    )
 
 
 def table(res: dict[str, Any]) -> str:
-    def cell(d: dict[str, Any] | None, fmt: str = "{:,.0f}") -> str:
-        if not d:
-            return "-"
-        return f"{fmt.format(d['median'])} [{fmt.format(d['min'])}-{fmt.format(d['max'])}]"
-
+    cell = harness.span_cell
     tm = any("sdktm" in row for row in res["summary"].values())
     header = ["workload", "raw tok/s", "sdk tok/s", "http tok/s", "sdk/raw", "sdk/http", "ok"]
     header += ["sdk(TM) tok/s", "sdk/sdk(TM)"] if tm else []

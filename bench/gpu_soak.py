@@ -5,7 +5,7 @@
     python bench/gpu_soak.py --engine fake --quick          # CPU dry run of every code path (< 1 minute)
 
 One engine (``SglangEngine`` behind an ``EngineServer`` in this process, or the fake engine on CPU) and
-one SDK client in **its own process** (bench/gpu_rl.py's ``ClientProc``), as a trainer would run them.
+one SDK client in **its own process** (bench/harness's ``ClientProc``), as a trainer would run them.
 The plan: ``--steps`` RL steps, each = every workload once through the SDK and once *raw*
 (``sglang.Engine.async_generate`` + ``asyncio.gather`` on the very engine the server wraps, in this
 process; the order of the two alternating per step), then a weight update of the whole model through the
@@ -36,10 +36,7 @@ import asyncio
 import contextlib
 import gc
 import json
-import math
 import os
-import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -56,64 +53,14 @@ sys.path.insert(0, HERE)
 
 import _stacks  # noqa: E402  (bench/ on sys.path)
 import harness  # noqa: E402
-from gpu_rl import ClientProc, cpu_times, make_workload  # noqa: E402
-from harness import log, write_json  # noqa: E402
+from harness import ClientProc, cpu_times, log, write_json  # noqa: E402
+from peers import shapes  # noqa: E402  (bench/peers/: the dummy-weight model)
+from peers.raw import raw_generate  # noqa: E402  (bench/peers/: raw SGLang in this process)
+from workloads import fixed  # noqa: E402  (bench/workloads/)
+from workloads.fixed import agent_plan, run_agents, soak_workload, summarize  # noqa: E402
 
 WORKLOADS = ("grpo", "short", "long", "agent")
 EXTRA_WORKLOADS = ("oversub", "long128")  # gpu_rl.py's 16,384 x 16 in / 16 out: many tiny cached requests
-Work = list[tuple[list[int], int]]
-
-
-# -- workloads ---------------------------------------------------------------------------------------
-
-
-def soak_workload(name: str, *, shape: str, vocab: int, quick: bool) -> Work:
-    """(prompt, new tokens) per request for the one-shot workloads."""
-    if name in ("grpo", "short", "oversub"):  # oversub: 4 x SGLang's running limit at 0.5B (4,096)
-        return make_workload(name, shape=shape, max_running=64 if quick else 4096, vocab=vocab, quick=quick)
-    rnd = random.Random(f"soak-{name}-{shape}")
-    if name in ("long", "long128"):  # long128: the same prompts, 128 new tokens (a shorter look at a stall)
-        n, out = (32, 64) if quick else ((1024 if shape != "7b" else 256), 512 if name == "long" else 128)
-        return [([rnd.randrange(1000, vocab - 1000) for _ in range(64 if quick else 512)], out) for _ in range(n)]
-    raise ValueError(name)
-
-
-def agent_plan(*, shape: str, vocab: int, quick: bool) -> list[dict[str, Any]]:
-    """Per agent: its first prompt, then per turn (new tokens, tool-result ids appended after the turn)."""
-    rnd = random.Random(f"soak-agent-{shape}")
-    agents = 16 if quick else (128 if shape != "7b" else 64)
-    turns = 3 if quick else 4
-    out = []
-    for _ in range(agents):
-        prompt = [rnd.randrange(1000, vocab - 1000) for _ in range(rnd.randrange(128, 385))]
-        steps = []
-        for _ in range(turns):
-            n = 16 if quick else int(min(512, max(16, rnd.lognormvariate(math.log(128), 0.7))))
-            steps.append((n, [rnd.randrange(1000, vocab - 1000) for _ in range(rnd.randrange(32, 97))]))
-        out.append({"prompt": prompt, "turns": steps})
-    return out
-
-
-async def run_agents(plan: list[dict[str, Any]], turn: Any) -> tuple[int, bool]:
-    """Run every agent concurrently; ``turn(agent_index, prompt, n)`` -> (output ids, logprob count)."""
-
-    async def one(i: int, a: dict[str, Any]) -> tuple[int, bool]:
-        prompt, toks, ok = list(a["prompt"]), 0, True
-        for n, tool in a["turns"]:
-            ids, lps = await turn(i, prompt, n)
-            ok = ok and len(ids) == n and lps == n
-            toks += len(ids)
-            prompt = prompt + list(ids) + tool
-        return toks, ok
-
-    rows = await asyncio.gather(*(one(i, a) for i, a in enumerate(plan)))
-    return sum(t for t, _ in rows), all(ok for _, ok in rows)
-
-
-def summarize(outs: list[tuple[int, int]], expect: list[int], dt: float) -> dict[str, Any]:
-    toks = sum(o for o, _ in outs)
-    ok = len(outs) == len(expect) and all(o == e and lp == e for (o, lp), e in zip(outs, expect, strict=True))
-    return {"s": round(dt, 3), "tok": toks, "tok_s": round(toks / dt, 1), "ok": ok}
 
 
 # -- the client process ------------------------------------------------------------------------------
@@ -122,33 +69,23 @@ def summarize(outs: list[tuple[int, int]], expect: list[int], dt: float) -> dict
 async def client_main(a: argparse.Namespace) -> None:
     from rollout_sdk import GenerateRequest, RolloutClient, SamplingParams
 
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    pipe = await harness.Pipe.open()
     named: Any = None
 
     def sp(n: int) -> Any:
         return SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True)
 
     async with RolloutClient(servers=[a.client], connect_timeout_s=120) as client:
-        print(json.dumps({"ready": True}), flush=True)
-        while line := await reader.readline():
-            cmd = json.loads(line)
-            if cmd.get("quit"):
-                break
+        pipe.reply({"ready": True})
+        async for cmd in pipe:
             t0 = time.perf_counter()
             if "update" in cmd:  # a trainer's weight push: the whole model, CUDA IPC
                 if named is None:
-                    import gpu_check
-
-                    named = gpu_check.hf_named(a.shape, "cuda")
+                    named = shapes.hf_named(a.shape, "cuda")
                 st = await client.update_weights(
                     named, version=cmd["update"], method="ipc", flush_cache=cmd.get("flush", True)
                 )
-                print(json.dumps({"s": round(time.perf_counter() - t0, 3), "stats": st}), flush=True)
+                pipe.reply({"s": round(time.perf_counter() - t0, 3), "stats": st})
                 continue
             w, vocab = cmd["workload"], cmd["vocab"]
             if w == "agent":
@@ -169,7 +106,7 @@ async def client_main(a: argparse.Namespace) -> None:
                 row = summarize(outs, [n for _, n in work], time.perf_counter() - t0)
             row["client_window"] = client.scheduler.window()
             row["retried"] = client.stats().retried
-            print(json.dumps(row), flush=True)
+            pipe.reply(row)
 
 
 # -- monitors (this process) ---------------------------------------------------------------------------
@@ -305,7 +242,7 @@ async def py_spy_later(after_s: float, root: str, label: str) -> None:
 
 
 async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[str, Any]:
-    from rollout_sdk import EngineServer, GenerateRequest, SamplingParams, ServerConfig
+    from rollout_sdk import EngineServer, ServerConfig
     from rollout_sdk.engines.sglang import radix_patch
 
     toggle = None
@@ -328,14 +265,12 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
         "plan": a.plan,
     }
     if a.engine == "sglang":
-        import gpu_check
-
         from rollout_sdk.engines.sglang import SglangEngine
 
         engine: Any = SglangEngine(
-            gpu_check.dummy_engine_config(
+            shapes.dummy_engine_config(
                 a,
-                gpu_check.model_dir(a.shape),
+                shapes.model_dir(a.shape),
                 extra={"max_total_tokens": a.max_total_tokens} if a.max_total_tokens else {},
             )
         )
@@ -361,21 +296,11 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
                 w: soak_workload(w, shape=a.shape, vocab=vocab, quick=a.quick) for w in a.workloads if w != "agent"
             }
             agents = agent_plan(shape=a.shape, vocab=vocab, quick=a.quick)
-            raw_seq = iter(range(1 << 62))
+            raw = raw_generate(engine, sglang=a.engine == "sglang")
 
             async def raw_one(prompt: list[int], n: int) -> tuple[list[int], int]:
-                if a.engine == "sglang":
-                    sp = {"max_new_tokens": n, "temperature": 1.0, "ignore_eos": True}
-                    o = await engine._engine.async_generate(input_ids=prompt, sampling_params=sp, return_logprob=True)
-                    return list(o["output_ids"]), len(o["meta_info"]["output_token_logprobs"])
-                r = await engine.generate(
-                    GenerateRequest(
-                        input_ids=prompt,
-                        rid=f"raw-{next(raw_seq)}",
-                        sampling=SamplingParams(max_new_tokens=n, ignore_eos=True),
-                    )
-                )
-                return r.output_ids, len(r.logprobs or [])
+                o = await raw(prompt, n, None)
+                return o.output_ids, o.logprobs
 
             async def raw_pass(w: str) -> dict[str, Any]:
                 t0 = time.perf_counter()
@@ -431,7 +356,7 @@ async def server_main(a: argparse.Namespace, stacks_root: str | None) -> dict[st
                 res["stacks_kept"] = keep_stacks(res, stacks_root, a.stacks_json)
 
             # warm-up: each mode once on a small workload (not counted)
-            works["warm"] = make_workload("warm", shape=a.shape, max_running=0, vocab=vocab, quick=a.quick)
+            works["warm"] = fixed.make_workload("warm", shape=a.shape, max_running=0, vocab=vocab, quick=a.quick)
             await one_pass("raw", "warm", "warm-raw")
             await client.run(mode="sdk", workload="short" if a.quick else "grpo", vocab=vocab)
             log("warm-up done")

@@ -95,8 +95,6 @@ import collections
 import contextlib
 import functools
 import heapq
-import math
-import random
 import statistics
 import sys
 import time
@@ -108,6 +106,7 @@ from typing import Any
 import harness
 from harness import ServerProcs, interpolate, log
 from harness.stats import StepFn
+from workloads.lengths import WORKLOADS  # bench/workloads/: the long-tailed batches
 
 VOCAB = 151936
 TARGET_RATIO = 0.75
@@ -120,26 +119,6 @@ SCHEME_LABEL = {
     "least_load": "(a) least_load",
     "least_load_hidden": "(a') least_load, lengths hidden",
     "least_load_cap": "(d) least_load + cap=max_batch",
-}
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    batch: int
-    median: float
-    sigma: float
-    cap: int
-
-    def lengths(self, seed: int) -> list[int]:
-        rng = random.Random(seed)
-        mu = math.log(self.median)
-        return [min(self.cap, max(1, round(rng.lognormvariate(mu, self.sigma)))) for _ in range(self.batch)]
-
-
-WORKLOADS = {
-    "skewed": Workload("skewed", batch=512, median=64, sigma=1.0, cap=1024),
-    "throughput": Workload("throughput", batch=2048, median=24, sigma=0.5, cap=256),
 }
 
 

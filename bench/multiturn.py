@@ -82,7 +82,6 @@ import itertools
 import json
 import math
 import os
-import random
 import signal
 import statistics
 import sys
@@ -95,15 +94,14 @@ from typing import TYPE_CHECKING, Any
 import harness
 from harness import ServerProcs, interpolate, log
 from harness.stats import StepFn
+from workloads import tool_agent  # bench/workloads/: the scripted tool-calling agent
 
 if TYPE_CHECKING:
     from rollout_sdk import RolloutClient
-    from rollout_sdk.agents import Agent, RolloutContext, ToolRegistry, Trajectory
-    from rollout_sdk.protocol import GenerateRequest, GenerateResult
+    from rollout_sdk.agents import Agent, RolloutContext, Trajectory
+    from rollout_sdk.protocol import GenerateResult
 
 TARGET_RATIO = 0.5
-IM_START = 151644
-IM_END = 151645
 
 
 # -- results -------------------------------------------------------------------------------------------
@@ -175,21 +173,14 @@ async def _child_main(spec: dict[str, Any], server_id: str) -> int:
     from rollout_sdk.engines.fake import FakeEngine, FakeEngineConfig
     from rollout_sdk.server import EngineServer, ServerConfig
 
-    outputs: list[list[int]] = spec["outputs"]
-    first, second = spec["assistant_marker"]
-
-    def responder(req: GenerateRequest) -> list[int]:
-        ids = req.input_ids
-        turns = sum(1 for i in range(len(ids) - 1) if ids[i] == first and ids[i + 1] == second)
-        return outputs[min(max(turns - 1, 0), len(outputs) - 1)]
-
+    respond = tool_agent.responder(spec["outputs"], spec["assistant_marker"])
     config = FakeEngineConfig(
-        eos_token_ids=(IM_END,),
+        eos_token_ids=(tool_agent.IM_END,),
         step_base_s=spec["step_base_s"],
         step_per_seq_s=spec["step_per_seq_s"],
         max_batch=spec["max_batch"],
     )
-    server = EngineServer(FakeEngine(config, responder=responder), ServerConfig(server_id=server_id))
+    server = EngineServer(FakeEngine(config, responder=respond), ServerConfig(server_id=server_id))
     await harness.serve(server, stop_signals=(signal.SIGTERM, signal.SIGINT))
     return 0
 
@@ -200,59 +191,7 @@ def child_server(procs: ServerProcs, spec: Path, server_id: str) -> str:
     return procs.spawn(server_id, argv)[1]
 
 
-# -- the script the model follows ------------------------------------------------------------------------
-
-
-def turn_outputs(tok: Any, turns: int, tokens_per_turn: int) -> list[list[int]]:
-    """Exactly ``tokens_per_turn`` ids per model turn: filler, a tool call (or the answer), <|im_end|>."""
-    filler = tok.encode(" ok", add_special_tokens=False)
-    outs: list[list[int]] = []
-    for k in range(turns):
-        if k < turns - 1:
-            call = json.dumps({"name": "lookup", "arguments": {"query": f"step {k}"}})
-            body = f"<tool_call>\n{call}\n</tool_call>"
-        else:
-            body = "The answer is 42."
-        ids = tok.encode(body, add_special_tokens=False)
-        pad = tokens_per_turn - 1 - len(ids)
-        if pad < 0 or len(filler) != 1:
-            raise ValueError(f"--tokens-per-turn {tokens_per_turn} is too small for a turn of {len(ids) + 1} tokens")
-        outs.append([*filler * pad, *ids, IM_END])
-    return outs
-
-
-class ToolClock:
-    """The tool's latency: fixed, or drawn (lognormal with the same mean) from a seeded sequence, so both
-    loops see the same latencies."""
-
-    def __init__(self) -> None:
-        self.fixed = 0.0
-        self._draws: collections.deque[float] = collections.deque()
-
-    def set(self, mean_s: float, sigma: float, count: int, seed: int) -> None:
-        self.fixed = mean_s
-        self._draws.clear()
-        if sigma:
-            rng = random.Random(seed)
-            mu = math.log(mean_s) - sigma * sigma / 2  # E[lognormal] = mean_s
-            self._draws.extend(rng.lognormvariate(mu, sigma) for _ in range(count))
-
-    def next(self) -> float:
-        return self._draws.popleft() if self._draws else self.fixed
-
-
-def make_registry(clock: ToolClock) -> ToolRegistry:
-    from rollout_sdk.agents import ToolRegistry
-
-    reg = ToolRegistry()
-
-    @reg.register
-    async def lookup(query: str) -> str:
-        """Look something up (a tool with a fixed latency)."""
-        await asyncio.sleep(clock.next())
-        return f"found: {query}"
-
-    return reg
+# -- the turn-synchronous loop ----------------------------------------------------------------------------
 
 
 def make_turn_sync(inner: Agent, barrier: asyncio.Barrier, phases: list[float]) -> Agent:
@@ -350,38 +289,6 @@ def simulate(n: int, turns: int, g: int, tool_s: float, d: int, step: StepFn, ma
 # -- measurement -------------------------------------------------------------------------------------------
 
 
-def _samples(n: int, group: int) -> list[dict[str, Any]]:
-    return [
-        {"messages": [{"role": "user", "content": f"Question {i}: look it up, then answer."}]}
-        for i in range(max(1, n // group))
-    ]
-
-
-async def run_agents(
-    client: RolloutClient, agent: Agent, samples: list[dict[str, Any]], group: int
-) -> list[Trajectory]:
-    from rollout_sdk.agents import rollout_group
-
-    groups = await asyncio.gather(
-        *(rollout_group(client, agent, s, group_size=group, sample_index=i) for i, s in enumerate(samples))
-    )
-    return [t for g in groups for t in g]
-
-
-def _check(trajs: list[Trajectory], n: int, turns: int) -> None:
-    if len(trajs) != n:
-        raise AssertionError(f"{len(trajs)} trajectories, expected {n}")
-    for t in trajs:
-        calls = [c for turn in t.turns for c in turn.tool_calls]
-        if (
-            t.finish_reason != "stop"
-            or len(t.turns) != turns
-            or len(calls) != turns - 1
-            or not all(c.ok for c in calls)
-        ):
-            raise AssertionError(f"unexpected trajectory: {t.finish_reason}, {len(t.turns)} turns, {calls}")
-
-
 async def calibrate(client: RolloutClient, tokens: int, sizes: Sequence[int]) -> dict[int, float]:
     """Executed step time for b requests: (wall(tokens) - wall(8)) / (tokens - 8) on one server."""
     from rollout_sdk import SamplingParams
@@ -407,8 +314,8 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
     log("loading the tokenizer")
     tok = await asyncio.to_thread(load_tokenizer)
     marker = tok.encode("<|im_start|>assistant", add_special_tokens=False)
-    assert len(marker) == 2 and marker[0] == IM_START, marker
-    outputs = turn_outputs(tok, args.turns, args.tokens_per_turn)
+    assert len(marker) == 2 and marker[0] == tool_agent.IM_START, marker
+    outputs = tool_agent.turn_outputs(tok, args.turns, args.tokens_per_turn)
     spec = workdir / "spec.json"
     spec.write_text(
         json.dumps(
@@ -424,8 +331,8 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
     log(f"starting {args.servers} scripted fake servers")
     addrs = [await asyncio.to_thread(child_server, procs, spec, f"s{i}") for i in range(args.servers)]
 
-    clock = ToolClock()
-    registry = make_registry(clock)
+    clock = tool_agent.ToolClock()
+    registry = tool_agent.make_registry(clock)
     config = AgentConfig(
         max_turns=args.turns + 2,
         max_new_tokens=args.tokens_per_turn + 16,
@@ -452,7 +359,9 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
         }
         clock.set(0.001, 0.0, 0, 0)
         for c in clients.values():
-            _check(await run_agents(c, agent, _samples(16, 4), 4), 16, args.turns)  # warm every path
+            tool_agent.check(
+                await tool_agent.run_agents(c, agent, tool_agent.questions(16, 4), 4), 16, args.turns
+            )  # warm every path
 
         for case in args.cases:
             client = clients[case.affinity]
@@ -468,7 +377,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
                 sim = (n, args.turns, args.tokens_per_turn, tool_s, args.servers, step, args.max_batch)
                 cell.model_agent_s = simulate(*sim, sync=False)
                 cell.model_sync_s = simulate(*sim, sync=True)
-            samples = _samples(n, args.group)
+            samples = tool_agent.questions(n, args.group)
             for rep in range(args.repeats):
                 for mode in ("agent", "sync") if rep % 2 == 0 else ("sync", "agent"):
 
@@ -487,7 +396,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
                         done0 = [s.completed for s in client.servers]
                         cpu0 = time.process_time()
                         t0 = time.perf_counter()
-                        trajs = await run_agents(client, runner, samples, args.group)
+                        trajs = await tool_agent.run_agents(client, runner, samples, args.group)
                         wall = time.perf_counter() - t0
                         return phases, done0, t0, trajs, wall, time.process_time() - cpu0
 
@@ -497,7 +406,7 @@ async def run_all(args: argparse.Namespace, report: Report, procs: ServerProcs, 
                     phases, done0, t0, trajs, wall, cpu = got
                     if foreign is not None:
                         cell.foreign_cpu_pct.append(foreign)
-                    _check(trajs, n, args.turns)
+                    tool_agent.check(trajs, n, args.turns)
                     per_server = [s.completed - d0 for s, d0 in zip(client.servers, done0, strict=True)]
                     if mode == "agent":
                         cell.agent_s.append(wall)

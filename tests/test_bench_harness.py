@@ -246,3 +246,107 @@ def test_a_bench_server_child_says_ready_stops_on_sigterm_and_writes_its_lag_sam
     late, busy = harness.lag_window(samples, rows[0][0], rows[-1][0])
     assert len(late) == len(busy) == len(rows)
     assert harness.lag_window(samples, 0.0, 1.0) == ([], [])
+
+
+def test_rotate_gives_each_side_each_place_in_turn() -> None:
+    assert [harness.rotate(["a", "b", "c"], rep) for rep in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
+
+
+async def test_run_plan_rotates_records_every_row_and_turns_a_failure_into_an_error_row() -> None:
+    calls: list[tuple[str, str, int]] = []
+    rows: list[dict] = []
+
+    async def one_pass(side: str, workload: str, rep: int) -> dict:
+        calls.append((side, workload, rep))
+        if workload == "broken":
+            raise ValueError("no such workload")
+        return {"tok_s": {"raw": 100.0, "sdk": 120.0}[side] + rep}
+
+    plan = [("grpo", ["raw", "sdk"]), ("broken", ["sdk"])]
+    stopped = await harness.run_plan(plan, 2, one_pass, rows.append)
+    assert stopped is None
+    rep0 = [("raw", "grpo", 0), ("sdk", "grpo", 0), ("sdk", "broken", 0)]
+    rep1 = [("sdk", "grpo", 1), ("raw", "grpo", 1), ("sdk", "broken", 1)]  # the sides rotated
+    assert calls == [*rep0, *rep1]
+    assert rows[2] == {"error": "ValueError: no such workload", "rep": 0, "workload": "broken", "mode": "sdk"}
+    by = harness.by_side(rows)
+    assert list(by) == ["grpo", "broken"] and by["broken"] == {}, "a workload whose passes all failed has no sides"
+    assert by["grpo"]["sdk"][1]["tok_s"] == 121.0
+    ratios = harness.ratios(by["grpo"], [("sdk", "raw"), ("sdk", "sdk"), ("http", "raw")])
+    assert list(ratios) == ["sdk/raw"]
+    assert ratios["sdk/raw"] == harness.span([120 / 100, 121 / 101])
+    summary = harness.plan_summary(rows, lambda reps: sorted(reps), [("sdk", "raw")])
+    assert summary == {
+        "grpo": {"raw": [0, 1], "sdk": [0, 1], "sdk/raw": ratios["sdk/raw"], "all_ok": False},
+        "broken": {"all_ok": False},
+    }
+
+
+async def test_run_plan_begins_no_repetition_past_the_budget() -> None:
+    rows: list[dict] = []
+
+    async def one_pass(side: str, workload: str, rep: int) -> dict:
+        return {"tok_s": 1.0}
+
+    stopped = await harness.run_plan([("w", ["a"])], 5, one_pass, rows.append, budget_s=-1.0)  # spent already
+    assert [r["rep"] for r in rows] == [0]
+    assert stopped is not None and stopped.startswith("after 1 reps")
+
+
+def test_span_and_its_cell() -> None:
+    assert harness.span([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+    assert harness.span([1234.4, 1000.6], None) == {"median": 1118, "min": 1001, "max": 1234}
+    assert harness.span_cell({"median": 1500.0, "min": 1000.0, "max": 2000.0}) == "1,500 [1,000-2,000]"
+    assert harness.span_cell(None) == "-"
+
+
+_CHILD = """
+import asyncio, sys
+sys.path.insert(0, {bench!r})
+import harness
+
+async def main():
+    pipe = await harness.Pipe.open()
+    pipe.reply({{"ready": True, "nofile": pipe.nofile}})
+    async for cmd in pipe:
+        pipe.reply({{"twice": 2 * cmd["x"]}})
+    pipe.reply({{"bye": True}})
+
+asyncio.run(main())
+"""
+
+
+async def test_a_client_process_answers_each_command_and_ends_on_quit() -> None:
+    code = _CHILD.format(bench=str(Path(__file__).resolve().parents[1] / "bench"))
+    child = await harness.ClientProc([sys.executable, "-c", code]).started()
+    try:
+        assert child.hello["ready"] is True and child.hello["nofile"] > 0
+        assert await child.run(x=21) == {"twice": 42}
+        assert await child.run(x=1) == {"twice": 2}
+    finally:
+        child.close()
+    assert child.proc.returncode == 0
+
+
+def test_the_rl_step_workloads_are_the_same_for_a_salt_and_fresh_for_another() -> None:
+    from workloads import make_work
+
+    def draw(name: str, salt: str):
+        w = make_work(name, shape="0.5b", quick=True, vocab=151936, salt=salt)
+        return [(it.prompt, it.max_new, it.group) for it in w.items], w.sessions, w.waits
+
+    for name in ("grpo2048x8", "grpo512x4f16", "grpo", "long", "short", "agent", "update"):
+        assert draw(name, "0-sdk") == draw(name, "0-sdk"), name
+        assert draw(name, "0-sdk")[0] != draw(name, "0-raw")[0], name
+    grpo = make_work("grpo512x4f16", shape="0.5b", quick=False, vocab=151936, salt="s")
+    assert len(grpo.items) == 64 * 4 and {it.max_new for it in grpo.items} == {16}
+    assert grpo.ideal_prefill == 64 * 512, "a group's prompt is prefilled once"
+    update = make_work("update", shape="0.5b", quick=True, vocab=151936, salt="s")
+    assert update.name == "update" and len(update.items) == 8 * 8
+    with pytest.raises(ValueError, match="unknown workload"):
+        make_work("nope", shape="0.5b", quick=True, vocab=151936, salt="s")

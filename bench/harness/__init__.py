@@ -9,13 +9,19 @@ that lives here, one noun a module:
 * :mod:`harness.machine` -- machine facts for a result's meta (date, host, CPU model, cores, load, package
   versions, the command), other people's CPU on a shared machine (:class:`ForeignCpu`), :func:`wait_quiet`.
 * :mod:`harness.procs` -- server processes the benchmark starts and always stops (:class:`ServerProcs`),
-  what /proc says of a process (RSS and its peak, children, open descriptors), a free port.
+  what /proc says of a process (RSS and its peak, children, open descriptors, CPU seconds by child), a free
+  port, a process group stopped (:func:`stop_group`).
+* :mod:`harness.pipe` -- a child process driven one JSON line at a time (the GPU benches' client process):
+  :class:`ClientProc` is the parent's end, :class:`Pipe` the child's.
 * :mod:`harness.serve` -- the other end: a script's own server child (``--serve``), its READY handshake,
   its stop on SIGTERM, and a loop-lag probe beside it (:func:`serve`, :func:`lag_window`).
 * :mod:`harness.passes` -- repetitions of alternating sides (ABBA order, so drift through a run is not
-  charged to one side), their medians, and a cell measured again when other people's load disturbed it.
-* :mod:`harness.stats` -- percentiles, medians, median [min-max], piecewise-linear step costs.
-* :mod:`harness.table` -- aligned text and Markdown tables.
+  charged to one side) or rotated (:func:`rotate`), their medians, and a cell measured again when other
+  people's load disturbed it; a plan of workloads and their sides run in rotation within a time budget
+  (:func:`run_plan`), its rows read back by side (:func:`by_side`, :func:`ratios`, :func:`plan_summary`).
+* :mod:`harness.stats` -- percentiles, medians, median [min-max] (:func:`span` as a result records it),
+  piecewise-linear step costs.
+* :mod:`harness.table` -- aligned text and Markdown tables, a ``median [min-max]`` cell.
 * :mod:`harness.results` -- JSON results with the machine facts beside the numbers; :func:`publish`, a
   benchmark's last lines (the JSON written, the table, the runtime and where the numbers are).
 
@@ -44,10 +50,23 @@ from __future__ import annotations
 
 from harness.cli import add_quiet, by_mode, loop_runner, mode_facts, parser, run
 from harness.machine import QUIET_PCT, CpuMeter, ForeignCpu, cpu_model, facts, foreign_load, log, versions, wait_quiet
-from harness.passes import abba, alternate, medians, until_quiet
+from harness.passes import (
+    Plan,
+    abba,
+    alternate,
+    by_side,
+    medians,
+    plan_summary,
+    ratios,
+    rotate,
+    run_plan,
+    until_quiet,
+)
+from harness.pipe import ClientProc, Pipe, raise_nofile
 from harness.procs import (
     ServerProcs,
     child_pids,
+    cpu_times,
     fake_server_argv,
     free_port,
     num_fds,
@@ -55,24 +74,30 @@ from harness.procs import (
     reset_peak,
     rss_kb,
     sigterm_as_interrupt,
+    stop_group,
     stop_processes,
 )
 from harness.results import publish, save_results, write_json
 from harness.serve import lag_window, serve
-from harness.stats import interpolate, median, pct, spread
-from harness.table import markdown, records, table
+from harness.stats import interpolate, median, pct, span, spread
+from harness.table import markdown, records, span_cell, table
 
 __all__ = [
     "QUIET_PCT",
+    "ClientProc",
     "CpuMeter",
     "ForeignCpu",
+    "Pipe",
+    "Plan",
     "ServerProcs",
     "abba",
     "add_quiet",
     "alternate",
     "by_mode",
+    "by_side",
     "child_pids",
     "cpu_model",
+    "cpu_times",
     "facts",
     "fake_server_argv",
     "foreign_load",
@@ -88,16 +113,24 @@ __all__ = [
     "num_fds",
     "parser",
     "pct",
+    "plan_summary",
     "publish",
+    "raise_nofile",
+    "ratios",
     "read_until",
     "records",
     "reset_peak",
+    "rotate",
     "rss_kb",
     "run",
+    "run_plan",
     "save_results",
     "serve",
     "sigterm_as_interrupt",
+    "span",
+    "span_cell",
     "spread",
+    "stop_group",
     "stop_processes",
     "table",
     "until_quiet",

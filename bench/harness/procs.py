@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
@@ -87,6 +88,48 @@ def child_pids(pid: int) -> list[int]:
 def num_fds(pid: int) -> int:
     """How many file descriptors a process has open (sockets included)."""
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def cpu_times(http_proc: Any = None) -> dict[str, float]:
+    """CPU seconds so far: this thread (the event loop), each child process of this one by name (``client``
+    for a ``--client`` one), and the process tree ``http_proc`` leads (``http:<name>``); this thread's alone
+    without psutil."""
+    out = {"loop": time.thread_time()}
+    try:
+        import psutil
+    except ImportError:
+        return out
+    http_tree: list[Any] = []
+    if http_proc is not None:
+        with contextlib.suppress(psutil.Error):
+            hp = psutil.Process(http_proc.pid)
+            http_tree = [hp, *hp.children(recursive=True)]
+    skip = {p.pid for p in http_tree}
+    for c in psutil.Process().children(recursive=True):
+        if c.pid in skip:
+            continue
+        with contextlib.suppress(psutil.Error):
+            name = "client" if "--client" in c.cmdline() else c.name()
+            t = c.cpu_times()
+            out[name] = out.get(name, 0.0) + t.user + t.system
+    for c in http_tree:
+        with contextlib.suppress(psutil.Error):
+            t = c.cpu_times()
+            out["http:" + c.name()] = out.get("http:" + c.name(), 0.0) + t.user + t.system
+    return out
+
+
+def stop_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM the process group ``proc`` leads (started with ``start_new_session=True``: a server and its
+    children), then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def fake_server_argv(*options: str) -> list[str]:

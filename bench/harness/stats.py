@@ -27,6 +27,12 @@ def spread(values: Sequence[float]) -> tuple[float, float, float]:
     return median(values), min(values), max(values)
 
 
+def span(values: Sequence[float], ndigits: int | None = 3) -> dict[str, float]:
+    """:func:`spread` as a result records it: ``{"median", "min", "max"}``, each rounded to ``ndigits``."""
+    med, lo, hi = spread(values)
+    return {"median": round(med, ndigits), "min": round(lo, ndigits), "max": round(hi, ndigits)}
+
+
 def interpolate(points: dict[int, float]) -> StepFn:
     """Piecewise-linear step time over the calibrated batch sizes (flat beyond the ends)."""
     xs = sorted(points)

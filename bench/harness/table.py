@@ -43,3 +43,10 @@ def records(rows: Sequence[Mapping[str, object]], *, decimals: int = 2) -> str:
         return f"{v:.{decimals}f}" if isinstance(v, float) else str(v)
 
     return markdown(cols, [[cell(r.get(c)) for c in cols] for r in rows])
+
+
+def span_cell(d: Mapping[str, float] | None, fmt: str = "{:,.0f}") -> str:
+    """A :func:`harness.stats.span` as a cell, ``median [min-max]`` in ``fmt``; ``-`` for none."""
+    if not d:
+        return "-"
+    return f"{fmt.format(d['median'])} [{fmt.format(d['min'])}-{fmt.format(d['max'])}]"
