@@ -295,7 +295,7 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
                 probe = GenerateRequest(rid=f"probe{probe_no}", input_ids=seeds[probe_no], sampling=one)
                 probes.append(asyncio.ensure_future(eng.generate(probe)))
                 probe_no += 1
-                updates.append({"took_s": round(took, 4)})
+                updates.append({"took_s": round(took, 4), "phases": dict(getattr(eng._control, "phases", {}))})
             await asyncio.sleep(max(0.0, w0 + per_window * a.every_s - time.perf_counter()))
             w1 = time.perf_counter()
             arrivals = [(t, g) for t, g in tr.gaps if w0 <= t <= w1]

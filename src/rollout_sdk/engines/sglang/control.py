@@ -36,6 +36,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -150,6 +151,9 @@ class Control:
         #: of the checkpointed at in-place pauses: parts SGLang had retracted for KV memory (queued with
         #: tokens), which SGLang would prefill again anyway
         self.retracted = 0
+        #: the last in-place update's phases (seconds): pause, record, checkpoint, load (weights, version,
+        #: cache), resume; decoding stops from the pause's end to the resume's end
+        self.phases: dict[str, float] = {}
         #: the last parts an in-place pause did not hold (sid, where SGLang had them): for diagnosis
         self.unheld: collections.deque[tuple[str, str]] = collections.deque(maxlen=256)
         #: one weight change at a time: control calls run concurrently, and two updates overlapping would
@@ -228,10 +232,13 @@ class Control:
 
         self._hold("update")
         paused = False
+        mark = self._phase_clock()
         try:
             await self.call(self._tm.pause_generation(PauseGenerationReqInput(mode="in_place")))
             paused = True
+            mark("pause")
             states = await self.call(self._tm.get_internal_state())
+            mark("record")
             counts = (states[0].get(KEY) or {}).get("counts") if states and isinstance(states[0], dict) else None
             if not isinstance(counts, dict):
                 log.warning("SGLang could not record its requests at an in-place pause: checkpointing them")
@@ -251,13 +258,29 @@ class Control:
                         self.retracted += 1
             # queued ones hold no KV: aborted at once by the paused scheduler, continued after the gate opens
             await self._checkpoint(hold=True, skip=frozenset(f.sid for f, _ in kept) | ended)
+            mark("checkpoint")
             yield kept
+            mark("load")
         finally:
             if paused and self._host.dead is None:
                 # no empty_cache: an update allocates little on the engine's side (IPC buckets are the
                 # trainer's memory, broadcasts land in the parameters), and it would lengthen the pause
                 await self.call(self._tm.continue_generation(ContinueGenerationReqInput(torch_empty_cache=False)))
+                mark("resume")
             self._open("update")
+
+    def _phase_clock(self) -> Callable[[str], None]:
+        """Start timing an in-place update's phases into :attr:`phases` (seconds, in order)."""
+        self.phases = {}
+        last = time.perf_counter()
+
+        def mark(name: str) -> None:
+            nonlocal last
+            now = time.perf_counter()
+            self.phases[name] = round(now - last, 4)
+            last = now
+
+        return mark
 
     async def _update(
         self, load: Callable[[], Awaitable[None]], version: int | None, flush_cache: bool, inflight: InflightMode
