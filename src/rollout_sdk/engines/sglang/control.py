@@ -292,6 +292,7 @@ class Control:
         prefilled again, and each records where its tokens switched weights.  Otherwise every running part
         is checkpointed (:meth:`_quiesced`)."""
         async with self._updating:
+            self.phases = {}
             flights = self._host.flights.values()
             if inflight == "keep" and self.inplace and all(self._host.is_direct(f.sid) for f in flights if f.running):
                 async with self._in_place() as kept:
