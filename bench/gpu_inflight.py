@@ -97,7 +97,9 @@ class Tracker:
 
         def submit(sid: str, inputs: Any, sp: Any, req: Any, **kw: Any) -> Any:
             tracker.rid_of[sid] = req.rid
-            if req.rid in tracker.seen:  # a continuation after a checkpoint
+            # a continuation after a checkpoint of a part that had tokens (one checkpointed while queued
+            # computed nothing before: its prefill now is its first)
+            if req.rid in tracker.seen and req.rid in tracker.last:
                 flight = eng._flights.get(req.rid)
                 retr = bool(getattr(flight, "retracted", False))
                 tracker.parts[sid] = (time.perf_counter(), len(inputs["input_ids"]), retr)
