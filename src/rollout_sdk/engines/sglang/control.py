@@ -239,13 +239,13 @@ class Control:
             mark("pause")
             states = await self.call(self._tm.get_internal_state())
             mark("record")
-            counts = (states[0].get(KEY) or {}).get("counts") if states and isinstance(states[0], dict) else None
+            record = (states[0].get(KEY) or {}) if states and isinstance(states[0], dict) else {}
+            counts = record.get("counts")
             if not isinstance(counts, dict):
                 log.warning("SGLang could not record its requests at an in-place pause: checkpointing them")
                 yield None
                 return
             kept = [(f, counts[f.sid]) for f in self._host.flights.values() if f.running and f.sid in counts]
-            record = states[0].get(KEY) or {}
             retracted = set(record.get("retracted") or ())
             queued = set(record.get("queued") or ())
             ended = set(record.get("finished") or ())  # their last output is on its way: nothing to stop
@@ -270,8 +270,7 @@ class Control:
             self._open("update")
 
     def _phase_clock(self) -> Callable[[str], None]:
-        """Start timing an in-place update's phases into :attr:`phases` (seconds, in order)."""
-        self.phases = {}
+        """Time an in-place update's phases into :attr:`phases` (seconds, in order; cleared by :meth:`_update`)."""
         last = time.perf_counter()
 
         def mark(name: str) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["KEY", "apply", "finished", "retracted", "snapshot"]
+__all__ = ["KEY", "apply", "finished", "snapshot", "waiting"]
 
 log = logging.getLogger("rollout_sdk.engines.sglang")
 
@@ -84,11 +84,15 @@ def finished(scheduler: Any) -> list[str]:
     return sorted({r.rid for r in reqs if r.finished()})
 
 
-def retracted(scheduler: Any) -> list[str]:
-    """The rids of requests waiting in ``scheduler``'s queue with output tokens: retracted from a decode
-    batch for KV memory, to be prefilled again (prompt and tokens) by SGLang itself."""
-    queue = getattr(scheduler, "waiting_queue", None) or ()
-    return [r.rid for r in queue if getattr(r, "output_ids", None)]
+def waiting(scheduler: Any) -> tuple[list[str], list[str]]:
+    """The rids of requests in ``scheduler``'s waiting queue: (retracted, queued).  Retracted: with output
+    tokens, taken from a decode batch for KV memory, to be prefilled again (prompt and tokens) by SGLang itself;
+    queued: none yet."""
+    retracted: list[str] = []
+    queued: list[str] = []
+    for r in getattr(scheduler, "waiting_queue", None) or ():
+        (retracted if getattr(r, "output_ids", None) else queued).append(r.rid)
+    return retracted, queued
 
 
 def _empty() -> dict[str, Any]:
@@ -113,9 +117,8 @@ def apply(scheduler_cls: Any) -> bool:
             record["pauses"] += 1
             try:
                 record["counts"] = snapshot(self)
-                record["retracted"] = retracted(self)
+                record["retracted"], record["queued"] = waiting(self)
                 record["finished"] = finished(self)
-                record["queued"] = [r.rid for r in getattr(self, "waiting_queue", None) or () if not r.output_ids]
             except Exception:  # the engine sees counts=None and falls back; the scheduler goes on
                 record["counts"], record["retracted"], record["finished"], record["queued"] = None, [], [], []
                 log.exception("in-place pause: could not record the requests' tokens")

@@ -155,7 +155,7 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
     weights = 0  # the modelled weights: bumped by every weight update, mixed into each token it samples
     paused = False  # SGLang's in-place pause: nothing decodes, control calls and aborts of queued ones go on
     # what our scheduler patch records (inplace.py)
-    inplace: dict[str, Any] = {"pauses": 0, "counts": None, "retracted": [], "finished": []}
+    inplace: dict[str, Any] = {"pauses": 0, "counts": None, "retracted": [], "finished": [], "queued": []}
     ready.set()
 
     def finish(req: _Req, reason: dict[str, Any]) -> tuple[_Req, dict[str, Any]]:
@@ -200,9 +200,13 @@ def _scheduler_main(input_ipc: str, output_ipc: str, cfg: StandinScheduler, read
                     paused = True
                     if msg.mode == "in_place":
                         counts = {rid: len(q.out) for rid, q in running.items()}  # queued ones: no KV yet
-                        retracted = [w.rid for w in waiting if w.out]
-                        inplace = {"pauses": inplace["pauses"] + 1, "counts": counts, "retracted": retracted}
-                        inplace["finished"] = []  # a request that ends is dropped from `running` at once
+                        inplace = {
+                            "pauses": inplace["pauses"] + 1,
+                            "counts": counts,
+                            "retracted": [w.rid for w in waiting if w.out],
+                            "finished": [],  # a request that ends is dropped from `running` at once
+                            "queued": [w.rid for w in waiting if not w.out],
+                        }
                 elif isinstance(msg, io.ContinueGenerationReqInput):
                     paused = False
                 elif isinstance(msg, io.GetInternalStateReq):
