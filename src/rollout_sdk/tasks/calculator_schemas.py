@@ -38,13 +38,31 @@ _WORD_TEXT = (
 )
 _WORDS = tuple(_WORD_TEXT.split())
 _PUNCT = ("", "", "", ".", ".", ",", ":", "!", ";")
-_EXAMPLES = ('"37 * 48"', "37 * 48", "'12 * 34'", "2 + 2", "(3 + 4) * 5", "`6 * 7`", "1+1")
+_QUOTES = ("", "", "", '"', "'", "`")
+_OPS = ("*", "+", "-", "/")
+
+
+def _example(rng: random.Random) -> str:
+    """An example expression as descriptions write one ("e.g. 12 * 34", "'2+2'", "`(3 + 4) * 5`"): its
+    numbers are random, so the model learns to copy the operands from the question, never from a
+    description (with a few fixed examples, a held-back "e.g. 12 * 34" pulled the copy off on some CPUs)."""
+
+    def number() -> str:
+        return str(rng.randint(0, 10 ** rng.randint(1, 3) - 1))
+
+    sep = rng.choice((" ", " ", ""))
+    text = sep.join((number(), rng.choice(_OPS), number()))
+    if rng.random() < 0.15:
+        text = f"({text}){sep}{rng.choice(_OPS)}{sep}{number()}"
+    quote = rng.choice(_QUOTES)
+    text = quote + text + quote
+    return rng.choice(("", "", "e.g. ", "like ", "such as ", "for example ")) + text
 
 
 def _sentence(rng: random.Random, lo: int, hi: int) -> str:
     words = [rng.choice(_WORDS) for _ in range(rng.randint(lo, hi))]
-    if rng.random() < 0.3:
-        words.insert(rng.randint(0, len(words)), rng.choice(_EXAMPLES))
+    if rng.random() < 0.4:
+        words.insert(rng.randint(0, len(words)), _example(rng))
     if rng.random() < 0.5 and words:
         words[0] = words[0][:1].upper() + words[0][1:]
     text = " ".join(words) + rng.choice(_PUNCT)
