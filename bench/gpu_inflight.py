@@ -18,8 +18,11 @@ arrival is recorded on the engine's direct path (``SGLANG_FORCE_STREAM_INTERVAL=
 both modes pay it alike); the gap of a token is the time since the previous token of the same request;
 "around an update": tokens arriving from the update's start to 2 s after its end; "straddle": the gaps that
 span any part of an update call (a token's previous one came before the call ended and it came after the call
-began): the decoding pause the update itself causes.  Requests SGLang had retracted for KV memory when an
-update came (queued with tokens) are counted apart: SGLang prefills them again with or without the update.
+began): the decoding pause the update itself causes; split into the time before the call (its last token to the
+call's start) and after it (the call's end to its next token), and each update's record keeps the engine's step
+timeline around it (``steps_around``: ms from the call's start, requests with tokens, tokens; ``--timeline-s``).
+Requests SGLang had retracted for KV memory when an update came (queued with tokens) are counted apart: SGLang
+prefills them again with or without the update.
 ``--extra '{"chunked_prefill_size": 1024}'`` passes SGLang server arguments (both modes alike).
 
 ``--engine standin --quick`` runs it on a CPU (SGLang's tokenizer manager over the stand-in scheduler, which
@@ -63,6 +66,8 @@ class Tracker:
         self.rid_of: dict[str, str] = {}
         self.last: dict[str, float] = {}
         self.gaps: list[tuple[float, float]] = []  # (arrival, gap)
+        #: every batch output (arrival, requests with tokens, tokens): the engine's step timeline
+        self.steps: list[tuple[float, int, int]] = []
         self.seen: set[str] = set()  # requests that have had a part
         #: continuation sid -> (submitted at, tokens fed, a retracted part's continuation)
         self.parts: dict[str, tuple[float, int, bool]] = {}
@@ -80,6 +85,7 @@ class Tracker:
             outs = getattr(recv, "output_ids", None) or []
             ends = getattr(recv, "finished_reasons", None) or []
             cached = getattr(recv, "cached_tokens", None) or []
+            tracker.steps.append((now, sum(1 for o in outs if o), sum(len(o) for o in outs if o)))
             for i, sid in enumerate(rids):
                 if sid in tracker.parts and i < len(ends) and ends[i] is not None:
                     t_sub, fed, retr = tracker.parts.pop(sid)
@@ -283,6 +289,7 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
             await asyncio.sleep(a.warmup_s)
             w0 = time.perf_counter()
             tr.gaps.clear()
+            tr.steps.clear()
             kept0, ckpt0 = eng._control.kept_in_place, eng._control.checkpointed
             retr0 = getattr(eng._control, "retracted", 0)
             eng._control.unheld.clear()
@@ -307,6 +314,14 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
         around = [g for t, g in arrivals if any(lo <= t <= hi + 2.0 for lo, hi in spans)]
         # the gap of a request across an update: its first token after the update minus its last before
         straddle = [g for t, g in arrivals if any(t >= lo and t - g <= hi for lo, hi in spans)]
+        # where a straddling gap's time goes: before the update call (last token to the call's start), the
+        # call, after it (the call's end to the next token); and the engine's steps around each call
+        before = [lo - (t - g) for t, g in arrivals for lo, hi in spans if t >= lo and t - g <= hi]
+        after = [t - hi for t, g in arrivals for lo, hi in spans if t >= lo and t - g <= hi]
+        for u, (lo, hi) in zip(updates, spans, strict=True):
+            u["steps_around"] = [
+                [round(1000 * (t - lo), 1), n, k] for t, n, k in tr.steps if lo - a.timeline_s <= t <= hi + a.timeline_s
+            ][:400]
         for u, p in zip(updates, probes, strict=True):
             u["probe_cached"] = (await p).cached_tokens
         gaps = [g for _, g in arrivals]
@@ -338,6 +353,9 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
             "straddle_p50_ms": round(1000 * (pct(straddle, 0.5) or 0), 2),
             "straddle_p99_ms": round(1000 * (pct(straddle, 0.99) or 0), 2),
             "straddling": len(straddle),
+            "straddle_before_p50_ms": round(1000 * (pct(before, 0.5) or 0), 2),
+            "straddle_after_p50_ms": round(1000 * (pct(after, 0.5) or 0), 2),
+            "straddle_after_p99_ms": round(1000 * (pct(after, 0.99) or 0), 2),
         }
         tr.recomputed.clear()
         log(f"pass {inflight} rep {rep}: " + json.dumps({k: v for k, v in row.items() if k != "updates"}))
@@ -413,6 +431,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "gap_p99_around_update_ms",
         "straddle_p50_ms",
         "straddle_p99_ms",
+        "straddle_before_p50_ms",
+        "straddle_after_p50_ms",
+        "straddle_after_p99_ms",
     )
     for mode in ("reprefill", "keep"):
         ws = [w for w in rows if w["inflight"] == mode]
@@ -439,6 +460,7 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=45.0, help="each pass runs this long before its window")
     ap.add_argument("--window-s", type=float, default=30.0, help="each pass's measured window")
     ap.add_argument("--every-s", type=float, default=10.0)
+    ap.add_argument("--timeline-s", type=float, default=1.5, help="seconds of steps kept around each update")
     ap.add_argument("--reps", type=int, default=3, help="passes per mode (alternating); 0: the check alone")
     ap.add_argument("--check", type=int, default=1, help="run the per-token exactness check first (1)")
     ap.add_argument("--flush", type=int, default=0, help="reprefill passes also flush (0: the namespace alone)")
