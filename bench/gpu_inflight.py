@@ -316,8 +316,9 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
         straddle = [g for t, g in arrivals if any(t >= lo and t - g <= hi for lo, hi in spans)]
         # where a straddling gap's time goes: before the update call (last token to the call's start), the
         # call, after it (the call's end to the next token); and the engine's steps around each call
-        before = [lo - (t - g) for t, g in arrivals for lo, hi in spans if t >= lo and t - g <= hi]
-        after = [t - hi for t, g in arrivals for lo, hi in spans if t >= lo and t - g <= hi]
+        crossing = [(t, g, lo, hi) for t, g in arrivals for lo, hi in spans if t >= lo and t - g <= hi]
+        before = [lo - (t - g) for t, g, lo, _ in crossing]
+        after = [t - hi for t, _, _, hi in crossing]
         for u, (lo, hi) in zip(updates, spans, strict=True):
             u["steps_around"] = [
                 [round(1000 * (t - lo), 1), n, k] for t, n, k in tr.steps if lo - a.timeline_s <= t <= hi + a.timeline_s

@@ -123,13 +123,12 @@ class Recipe:
     detune_steps: int = 200
     detune_lr_scale: float = 0.05
     #: ... on batches of which this fraction answer without the tool, until the mean probability that the
-    #: model calls the calculator first on held-back instances (checked every ``detune_check_every`` steps)
-    #: is at most ``detune_target``: a stop on the model's state, not a step count, because the weights
+    #: model calls the calculator first on held-back instances (checked before every step) is at most
+    #: ``detune_target``: a stop on the model's state, not a step count, because the weights
     #: differ by CPU (30 fixed steps left the whole trajectory's probability at 23% on AVX-512 kernels, 9%
     #: on AVX2 and 4% without vector instructions, where 8 steps of RL could not lift it)
     detune_direct_fraction: float = 0.8
     detune_target: float = 0.35
-    detune_check_every: int = 1
     #: held-back instances scored (teacher-forced) after each stage
     test_instances: int = 200
 
@@ -575,9 +574,7 @@ def _train(
     for g in opt.param_groups:
         g["lr"] = r.lr * r.detune_lr_scale
     detuned = 0
-    while detuned < r.detune_steps:
-        if detuned % r.detune_check_every == 0 and call_probability() <= r.detune_target:
-            break
+    while detuned < r.detune_steps and call_probability() > r.detune_target:
         k = round(r.batch * r.detune_direct_fraction)
         step_on(rng.sample(direct, k) + rng.sample(train, r.batch - k), own)
         detuned += 1
