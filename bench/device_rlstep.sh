@@ -57,8 +57,9 @@ for step in "$@"; do
           grep -a "rep \|ready\|Traceback\|Error" $OUT/agent-7b-default.log | tail -20 ;;
     inf7) X=${EXTRA:-'{}'}; T=${TAG:-}
           timeout ${TI:-560} python3 bench/gpu_inflight.py --shape 7b --reps ${REPS:-2} --warmup-s ${WARM:-45} --window-s ${WIN:-30} \
-            --every-s 10 --check ${CHECK:-1} --extra "$X" --json $OUT/inflight-7b$T.json 2>$OUT/inflight-7b$T.log | quiet
-          grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-7b$T.log | tail -30 ;;
+            --every-s 10 --check ${CHECK:-1} --decode-reps ${DREPS:-0} --decode-updates ${DUPD:-5} \
+            --extra "$X" --json $OUT/inflight-7b$T.json 2>$OUT/inflight-7b$T.log | quiet
+          grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-7b$T.log | cut -c1-700 | tail -30 ;;
     inf7h) X=${EXTRA:-'{}'}; T=${TAG:-}
           timeout ${TI:-560} python3 bench/gpu_inflight.py --shape 7b --reps ${REPS:-2} --warmup-s ${WARM:-45} --window-s ${WIN:-30} \
             --every-s 10 --prompt 3840 --max-new 256 --mem-fraction 0.9 --max-total-tokens 1060000 --check ${CHECK:-1} \

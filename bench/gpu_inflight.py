@@ -25,6 +25,13 @@ Requests SGLang had retracted for KV memory when an update came (queued with tok
 prefills them again with or without the update.
 ``--extra '{"chunked_prefill_size": 1024}'`` passes SGLang server arguments (both modes alike).
 
+In that loop new prompts arrive all the time, and SGLang runs a waiting prefill before any decode step, so
+every request's gaps, with or without an update, include other requests' prefill chunks ("gap p99 away from
+updates"). *Decode passes* (``--decode-reps``) isolate what an update adds: ``--sessions`` requests of
+``--prompt`` tokens (a shared prefix and a ``--decode-suffix``-token suffix of their own, so the prefill is
+short) all start, and once every one is decoding an update comes every ``--decode-every-s`` seconds
+(``--decode-updates``), with no arrivals: each straddling gap is one decode step plus what the update costs.
+
 ``--engine standin --quick`` runs it on a CPU (SGLang's tokenizer manager over the stand-in scheduler, which
 answers SGLang's weight call and then samples with other weights).
 
@@ -312,17 +319,10 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
             stop.set()
             await asyncio.gather(*workers, return_exceptions=True)
         around = [g for t, g in arrivals if any(lo <= t <= hi + 2.0 for lo, hi in spans)]
+        m = min(2.0, a.every_s / 4)  # away: tokens at least this far from any update call
+        away = [g for t, g in arrivals if not any(lo - m <= t <= hi + m for lo, hi in spans)]
         # the gap of a request across an update: its first token after the update minus its last before
-        straddle = [g for t, g in arrivals if any(t >= lo and t - g <= hi for lo, hi in spans)]
-        # where a straddling gap's time goes: before the update call (last token to the call's start), the
-        # call, after it (the call's end to the next token); and the engine's steps around each call
-        crossing = [(t, g, lo, hi) for t, g in arrivals for lo, hi in spans if t >= lo and t - g <= hi]
-        before = [lo - (t - g) for t, g, lo, _ in crossing]
-        after = [t - hi for t, _, _, hi in crossing]
-        for u, (lo, hi) in zip(updates, spans, strict=True):
-            u["steps_around"] = [
-                [round(1000 * (t - lo), 1), n, k] for t, n, k in tr.steps if lo - a.timeline_s <= t <= hi + a.timeline_s
-            ][:400]
+        straddle = straddling(a, tr, arrivals, spans, updates)
         for u, p in zip(updates, probes, strict=True):
             u["probe_cached"] = (await p).cached_tokens
         gaps = [g for _, g in arrivals]
@@ -351,18 +351,134 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
             "gap_p50_ms": round(1000 * (pct(gaps, 0.5) or 0), 2),
             "gap_p99_ms": round(1000 * (pct(gaps, 0.99) or 0), 2),
             "gap_p99_around_update_ms": round(1000 * (pct(around, 0.99) or 0), 2),
-            "straddle_p50_ms": round(1000 * (pct(straddle, 0.5) or 0), 2),
-            "straddle_p99_ms": round(1000 * (pct(straddle, 0.99) or 0), 2),
-            "straddling": len(straddle),
-            "straddle_before_p50_ms": round(1000 * (pct(before, 0.5) or 0), 2),
-            "straddle_after_p50_ms": round(1000 * (pct(after, 0.5) or 0), 2),
-            "straddle_after_p99_ms": round(1000 * (pct(after, 0.99) or 0), 2),
+            "gap_p99_away_ms": round(1000 * (pct(away, 0.99) or 0), 2),
+            **straddle,
         }
         tr.recomputed.clear()
         log(f"pass {inflight} rep {rep}: " + json.dumps({k: v for k, v in row.items() if k != "updates"}))
         rows.append(row)
         if a.json_path:
             a.partial(rows)
+    return rows
+
+
+def ms(xs: list[float], q: float) -> float:
+    return round(1000 * (pct(xs, q) or 0), 2)
+
+
+def straddling(
+    a: argparse.Namespace,
+    tr: Tracker,
+    arrivals: list[tuple[float, float]],
+    spans: list[tuple[float, float]],
+    updates: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The gaps that span an update call (a token's previous one came before the call ended and it came after
+    the call began), where their time goes: before the call (last token to the call's start) and after it
+    (the call's end to the next token); and the engine's step timeline around each call, into ``updates``."""
+    crossing = [(t, g, lo, hi) for t, g in arrivals for lo, hi in spans if t >= lo and t - g <= hi]
+    gaps = [g for _, g, _, _ in crossing]
+    before = [lo - (t - g) for t, g, lo, _ in crossing]
+    after = [t - hi for t, _, _, hi in crossing]
+    for u, (lo, hi) in zip(updates, spans, strict=True):
+        u["steps_around"] = [
+            [round(1000 * (t - lo), 1), n, k] for t, n, k in tr.steps if lo - a.timeline_s <= t <= hi + a.timeline_s
+        ][:400]
+    return {
+        "straddle_p50_ms": ms(gaps, 0.5),
+        "straddle_p99_ms": ms(gaps, 0.99),
+        "straddle_max_ms": ms(gaps, 1.0),
+        "straddling": len(gaps),
+        "straddle_before_p50_ms": ms(before, 0.5),
+        "straddle_after_p50_ms": ms(after, 0.5),
+        "straddle_after_p99_ms": ms(after, 0.99),
+    }
+
+
+async def decode_passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> list[dict[str, Any]]:
+    """Decode passes (module docstring): every request decoding, no arrivals, an update every
+    ``--decode-every-s``; the mode alternates per rep as in :func:`passes`."""
+    from rollout_sdk.protocol import GenerateRequest, SamplingParams
+
+    rows: list[dict[str, Any]] = []
+    plan = [
+        (rep, m)
+        for rep in range(a.decode_reps)
+        for m in (("keep", "reprefill") if rep % 2 == 0 else ("reprefill", "keep"))
+    ]
+    norm = norm_tensor(a, 1.0)
+    sp = SamplingParams(max_new_tokens=a.decode_max_new, ignore_eos=True)
+    for rep, inflight in plan:
+        rnd = random.Random(f"decode-{rep}-{inflight}")  # a fresh prefix per pass: prefilled, not cached
+        prefix = [rnd.randrange(10, vocab - 10) for _ in range(a.prompt - a.decode_suffix)]
+        rids = [f"d{inflight}{rep}-{i}" for i in range(a.sessions)]
+        # the prefix prefilled once first, as the SDK's group prefill would (else SGLang computes it per batch)
+        primer = GenerateRequest(rid=f"d{inflight}{rep}-p", input_ids=prefix, sampling=SamplingParams(max_new_tokens=1))
+        await eng.generate(primer)
+        tasks = [
+            asyncio.ensure_future(
+                eng.generate(
+                    GenerateRequest(
+                        rid=r,
+                        input_ids=prefix + [rnd.randrange(10, vocab - 10) for _ in range(a.decode_suffix)],
+                        sampling=sp,
+                    )
+                )
+            )
+            for r in rids
+        ]
+        try:
+            t0 = time.perf_counter()
+            async with asyncio.timeout(300):
+                while not all(r in tr.last for r in rids):
+                    await asyncio.sleep(0.01)
+            started = time.perf_counter() - t0
+            tr.gaps.clear()
+            tr.steps.clear()
+            kept0, ckpt0 = eng._control.kept_in_place, eng._control.checkpointed
+            w0 = time.perf_counter()
+            updates: list[dict[str, Any]] = []
+            spans: list[tuple[float, float]] = []
+            for k in range(a.decode_updates):
+                await asyncio.sleep(max(0.0, w0 + (k + 0.5) * a.decode_every_s - time.perf_counter()))
+                u0 = time.perf_counter()
+                took = await update(a, eng, eng.weight_version + 1, inflight, norm)
+                spans.append((u0, time.perf_counter()))
+                updates.append({"took_s": round(took, 4), "phases": dict(getattr(eng._control, "phases", {}))})
+            await asyncio.sleep(max(0.0, w0 + a.decode_updates * a.decode_every_s - time.perf_counter()))
+            w1 = time.perf_counter()
+            finished = sum(1 for t in tasks if t.done())
+            arrivals = [(t, g) for t, g in tr.gaps if w0 <= t <= w1]
+        finally:
+            for r in rids:
+                eng.abort(r)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for r in rids:
+                tr.forget(r)
+        m = a.decode_every_s / 4
+        away = [g for t, g in arrivals if not any(lo - m <= t <= hi + m for lo, hi in spans)]
+        row = {
+            "inflight": inflight,
+            "rep": rep,
+            "all_decoding_after_s": round(started, 2),
+            "finished_in_window": finished,  # > 0: --decode-max-new too small for the window
+            "wall_s": round(w1 - w0, 2),
+            "tokens": len(arrivals),
+            "tok_s": round(len(arrivals) / (w1 - w0), 1),
+            "updates": updates,
+            "update_s_median": round(statistics.median(u["took_s"] for u in updates), 4),
+            "update_s_max": round(max(u["took_s"] for u in updates), 4),
+            "kept_in_place_per_update": round((eng._control.kept_in_place - kept0) / len(updates), 1),
+            "checkpointed_per_update": round((eng._control.checkpointed - ckpt0) / len(updates), 1),
+            "gap_p50_away_ms": ms(away, 0.5),
+            "gap_p99_away_ms": ms(away, 0.99),
+            **straddling(a, tr, arrivals, spans, updates),
+        }
+        tr.recomputed.clear()
+        log(f"decode pass {inflight} rep {rep}: " + json.dumps({k: v for k, v in row.items() if k != "updates"}))
+        rows.append(row)
+        if a.json_path:
+            a.partial_decode(rows)
     return rows
 
 
@@ -399,6 +515,7 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
         "in_place": eng._control.inplace,
         "exactness": [],
         "passes": [],
+        "decode_passes": [],
     }
     try:
         if a.check:
@@ -406,19 +523,40 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
                 res["exactness"].append(await exactness(a, eng, inflight, vocab))
                 if a.json:
                     write(a.json, res)
+        a.json_path = a.json
+        if a.decode_reps:  # first: short, and what an update adds
+            a.partial_decode = lambda rows: write(a.json, res | {"decode_passes": rows}) if a.json else None
+            res["decode_passes"] = await decode_passes(a, eng, tr, vocab)
         if a.reps:
-            a.json_path = a.json
             a.partial = lambda rows: write(a.json, res | {"passes": rows}) if a.json else None
             res["passes"] = await passes(a, eng, tr, vocab)
     finally:
         await eng.close()
     res["summary"] = summary(res["passes"])
+    res["decode_summary"] = summary(res["decode_passes"], DECODE_KEYS)
     return res
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+DECODE_KEYS = (
+    "tok_s",
+    "update_s_median",
+    "update_s_max",
+    "kept_in_place_per_update",
+    "checkpointed_per_update",
+    "gap_p50_away_ms",
+    "gap_p99_away_ms",
+    "straddle_p50_ms",
+    "straddle_p99_ms",
+    "straddle_max_ms",
+    "straddle_before_p50_ms",
+    "straddle_after_p50_ms",
+    "straddle_after_p99_ms",
+)
+
+
+def summary(rows: list[dict[str, Any]], keys: tuple[str, ...] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    keys = (
+    keys = keys or (
         "tok_s",
         "reprefilled_per_update",
         "kept_in_place_per_update",
@@ -430,8 +568,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "gap_p50_ms",
         "gap_p99_ms",
         "gap_p99_around_update_ms",
+        "gap_p99_away_ms",
         "straddle_p50_ms",
         "straddle_p99_ms",
+        "straddle_max_ms",
         "straddle_before_p50_ms",
         "straddle_after_p50_ms",
         "straddle_after_p99_ms",
@@ -463,6 +603,11 @@ def main() -> None:
     ap.add_argument("--every-s", type=float, default=10.0)
     ap.add_argument("--timeline-s", type=float, default=1.5, help="seconds of steps kept around each update")
     ap.add_argument("--reps", type=int, default=3, help="passes per mode (alternating); 0: the check alone")
+    ap.add_argument("--decode-reps", type=int, default=0, help="decode passes per mode (module docstring)")
+    ap.add_argument("--decode-every-s", type=float, default=2.0)
+    ap.add_argument("--decode-updates", type=int, default=5, help="updates per decode pass")
+    ap.add_argument("--decode-suffix", type=int, default=96, help="each decode request's own prompt tokens")
+    ap.add_argument("--decode-max-new", type=int, default=1024)
     ap.add_argument("--check", type=int, default=1, help="run the per-token exactness check first (1)")
     ap.add_argument("--flush", type=int, default=0, help="reprefill passes also flush (0: the namespace alone)")
     ap.add_argument("--attn", default="triton")
@@ -476,6 +621,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.sessions, a.prompt, a.max_new, a.warmup_s, a.window_s, a.every_s, a.reps = 16, 64, 400, 1.0, 2.0, 1.0, 1
+        a.decode_reps, a.decode_every_s, a.decode_updates, a.decode_suffix = 1, 0.5, 3, 16
     if not a.hidden:
         a.hidden = 3584 if a.shape == "7b" else 896
     os.environ.setdefault("SGLANG_FORCE_STREAM_INTERVAL", "1")  # every token's arrival (module docstring)
@@ -488,7 +634,7 @@ def main() -> None:
     res = run(main_async(a))
     if a.json:
         write(a.json, res)
-    print(json.dumps(res["summary"], indent=1), flush=True)
+    print(json.dumps({"loop": res["summary"], "decode": res["decode_summary"]}, indent=1), flush=True)
 
 
 if __name__ == "__main__":
