@@ -58,16 +58,17 @@ for step in "$@"; do
     inf7) X=${EXTRA:-'{}'}; T=${TAG:-}
           timeout ${TI:-560} python3 bench/gpu_inflight.py --shape 7b --reps ${REPS:-2} --warmup-s ${WARM:-45} --window-s ${WIN:-30} \
             --every-s 10 --check ${CHECK:-1} --decode-reps ${DREPS:-0} --decode-updates ${DUPD:-5} \
-            --extra "$X" --json $OUT/inflight-7b$T.json 2>$OUT/inflight-7b$T.log | quiet
+            --decode-max-new ${DMAX:-1024} --extra "$X" --json $OUT/inflight-7b$T.json 2>$OUT/inflight-7b$T.log | quiet
           grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-7b$T.log | cut -c1-700 | tail -30 ;;
     inf7h) X=${EXTRA:-'{}'}; T=${TAG:-}
           timeout ${TI:-560} python3 bench/gpu_inflight.py --shape 7b --reps ${REPS:-2} --warmup-s ${WARM:-45} --window-s ${WIN:-30} \
             --every-s 10 --prompt 3840 --max-new 256 --mem-fraction 0.9 --max-total-tokens 1060000 --check ${CHECK:-1} \
-            --extra "$X" --json $OUT/inflight-7b-h100$T.json 2>$OUT/inflight-7b-h100$T.log | quiet
-          grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-7b-h100$T.log | tail -30 ;;
+            --decode-reps ${DREPS:-0} --decode-updates ${DUPD:-5} --decode-max-new ${DMAX:-300} --extra "$X" --json $OUT/inflight-7b-h100$T.json 2>$OUT/inflight-7b-h100$T.log | quiet
+          grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-7b-h100$T.log | cut -c1-700 | tail -30 ;;
     inf05) timeout ${TI:-560} python3 bench/gpu_inflight.py --shape 0.5b --reps ${REPS:-3} --warmup-s ${WARM:-30} --window-s ${WIN:-30} \
-            --every-s 10 --json $OUT/inflight-0.5b.json 2>$OUT/inflight-0.5b.log | quiet
-          grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-0.5b.log | tail -30 ;;
+            --every-s 10 --check ${CHECK:-1} --decode-reps ${DREPS:-0} --decode-updates ${DUPD:-5} --decode-max-new 2048 \
+            --json $OUT/inflight-0.5b.json 2>$OUT/inflight-0.5b.log | quiet
+          grep -a "pass \|ready\|exactness\|control probe\|Traceback\|Error" $OUT/inflight-0.5b.log | cut -c1-700 | tail -30 ;;
     inftest) timeout ${TT:-400} python3 -m pytest -n 0 -q -p no:cacheprovider -x --tb=long -k "${TK:-}" tests/gpu/test_sglang_inflight.py >$OUT/inftest.log 2>&1
           grep -a -v "Capturing\|it/s\]" $OUT/inftest.log | tail -60 ;;
     *) echo "unknown step $step" ;;

@@ -27,10 +27,12 @@ prefills them again with or without the update.
 
 In that loop new prompts arrive all the time, and SGLang runs a waiting prefill before any decode step, so
 every request's gaps, with or without an update, include other requests' prefill chunks ("gap p99 away from
-updates"). *Decode passes* (``--decode-reps``) isolate what an update adds: ``--sessions`` requests of
-``--prompt`` tokens (a shared prefix and a ``--decode-suffix``-token suffix of their own, so the prefill is
-short) all start, and once every one is decoding an update comes every ``--decode-every-s`` seconds
-(``--decode-updates``), with no arrivals: each straddling gap is one decode step plus what the update costs.
+updates"). *Decode passes* (``--decode-reps``, ``--decode-modes``) isolate what an update
+adds: ``--sessions`` requests of ``--prompt`` fresh tokens each all start, and once every one is decoding an
+update comes every ``--decode-every-s`` seconds (``--decode-updates``), with no arrivals: each straddling gap
+is one decode step plus what the update costs; each update is a repetition (its own p99, then their median).
+(``--decode-shared 1`` gives the prompts one prefix, prefilled once: a short prefill, but a decode step that
+reads the shared KV from L2 is faster than one over distinct contexts, so it flatters the gaps.)
 
 ``--engine standin --quick`` runs it on a CPU (SGLang's tokenizer manager over the stand-in scheduler, which
 answers SGLang's weight call and then samples with other weights).
@@ -381,6 +383,8 @@ def straddling(
     before = [lo - (t - g) for t, g, lo, _ in crossing]
     after = [t - hi for t, _, _, hi in crossing]
     for u, (lo, hi) in zip(updates, spans, strict=True):
+        mine = [g for t, g, lo2, _ in crossing if lo2 == lo]
+        u["straddling"], u["straddle_p99_ms"], u["straddle_max_ms"] = len(mine), ms(mine, 0.99), ms(mine, 1.0)
         u["steps_around"] = [
             [round(1000 * (t - lo), 1), n, k] for t, n, k in tr.steps if lo - a.timeline_s <= t <= hi + a.timeline_s
         ][:400]
@@ -392,6 +396,10 @@ def straddling(
         "straddle_before_p50_ms": ms(before, 0.5),
         "straddle_after_p50_ms": ms(after, 0.5),
         "straddle_after_p99_ms": ms(after, 0.99),
+        # an update is one repetition of what is measured: the median over updates of each one's p99
+        "straddle_p99_per_update_median_ms": round(statistics.median(u["straddle_p99_ms"] for u in updates), 2)
+        if updates
+        else 0,
     }
 
 
@@ -401,31 +409,23 @@ async def decode_passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int
     from rollout_sdk.protocol import GenerateRequest, SamplingParams
 
     rows: list[dict[str, Any]] = []
-    plan = [
-        (rep, m)
-        for rep in range(a.decode_reps)
-        for m in (("keep", "reprefill") if rep % 2 == 0 else ("reprefill", "keep"))
-    ]
+    modes = a.decode_modes.split(",")
+    plan = [(rep, m) for rep in range(a.decode_reps) for m in (modes if rep % 2 == 0 else modes[::-1])]
     norm = norm_tensor(a, 1.0)
     sp = SamplingParams(max_new_tokens=a.decode_max_new, ignore_eos=True)
     for rep, inflight in plan:
-        rnd = random.Random(f"decode-{rep}-{inflight}")  # a fresh prefix per pass: prefilled, not cached
-        prefix = [rnd.randrange(10, vocab - 10) for _ in range(a.prompt - a.decode_suffix)]
+        rnd = random.Random(f"decode-{rep}-{inflight}")  # fresh prompts per pass: prefilled, not cached
         rids = [f"d{inflight}{rep}-{i}" for i in range(a.sessions)]
-        # the prefix prefilled once first, as the SDK's group prefill would (else SGLang computes it per batch)
-        primer = GenerateRequest(rid=f"d{inflight}{rep}-p", input_ids=prefix, sampling=SamplingParams(max_new_tokens=1))
-        await eng.generate(primer)
+        if a.decode_shared:  # a shared prefix, prefilled once first (else SGLang computes it per batch)
+            prefix = [rnd.randrange(10, vocab - 10) for _ in range(a.prompt - a.decode_suffix)]
+            one = SamplingParams(max_new_tokens=1)
+            await eng.generate(GenerateRequest(rid=f"d{inflight}{rep}-p", input_ids=prefix, sampling=one))
+            prompts = [prefix + [rnd.randrange(10, vocab - 10) for _ in range(a.decode_suffix)] for _ in rids]
+        else:
+            prompts = [[rnd.randrange(10, vocab - 10) for _ in range(a.prompt)] for _ in rids]
         tasks = [
-            asyncio.ensure_future(
-                eng.generate(
-                    GenerateRequest(
-                        rid=r,
-                        input_ids=prefix + [rnd.randrange(10, vocab - 10) for _ in range(a.decode_suffix)],
-                        sampling=sp,
-                    )
-                )
-            )
-            for r in rids
+            asyncio.ensure_future(eng.generate(GenerateRequest(rid=r, input_ids=p, sampling=sp)))
+            for r, p in zip(rids, prompts, strict=True)
         ]
         try:
             t0 = time.perf_counter()
@@ -548,6 +548,7 @@ DECODE_KEYS = (
     "straddle_p50_ms",
     "straddle_p99_ms",
     "straddle_max_ms",
+    "straddle_p99_per_update_median_ms",
     "straddle_before_p50_ms",
     "straddle_after_p50_ms",
     "straddle_after_p99_ms",
@@ -606,7 +607,9 @@ def main() -> None:
     ap.add_argument("--decode-reps", type=int, default=0, help="decode passes per mode (module docstring)")
     ap.add_argument("--decode-every-s", type=float, default=2.0)
     ap.add_argument("--decode-updates", type=int, default=5, help="updates per decode pass")
-    ap.add_argument("--decode-suffix", type=int, default=96, help="each decode request's own prompt tokens")
+    ap.add_argument("--decode-modes", default="keep", help="decode passes' modes, alternating (keep,reprefill)")
+    ap.add_argument("--decode-shared", type=int, default=0, help="decode prompts share a prefix (1; flatters: L2)")
+    ap.add_argument("--decode-suffix", type=int, default=96, help="each decode request's own prompt tokens, shared")
     ap.add_argument("--decode-max-new", type=int, default=1024)
     ap.add_argument("--check", type=int, default=1, help="run the per-token exactness check first (1)")
     ap.add_argument("--flush", type=int, default=0, help="reprefill passes also flush (0: the namespace alone)")
@@ -621,7 +624,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.sessions, a.prompt, a.max_new, a.warmup_s, a.window_s, a.every_s, a.reps = 16, 64, 400, 1.0, 2.0, 1.0, 1
-        a.decode_reps, a.decode_every_s, a.decode_updates, a.decode_suffix = 1, 0.5, 3, 16
+        a.decode_reps, a.decode_every_s, a.decode_updates, a.decode_modes = 1, 0.5, 3, "keep,reprefill"
     if not a.hidden:
         a.hidden = 3584 if a.shape == "7b" else 896
     os.environ.setdefault("SGLANG_FORCE_STREAM_INTERVAL", "1")  # every token's arrival (module docstring)
