@@ -448,7 +448,8 @@ async def decode_passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int
             await asyncio.sleep(max(0.0, w0 + a.decode_updates * a.decode_every_s - time.perf_counter()))
             w1 = time.perf_counter()
             finished = sum(1 for t in tasks if t.done())
-            arrivals = [(t, g) for t, g in tr.gaps if w0 <= t <= w1]
+            # gaps begun in the window (a request's first gap after all started can span the others' prefill)
+            arrivals = [(t, g) for t, g in tr.gaps if w0 <= t - g and t <= w1]
         finally:
             for r in rids:
                 eng.abort(r)
