@@ -67,6 +67,10 @@ def pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def ms(xs: list[float], q: float) -> float:
+    return round(1000 * (pct(xs, q) or 0), 2)
+
+
 class Tracker:
     """Token arrival times per request, across its parts (direct path hook)."""
 
@@ -350,10 +354,10 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
             "stale_hits": sum(1 for u in updates if u["probe_cached"] > 0),
             # parts an in-place pause did not hold, and where SGLang had them (diagnosis of checkpoints)
             "unheld": [list(x) for x in list(eng._control.unheld)[:32]],
-            "gap_p50_ms": round(1000 * (pct(gaps, 0.5) or 0), 2),
-            "gap_p99_ms": round(1000 * (pct(gaps, 0.99) or 0), 2),
-            "gap_p99_around_update_ms": round(1000 * (pct(around, 0.99) or 0), 2),
-            "gap_p99_away_ms": round(1000 * (pct(away, 0.99) or 0), 2),
+            "gap_p50_ms": ms(gaps, 0.5),
+            "gap_p99_ms": ms(gaps, 0.99),
+            "gap_p99_around_update_ms": ms(around, 0.99),
+            "gap_p99_away_ms": ms(away, 0.99),
             **straddle,
         }
         tr.recomputed.clear()
@@ -362,10 +366,6 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
         if a.json_path:
             a.partial(rows)
     return rows
-
-
-def ms(xs: list[float], q: float) -> float:
-    return round(1000 * (pct(xs, q) or 0), 2)
 
 
 def straddling(
