@@ -16,6 +16,8 @@ python3 -c "import importlib.metadata as m; print('plugins:', [e.value for e in 
 # the HTTP peer gets the radix-eviction fix too (the peer at its best: SGLang 0.5.16 stalls without it)
 export ROLLOUT_SDK_SGLANG_RADIX_PATCH=1
 quiet() { grep -a -v -E "^\[20|^Loading|it/s\]|^\s*$|Warning|warn" ; }
+# SGLang's decode retractions (KV pool full), by second, from the engines' logs: a pass slower than its prefill explains
+retractions() { echo "retractions: $(cat $OUT/*.log | grep -ac 'Retract requests')"; grep -ah 'Retract requests' $OUT/*.log | cut -c1-21 | uniq -c | tail -20; }
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
@@ -26,7 +28,8 @@ for step in "$@"; do
     rl7) timeout 560 python3 bench/gpu_rlstep.py --shape 7b --metrics --reps 3 --budget-s 520 \
             --plan grpo4096x8:raw,sdk grpo:raw,sdk \
             --json $OUT/rlstep-7b.json --log-dir $OUT 2>$OUT/rlstep-7b.log | quiet
-          grep -a "rep \|ready" $OUT/rlstep-7b.log | tail -40 ;;
+          grep -a "rep \|ready" $OUT/rlstep-7b.log | tail -40
+          retractions ;;
     rl05x2) timeout 560 python3 bench/gpu_rlstep.py --shape 0.5b --serve 2 --reps 3 --budget-s 520 \
             --plan grpo2048x8:sdk,sdkflat grpo:sdk,sdkflat \
             --json $OUT/rlstep-0.5b-x2.json --log-dir $OUT 2>$OUT/rlstep-0.5b-x2.log | quiet
@@ -34,7 +37,8 @@ for step in "$@"; do
     rl7f) timeout 270 python3 bench/gpu_rlstep.py --shape 7b --reps 3 --budget-s 255 \
             --plan grpo4096x8f512:raw,sdk \
             --json $OUT/rlstep-7b-f.json --log-dir $OUT 2>$OUT/rlstep-7b-f.log | quiet
-          grep -a "rep \|ready" $OUT/rlstep-7b-f.log | tail -20 ;;
+          grep -a "rep \|ready" $OUT/rlstep-7b-f.log | tail -20
+          retractions ;;
     rl05x2s) timeout 285 python3 bench/gpu_rlstep.py --shape 0.5b --serve 2 --reps 3 --budget-s 270 \
             --plan grpo2048x8:sdk,sdkflat \
             --json $OUT/rlstep-0.5b-x2.json --log-dir $OUT 2>$OUT/rlstep-0.5b-x2.log | quiet
