@@ -167,6 +167,31 @@ async def update(a: argparse.Namespace, eng: Any, version: int, inflight: str, n
     return time.perf_counter() - t0
 
 
+async def update_window(
+    a: argparse.Namespace, eng: Any, inflight: str, norm: Any, count: int, every_s: float, after: Any = None
+) -> tuple[float, float, list[dict[str, Any]], list[tuple[float, float]]]:
+    """A measured window from now: ``count`` updates, one every ``every_s`` seconds (the first half a period in),
+    ``after()`` called after each; returns (start, end, each update's record, each call's (start, end))."""
+    w0 = time.perf_counter()
+    updates: list[dict[str, Any]] = []
+    spans: list[tuple[float, float]] = []
+    for k in range(count):
+        await asyncio.sleep(max(0.0, w0 + (k + 0.5) * every_s - time.perf_counter()))
+        u0 = time.perf_counter()
+        took = await update(a, eng, eng.weight_version + 1, inflight, norm)
+        spans.append((u0, time.perf_counter()))
+        if after is not None:
+            after()
+        updates.append({"took_s": round(took, 4), "phases": dict(getattr(eng._control, "phases", {}))})
+    await asyncio.sleep(max(0.0, w0 + count * every_s - time.perf_counter()))
+    return w0, time.perf_counter(), updates, spans
+
+
+def away_from(arrivals: list[tuple[float, float]], spans: list[tuple[float, float]], margin: float) -> list[float]:
+    """The gaps of tokens at least ``margin`` seconds from any update call."""
+    return [g for t, g in arrivals if not any(lo - margin <= t <= hi + margin for lo, hi in spans)]
+
+
 def norm_tensor(a: argparse.Namespace, value: float) -> Any:
     if a.engine == "standin":
         return None
@@ -249,7 +274,7 @@ async def exactness(a: argparse.Namespace, eng: Any, inflight: str, vocab: int) 
     return res
 
 
-async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> list[dict[str, Any]]:
+async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int, save: Any) -> list[dict[str, Any]]:
     """The asynchronous loop, once per pass: ``--sessions`` workers each keep a request in flight (output
     lengths drawn from ``--max-new``/4 .. ``--max-new``, so requests end at different times); after
     ``--warmup-s`` (the first prefills; not measured) comes the measured window of ``--window-s`` with an
@@ -300,33 +325,26 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
         workers = [asyncio.create_task(worker(w)) for w in range(a.sessions)]
         try:
             await asyncio.sleep(a.warmup_s)
-            w0 = time.perf_counter()
             tr.gaps.clear()
             tr.steps.clear()
             kept0, ckpt0 = eng._control.kept_in_place, eng._control.checkpointed
             retr0 = getattr(eng._control, "retracted", 0)
             eng._control.unheld.clear()
-            updates: list[dict[str, Any]] = []
-            spans: list[tuple[float, float]] = []
-            probes = []
-            for k in range(per_window):
-                await asyncio.sleep(max(0.0, w0 + (k + 0.5) * a.every_s - time.perf_counter()))
-                u0 = time.perf_counter()
-                took = await update(a, eng, eng.weight_version + 1, inflight, norm)
-                spans.append((u0, time.perf_counter()))
-                probe = GenerateRequest(rid=f"probe{probe_no}", input_ids=seeds[probe_no], sampling=one)
-                probes.append(asyncio.ensure_future(eng.generate(probe)))
+            probes: list[Any] = []
+
+            def probe(probes: list[Any] = probes) -> None:
+                nonlocal probe_no
+                req = GenerateRequest(rid=f"probe{probe_no}", input_ids=seeds[probe_no], sampling=one)
+                probes.append(asyncio.ensure_future(eng.generate(req)))
                 probe_no += 1
-                updates.append({"took_s": round(took, 4), "phases": dict(getattr(eng._control, "phases", {}))})
-            await asyncio.sleep(max(0.0, w0 + per_window * a.every_s - time.perf_counter()))
-            w1 = time.perf_counter()
+
+            w0, w1, updates, spans = await update_window(a, eng, inflight, norm, per_window, a.every_s, probe)
             arrivals = [(t, g) for t, g in tr.gaps if w0 <= t <= w1]
         finally:
             stop.set()
             await asyncio.gather(*workers, return_exceptions=True)
         around = [g for t, g in arrivals if any(lo <= t <= hi + 2.0 for lo, hi in spans)]
-        m = min(2.0, a.every_s / 4)  # away: tokens at least this far from any update call
-        away = [g for t, g in arrivals if not any(lo - m <= t <= hi + m for lo, hi in spans)]
+        away = away_from(arrivals, spans, min(2.0, a.every_s / 4))
         # the gap of a request across an update: its first token after the update minus its last before
         straddle = straddling(a, tr, arrivals, spans, updates)
         for u, p in zip(updates, probes, strict=True):
@@ -363,8 +381,7 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> li
         tr.recomputed.clear()
         log(f"pass {inflight} rep {rep}: " + json.dumps({k: v for k, v in row.items() if k != "updates"}))
         rows.append(row)
-        if a.json_path:
-            a.partial(rows)
+        save(rows)
     return rows
 
 
@@ -403,7 +420,7 @@ def straddling(
     }
 
 
-async def decode_passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int) -> list[dict[str, Any]]:
+async def decode_passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int, save: Any) -> list[dict[str, Any]]:
     """Decode passes (module docstring): every request decoding, no arrivals, an update every
     ``--decode-every-s``; the mode alternates per rep as in :func:`passes`."""
     from rollout_sdk.protocol import GenerateRequest, SamplingParams
@@ -436,17 +453,7 @@ async def decode_passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int
             tr.gaps.clear()
             tr.steps.clear()
             kept0, ckpt0 = eng._control.kept_in_place, eng._control.checkpointed
-            w0 = time.perf_counter()
-            updates: list[dict[str, Any]] = []
-            spans: list[tuple[float, float]] = []
-            for k in range(a.decode_updates):
-                await asyncio.sleep(max(0.0, w0 + (k + 0.5) * a.decode_every_s - time.perf_counter()))
-                u0 = time.perf_counter()
-                took = await update(a, eng, eng.weight_version + 1, inflight, norm)
-                spans.append((u0, time.perf_counter()))
-                updates.append({"took_s": round(took, 4), "phases": dict(getattr(eng._control, "phases", {}))})
-            await asyncio.sleep(max(0.0, w0 + a.decode_updates * a.decode_every_s - time.perf_counter()))
-            w1 = time.perf_counter()
+            w0, w1, updates, spans = await update_window(a, eng, inflight, norm, a.decode_updates, a.decode_every_s)
             finished = sum(1 for t in tasks if t.done())
             # gaps begun in the window (a request's first gap after all started can span the others' prefill)
             arrivals = [(t, g) for t, g in tr.gaps if w0 <= t - g and t <= w1]
@@ -456,8 +463,7 @@ async def decode_passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int
             await asyncio.gather(*tasks, return_exceptions=True)
             for r in rids:
                 tr.forget(r)
-        m = a.decode_every_s / 4
-        away = [g for t, g in arrivals if not any(lo - m <= t <= hi + m for lo, hi in spans)]
+        away = away_from(arrivals, spans, a.decode_every_s / 4)
         row = {
             "inflight": inflight,
             "rep": rep,
@@ -478,8 +484,7 @@ async def decode_passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int
         tr.recomputed.clear()
         log(f"decode pass {inflight} rep {rep}: " + json.dumps({k: v for k, v in row.items() if k != "updates"}))
         rows.append(row)
-        if a.json_path:
-            a.partial_decode(rows)
+        save(rows)
     return rows
 
 
@@ -524,13 +529,14 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
                 res["exactness"].append(await exactness(a, eng, inflight, vocab))
                 if a.json:
                     write(a.json, res)
-        a.json_path = a.json
+
+        def saver(key: str) -> Any:  # partial results after every pass
+            return lambda rows: write(a.json, res | {key: rows}) if a.json else None
+
         if a.decode_reps:  # first: short, and what an update adds
-            a.partial_decode = lambda rows: write(a.json, res | {"decode_passes": rows}) if a.json else None
-            res["decode_passes"] = await decode_passes(a, eng, tr, vocab)
+            res["decode_passes"] = await decode_passes(a, eng, tr, vocab, saver("decode_passes"))
         if a.reps:
-            a.partial = lambda rows: write(a.json, res | {"passes": rows}) if a.json else None
-            res["passes"] = await passes(a, eng, tr, vocab)
+            res["passes"] = await passes(a, eng, tr, vocab, saver("passes"))
     finally:
         await eng.close()
     res["summary"] = summary(res["passes"])
