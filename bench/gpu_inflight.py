@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -127,6 +128,24 @@ class Tracker:
 
         tm._handle_batch_output = on_batch
         eng._submit = submit
+        #: this process's garbage collections (start, seconds, generation): a pause of the loop that
+        #: delivers tokens shows in every request's gap, so each update's timeline names the ones near it
+        self.gcs: list[tuple[float, float, int]] = []
+        self._gc0 = 0.0
+
+        def on_gc(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                tracker._gc0 = time.perf_counter()
+            else:
+                tracker.gcs.append((tracker._gc0, time.perf_counter() - tracker._gc0, int(info["generation"])))
+
+        gc.callbacks.append(on_gc)
+
+    def gc_in(self, w0: float, w1: float) -> dict[str, Any]:
+        """This process's collections in [w0, w1]: count and longest per generation (ms)."""
+        mine = [(d, g) for t, d, g in self.gcs if w0 <= t <= w1]
+        by = {g: [d for d, h in mine if h == g] for g in (0, 1, 2)}
+        return {f"gc{g}": [len(ds), round(1000 * max(ds, default=0), 1)] for g, ds in by.items()}
 
     def forget(self, rid: str) -> None:
         self.last.pop(rid, None)
@@ -370,6 +389,7 @@ async def passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int, save:
             "kept_in_place_per_update": round((eng._control.kept_in_place - kept0) / len(updates), 1),
             "checkpointed_per_update": round((eng._control.checkpointed - ckpt0) / len(updates), 1),
             "stale_hits": sum(1 for u in updates if u["probe_cached"] > 0),
+            **tr.gc_in(w0, w1),
             # parts an in-place pause did not hold, and where SGLang had them (diagnosis of checkpoints)
             "unheld": [list(x) for x in list(eng._control.unheld)[:32]],
             "gap_p50_ms": ms(gaps, 0.5),
@@ -405,6 +425,12 @@ def straddling(
         u["steps_around"] = [
             [round(1000 * (t - lo), 1), n, k] for t, n, k in tr.steps if lo - a.timeline_s <= t <= hi + a.timeline_s
         ][:400]
+        # collections of 1 ms or more near the call: [ms from the call's start, ms, generation]
+        u["gc_around"] = [
+            [round(1000 * (t - lo), 1), round(1000 * d, 1), g]
+            for t, d, g in tr.gcs
+            if lo - a.timeline_s <= t <= hi + a.timeline_s and d >= 0.001
+        ][:100]
     return {
         "straddle_p50_ms": ms(gaps, 0.5),
         "straddle_p99_ms": ms(gaps, 0.99),
@@ -469,6 +495,7 @@ async def decode_passes(a: argparse.Namespace, eng: Any, tr: Tracker, vocab: int
             "rep": rep,
             "all_decoding_after_s": round(started, 2),
             "finished_in_window": finished,  # > 0: --decode-max-new too small for the window
+            **tr.gc_in(w0, w1),
             "wall_s": round(w1 - w0, 2),
             "tokens": len(arrivals),
             "tok_s": round(len(arrivals) / (w1 - w0), 1),
