@@ -25,8 +25,8 @@ for step in "$@"; do
             --plan grpo2048x8:raw,sdk,sdkoff grpo8192x16:raw,sdk long:raw,rawcap,http,sdk short:raw,http,sdk \
             --json $OUT/rlstep-0.5b.json --log-dir $OUT 2>$OUT/rlstep-0.5b.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-0.5b.log | tail -60 ;;
-    rl7) timeout 560 python3 bench/gpu_rlstep.py --shape 7b --metrics --reps 3 --budget-s 520 \
-            --plan grpo4096x8:raw,sdk grpo:raw,sdk \
+    rl7) timeout ${TI:-560} python3 bench/gpu_rlstep.py --shape 7b --metrics --reps 3 --budget-s ${RB:-520} \
+            --plan ${PLAN:-grpo4096x8:raw,sdk grpo:raw,sdk} \
             --json $OUT/rlstep-7b.json --log-dir $OUT 2>$OUT/rlstep-7b.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-7b.log | tail -40
           retractions ;;
@@ -34,7 +34,7 @@ for step in "$@"; do
             --plan grpo2048x8:sdk,sdkflat grpo:sdk,sdkflat \
             --json $OUT/rlstep-0.5b-x2.json --log-dir $OUT 2>$OUT/rlstep-0.5b-x2.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-0.5b-x2.log | tail -40 ;;
-    rl7f) timeout 270 python3 bench/gpu_rlstep.py --shape 7b --reps 3 --budget-s 255 \
+    rl7f) timeout ${TI:-270} python3 bench/gpu_rlstep.py --shape 7b --reps 3 --budget-s ${RB:-255} \
             --plan grpo4096x8f512:raw,sdk \
             --json $OUT/rlstep-7b-f.json --log-dir $OUT 2>$OUT/rlstep-7b-f.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-7b-f.log | tail -20
@@ -43,7 +43,7 @@ for step in "$@"; do
             --plan grpo2048x8:sdk,sdkflat \
             --json $OUT/rlstep-0.5b-x2.json --log-dir $OUT 2>$OUT/rlstep-0.5b-x2.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-0.5b-x2.log | tail -20 ;;
-    rl05r) timeout 330 python3 bench/gpu_rlstep.py --shape 0.5b --reps 3 --budget-s 315 \
+    rl05r) timeout ${TI:-330} python3 bench/gpu_rlstep.py --shape 0.5b --reps 3 --budget-s ${RB:-315} \
             --plan grpo2048x8:raw,sdk long:raw,rawcap,sdk short:raw,sdk \
             --json $OUT/rlstep-0.5b-r.json --log-dir $OUT 2>$OUT/rlstep-0.5b-r.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-0.5b-r.log | tail -40 ;;
