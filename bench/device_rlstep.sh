@@ -25,8 +25,8 @@ for step in "$@"; do
             --plan grpo2048x8:raw,sdk,sdkoff grpo8192x16:raw,sdk long:raw,rawcap,http,sdk short:raw,http,sdk \
             --json $OUT/rlstep-0.5b.json --log-dir $OUT 2>$OUT/rlstep-0.5b.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-0.5b.log | tail -60 ;;
-    rl7) timeout ${TI:-560} python3 bench/gpu_rlstep.py --shape 7b --metrics --reps 3 --budget-s ${RB:-520} \
-            --plan ${PLAN:-grpo4096x8:raw,sdk grpo:raw,sdk} \
+    rl7) timeout ${TI:-560} python3 bench/gpu_rlstep.py --shape 7b --metrics --reps ${REPS:-3} --budget-s ${RB:-520} \
+            --extra "${EXTRA:-{\}}" --plan ${PLAN:-grpo4096x8:raw,sdk grpo:raw,sdk} \
             --json $OUT/rlstep-7b.json --log-dir $OUT 2>$OUT/rlstep-7b.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-7b.log | tail -40
           retractions ;;

@@ -105,7 +105,14 @@ async def client_main(a: argparse.Namespace) -> None:
     async with RolloutClient(servers=servers, connect_timeout_s=300) as client:
         pipe.reply({"ready": True})
         async for cmd in pipe:
-            work = make_work(cmd["workload"], shape=a.shape, quick=a.quick, vocab=cmd["vocab"], salt=cmd["salt"])
+            work = make_work(
+                cmd["workload"],
+                shape=a.shape,
+                quick=a.quick,
+                vocab=cmd["vocab"],
+                salt=cmd["salt"],
+                shape_salt=cmd.get("shape_salt"),
+            )
             http = cmd["mode"] == "http"
             flat = cmd["mode"] == "sdkflat"
             keep = cmd["mode"] in ("sdk", "sdkpin") and a.keep_kv_s > 0
@@ -328,8 +335,8 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
         sides = Sides(a, engines)
 
         async def one_pass(mode: str, wname: str, rep: int) -> dict[str, Any]:
-            salt = f"{rep}-{mode}"
-            work = make_work(wname, shape=a.shape, quick=a.quick, vocab=vocab, salt=salt)
+            salt = f"{rep}-{mode}"  # fresh prompts per pass, the same lengths for every side of a rep
+            work = make_work(wname, shape=a.shape, quick=a.quick, vocab=vocab, salt=salt, shape_salt=str(rep))
             if a.cache == "flush" and a.engine != "fake":
                 await sides.flush(http_url if a.engine == "sglang" else "")
             metrics = a.metrics and a.engine == "sglang" and mode == "http"  # SGLang's own server's counter
@@ -348,7 +355,7 @@ async def server_main(a: argparse.Namespace) -> dict[str, Any]:
                     update = None
                     if wname == "update":
                         update = asyncio.create_task(mid_update(engines, after_s=a.update_after_s))
-                    row = await client.run(mode=mode, workload=wname, vocab=vocab, salt=salt)
+                    row = await client.run(mode=mode, workload=wname, vocab=vocab, salt=salt, shape_salt=str(rep))
                     if "error" in row:
                         return row
                     if update is not None:
@@ -487,7 +494,7 @@ async def fleet_main(a: argparse.Namespace, plan: list[tuple[str, list[str]]], r
 
         async def one_pass(mode: str, wname: str, rep: int) -> dict[str, Any]:
             t = time.perf_counter()
-            row = await client.run(mode=mode, workload=wname, vocab=vocab, salt=f"{rep}-{mode}")
+            row = await client.run(mode=mode, workload=wname, vocab=vocab, salt=f"{rep}-{mode}", shape_salt=str(rep))
             row["wall_s"] = round(time.perf_counter() - t, 3)
             return with_load(row)
 

@@ -350,3 +350,26 @@ def test_the_rl_step_workloads_are_the_same_for_a_salt_and_fresh_for_another() -
     assert update.name == "update" and len(update.items) == 8 * 8
     with pytest.raises(ValueError, match="unknown workload"):
         make_work("nope", shape="0.5b", quick=True, vocab=151936, salt="s")
+
+
+def test_the_sides_of_a_repetition_send_fresh_prompts_of_one_shape() -> None:
+    """A long-tailed step's wall is its longest sample's: two sides compared in one repetition draw the same
+    lengths, prompt sizes and waits (shape_salt) and different prompts (salt: no cache hits between them)."""
+    from workloads import make_work
+
+    def shape(w):
+        return [(len(it.prompt), it.max_new) for it in w.items], [len(s) for s in w.sessions], w.waits
+
+    def ids(w):
+        return [it.prompt for it in w.items], w.sessions
+
+    for name in ("grpo2048x8", "grpo", "agent", "update"):
+        raw = make_work(name, shape="7b", quick=False, vocab=151936, salt="1-raw", shape_salt="1")
+        sdk = make_work(name, shape="7b", quick=False, vocab=151936, salt="1-sdk", shape_salt="1")
+        assert shape(raw) == shape(sdk), name
+        assert ids(raw) != ids(sdk), name
+        other = make_work(name, shape="7b", quick=False, vocab=151936, salt="2-raw", shape_salt="2")
+        assert shape(other) != shape(raw), name
+    # the long-tailed lengths vary within a workload (the cap and the median both occur)
+    lengths = [it.max_new for it in make_work("grpo2048x8", shape="7b", quick=False, vocab=151936, salt="s").items]
+    assert max(lengths) == 2048 and min(lengths) < 300

@@ -34,15 +34,17 @@ NAMED: dict[str, Callable[..., Work]] = {
 }
 
 
-def make_work(name: str, *, shape: str, quick: bool, vocab: int, salt: str) -> Work:
-    """Deterministic from (name, shape, salt): the salt makes each pass's prompts fresh.  Names: ``grpoPxG``,
-    ``grpoPxGfN`` (also after an ``update`` prefix), ``update`` and those in :data:`NAMED`."""
-    draw = Draw(f"{name}-{shape}-{salt}", vocab)
+def make_work(name: str, *, shape: str, quick: bool, vocab: int, salt: str, shape_salt: str | None = None) -> Work:
+    """Deterministic from (name, shape, salt): the salt makes each pass's prompts fresh; ``shape_salt``, where
+    given, draws the lengths, prompt sizes and waits apart (:class:`Draw`: passes of one salt, one shape).
+    Names: ``grpoPxG``, ``grpoPxGfN`` (also after an ``update`` prefix), ``update`` and those in :data:`NAMED`."""
+    shape_seed = None if shape_salt is None else f"{name}-{shape}-shape-{shape_salt}"
+    draw = Draw(f"{name}-{shape}-{salt}", vocab, shape_seed=shape_seed)
     base = name.removeprefix("update")
     if base.startswith("grpo") and "x" in base:
         return grpo.sized(name, base, draw, quick=quick, salt=salt)
     if name == "update":
-        w = make_work(update.BASE, shape=shape, quick=quick, vocab=vocab, salt=update.salt(salt))
+        w = make_work(update.BASE, shape=shape, quick=quick, vocab=vocab, salt=update.salt(salt), shape_salt=shape_salt)
         w.name = name
         return w
     if name not in NAMED:

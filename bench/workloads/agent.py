@@ -26,7 +26,7 @@ def sessions(name: str, draw: Draw, *, quick: bool, big: bool = True, salt: str 
     w = Work(name, turns=4, turn_new=16 if quick else 128, tool_tokens=8 if quick else 64)
     w.sessions = [draw.ids(128 if quick else 2048) for _ in range(n)]
     lo, hi = (0.01, 0.1) if quick else (1.0, 10.0)
-    w.waits = [[draw.rnd.uniform(lo, hi) for _ in range(w.turns - 1)] for _ in range(n)]
+    w.waits = [[draw.shape.uniform(lo, hi) for _ in range(w.turns - 1)] for _ in range(n)]
     w.items = [Item(s, w.turn_new) for s in w.sessions]  # (for counting only)
     return w
 

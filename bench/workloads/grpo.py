@@ -25,6 +25,6 @@ def mixed(name: str, draw: Draw, *, quick: bool, big: bool, salt: str) -> Work:
     """``grpo``: 64 prompts (32 at 7B) of 128-512 tokens x 8, the long-tailed lengths (since issue 20)."""
     w = Work(name)
     for i in range(16 if quick else (64 if big else 32)):
-        prompt = draw.ids(draw.rnd.randrange(128, 513))
+        prompt = draw.ids(draw.size(128, 513))
         w.items += [Item(prompt, 32 if quick else draw.tail_len(), f"{salt}-g{i}") for _ in range(8)]
     return w

@@ -15,10 +15,14 @@ from typing import Any
 
 
 class Draw:
-    """The random draws of one workload: token ids within the vocabulary, GRPO's long-tailed lengths."""
+    """The random draws of one workload: token ids within the vocabulary (``rnd``), and its shape (``shape``:
+    GRPO's long-tailed lengths, prompt sizes, tool waits).  With ``shape_seed`` the shape has a stream of its
+    own, so two passes can send different prompts (no cache hits between them) of the same lengths (one
+    comparison: a long-tailed step's wall is its longest sample's); without it, one stream draws both."""
 
-    def __init__(self, seed: str, vocab: int) -> None:
+    def __init__(self, seed: str, vocab: int, *, shape_seed: str | None = None) -> None:
         self.rnd = random.Random(seed)
+        self.shape = random.Random(shape_seed) if shape_seed is not None else self.rnd
         self.vocab = vocab
 
     def ids(self, n: int) -> list[int]:
@@ -26,7 +30,11 @@ class Draw:
 
     def tail_len(self) -> int:
         """GRPO's long tail: lognormal, median 300, at least 16, at most 2,048."""
-        return int(min(2048, max(16, self.rnd.lognormvariate(math.log(300), 1.0))))
+        return int(min(2048, max(16, self.shape.lognormvariate(math.log(300), 1.0))))
+
+    def size(self, lo: int, hi: int) -> int:
+        """A prompt's size in [lo, hi) (the shape's stream)."""
+        return self.shape.randrange(lo, hi)
 
 
 @dataclass
