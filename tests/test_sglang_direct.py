@@ -580,3 +580,23 @@ async def test_updates_sent_together_run_one_after_the_other_and_each_split_is_e
             # and _check_tokens proved every token's version
             assert versions[0] == v and versions[-1] == v + 3, out.version_segments
             assert versions == sorted(set(versions)), out.version_segments
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+async def test_the_warm_up_runs_before_serving_and_leaves_nothing_behind(model: str, warmup: bool) -> None:
+    """``warmup`` (the default) sends the SDK's request kinds once at start (SGLang compiles kernels on a
+    path's first run); what it ran is gone before the first request: its prompt is not in the prefix cache
+    (flushed) and the prefill-once counter is untouched."""
+    vocab = _vocab(model)
+    prompt = [1 + (i * 7919) % (vocab - 2) for i in range(64)]  # the warm-up's prompt (engine._warm_up)
+    async with engine(model, warmup=warmup) as e:
+        assert (e.warmup_s is not None) is warmup
+        assert e.prefill_once_tokens == 0
+        out = await e.generate(
+            GenerateRequest(rid="after", input_ids=prompt, sampling=SamplingParams(max_new_tokens=2))
+        )
+        assert out.cached_tokens == 0
+        again = await e.generate(
+            GenerateRequest(rid="again", input_ids=prompt, sampling=SamplingParams(max_new_tokens=2))
+        )
+        assert again.cached_tokens == len(prompt) - 1  # the cache works: 0 above was the flush

@@ -46,6 +46,7 @@ from ...protocol import (
     GenerateResult,
     InitWeightGroup,
     PauseMode,
+    SamplingParams,
     SessionHint,
     UpdateWeightsDistributed,
     UpdateWeightsFromIpc,
@@ -103,6 +104,8 @@ class SglangEngine(Engine):
         self._launcher = launcher
         self._path: SchedulerPath | None = None  # the direct path to the scheduler (direct.py), once started
         self._sid_prefix = uuid.uuid4().hex[:20]
+        #: seconds the start-up's warm-up took (config.warmup); None: not run, or it failed
+        self.warmup_s: float | None = None
         self._sid_count = 0
         self.supports_routed_experts = bool(config.extra.get("enable_return_routed_experts"))
         self._top_k = 0  # experts per token of an MoE model (num_experts_per_tok), read at start
@@ -207,6 +210,8 @@ class SglangEngine(Engine):
             self._window = DecodeWindow(size)
         if self.config.incremental_eviction and self._path is not None:
             await self._control.probe_inplace()  # our plugin's scheduler patch: ``keep`` updates in place
+        if self.config.warmup:
+            await self._warm_up()
         if self.config.freeze_gc:
             await self._freeze_gc()
         if self.config.keep_session_kv:
@@ -285,6 +290,45 @@ class SglangEngine(Engine):
     def sessions(self) -> SessionBook | None:
         """The kept agent sessions (engines/sessions.py); None before start or with keep_session_kv off."""
         return self._sessions
+
+    async def _warm_up(self) -> None:
+        """The request kinds the SDK sends, once, before serving (``config.warmup``): a group's prefill-only
+        request, then two sampling requests with logprobs that take its prompt from the cache and decode in
+        one batch; then the cache is flushed and the counters they moved are put back.  Advisory: a failure
+        is logged and the engine serves anyway (a broken engine fails its first request instead)."""
+        limits = self._limits
+        n = 0 if limits is None else min(64, limits.max_context - 8)
+        if limits is None or n < 2:
+            return
+        vocab = max(3, limits.vocab_size)
+        prompt = [1 + (i * 7919) % (vocab - 2) for i in range(n)]  # valid ids, no special meaning
+        sampling = SamplingParams(max_new_tokens=4, temperature=1.0)
+        once = self.prefill_once_tokens
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.config.startup_timeout_s):
+                await self._prefill_prompt(GenerateRequest(rid=f"warmup/{self._sid_prefix}", input_ids=prompt))
+                await asyncio.gather(
+                    *(
+                        self.generate(
+                            GenerateRequest(
+                                rid=f"warmup/{self._sid_prefix}/{k}",
+                                input_ids=prompt,
+                                sampling=sampling,
+                                return_logprobs=True,
+                            )
+                        )
+                        for k in range(2)
+                    )
+                )
+                await self._control.flush_cache()
+        except Exception:
+            log.warning("warming SGLang up failed; serving without", exc_info=True)
+            return
+        finally:
+            self.prefill_once_tokens = once
+        self.warmup_s = time.perf_counter() - t0
+        log.info("SGLang warmed up in %.1fs", self.warmup_s)
 
     async def _freeze_gc(self) -> None:
         """SGLang's ``freeze_gc``: ``gc.freeze()`` here and in the scheduler (it only sends a message there).
