@@ -26,7 +26,7 @@ def make_workload(name: str, *, shape: str, max_running: int, vocab: int, quick:
         prompts = 16 if quick else (64 if big else 32)
         out: Requests = []
         for _ in range(prompts):
-            p = ids(draw.rnd.randrange(128, 513))
+            p = ids(draw.size(128, 513))
             for _ in range(8):
                 n = draw.tail_len()  # drawn in quick mode too: the same prompts in both modes
                 out.append((p, 64 if quick else n))
@@ -61,16 +61,15 @@ def agent_plan(*, shape: str, vocab: int, quick: bool) -> list[dict[str, Any]]:
     """gpu_soak.py's agents: per agent its first prompt, then per turn (new tokens, tool-result ids appended
     after the turn)."""
     draw = Draw(f"soak-agent-{shape}", vocab)
-    rnd = draw.rnd
     agents = 16 if quick else (128 if shape != "7b" else 64)
     turns = 3 if quick else 4
     out = []
     for _ in range(agents):
-        prompt = draw.ids(rnd.randrange(128, 385))
+        prompt = draw.ids(draw.size(128, 385))
         steps = []
         for _ in range(turns):
-            n = 16 if quick else int(min(512, max(16, rnd.lognormvariate(math.log(128), 0.7))))
-            steps.append((n, draw.ids(rnd.randrange(32, 97))))
+            n = 16 if quick else int(min(512, max(16, draw.shape.lognormvariate(math.log(128), 0.7))))
+            steps.append((n, draw.ids(draw.size(32, 97))))
         out.append({"prompt": prompt, "turns": steps})
     return out
 
