@@ -587,8 +587,9 @@ async def test_the_warm_up_runs_before_serving_and_leaves_nothing_behind(model: 
     """``warmup`` (the default) sends the SDK's request kinds once at start (SGLang compiles kernels on a
     path's first run); what it ran is gone before the first request: its prompt is not in the prefix cache
     (flushed) and the prefill-once counter is untouched."""
-    vocab = _vocab(model)
-    prompt = [1 + (i * 7919) % (vocab - 2) for i in range(64)]  # the warm-up's prompt (engine._warm_up)
+    from rollout_sdk.engines.sglang.engine import warmup_prompt
+
+    prompt = warmup_prompt(_vocab(model), 64)  # the tiny model's context is 4,096: the warm-up sends 64
     async with engine(model, warmup=warmup) as e:
         assert (e.warmup_s is not None) is warmup
         assert e.prefill_once_tokens == 0

@@ -86,9 +86,9 @@ class SglangEngineConfig:
     #: before serving, run the request kinds the SDK sends (a prefill-only request, then two sampling ones
     #: with logprobs that take its prefix from the cache and decode together) and flush the cache: SGLang
     #: 0.5.16 compiles some CUDA kernels the first time a path runs (tvm-ffi, cached on disk under
-    #: ``TVM_FFI_CACHE_DIR``), which on a machine without that cache stopped the scheduler 7-23 s in the
-    #: middle of the first RL steps (docs/benchmarks.md#grpo-groups-prefilled-once-and-the-decode-window);
-    #: warmed up, that time is part of the start-up.  False: serve at once
+    #: ``TVM_FFI_CACHE_DIR``), which on a machine without that cache stopped a 7B engine's scheduler 7-9 s
+    #: at its first decode, in the middle of the first RL step (docs/design.md); warmed up, that time is
+    #: part of the start-up.  False: serve at once
     warmup: bool = True
     #: any other ServerArgs field, passed through unchanged
     extra: dict[str, Any] = field(default_factory=dict)

@@ -297,11 +297,9 @@ class SglangEngine(Engine):
         one batch; then the cache is flushed and the counters they moved are put back.  Advisory: a failure
         is logged and the engine serves anyway (a broken engine fails its first request instead)."""
         limits = self._limits
-        n = 0 if limits is None else min(64, limits.max_context - 8)
-        if limits is None or n < 2:
+        if limits is None or limits.max_context < 10:
             return
-        vocab = max(3, limits.vocab_size)
-        prompt = [1 + (i * 7919) % (vocab - 2) for i in range(n)]  # valid ids, no special meaning
+        prompt = warmup_prompt(limits.vocab_size, min(64, limits.max_context - 8))
         sampling = SamplingParams(max_new_tokens=4, temperature=1.0)
         once = self.prefill_once_tokens
         t0 = time.perf_counter()
@@ -816,6 +814,12 @@ class SglangEngine(Engine):
 
     async def destroy_weight_group(self, group_name: str) -> None:
         await self._control.destroy_weight_group(group_name)
+
+
+def warmup_prompt(vocab_size: int, n: int) -> list[int]:
+    """The warm-up's prompt (:meth:`SglangEngine._warm_up`): ``n`` ids spread over the vocabulary, none 0."""
+    vocab = max(3, vocab_size)
+    return [1 + (i * 7919) % (vocab - 2) for i in range(n)]
 
 
 def _set_sglang_version(tm: Any, version: int) -> None:
